@@ -1,0 +1,161 @@
+//! Errors of the store surface: bad input, contract refusals and backend failures.
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use crate::ids::{Bucket, GroupName, ShardCount, WorkerId};
+
+/// A value that failed validation when it was built. Never a panic.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidInput {
+    /// A group name must not be empty.
+    #[error("group name is empty")]
+    EmptyGroupName,
+    /// A group name is longer than allowed.
+    #[error("group name is {bytes} bytes long; at most {max} are allowed")]
+    GroupNameTooLong {
+        /// Its length.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A group name contains a NUL character, which Postgres text cannot store.
+    #[error("group name contains a NUL character")]
+    GroupNameHasNul,
+    /// A shard count outside `1..=65_536`.
+    #[error("shard count {value} is out of range; it must be between 1 and 65536")]
+    ShardCountOutOfRange {
+        /// The value given.
+        value: i64,
+    },
+    /// A ttl outside its bounds.
+    #[error("ttl {value:?} is out of range; it must be between {min:?} and {max:?}")]
+    TtlOutOfRange {
+        /// The value given.
+        value: Duration,
+        /// The shortest allowed.
+        min: Duration,
+        /// The longest allowed.
+        max: Duration,
+    },
+    /// A worker id that is not a UUID.
+    #[error("worker id {value:?} is not a UUID")]
+    WorkerIdNotUuid {
+        /// The text given (at most 64 characters of it).
+        value: String,
+    },
+    /// Member metadata longer than allowed.
+    #[error("member metadata is {bytes} bytes long; at most {max} are allowed")]
+    MetadataTooLong {
+        /// Its length.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Member metadata containing a NUL character.
+    #[error("member metadata contains a NUL character")]
+    MetadataHasNul,
+}
+
+/// Everything a [`LeaseStore`](crate::LeaseStore) operation can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The group was never created with `ensure_group`.
+    #[error("group {group:?} does not exist; create it with ensure_group first")]
+    GroupNotFound {
+        /// The group asked for.
+        group: GroupName,
+    },
+    /// The group exists with a different number of buckets. Nothing was written.
+    #[error(
+        "group {group:?} exists with {found} shards but {configured} were configured; \
+         nothing was changed"
+    )]
+    ShardCountMismatch {
+        /// The group.
+        group: GroupName,
+        /// The count the caller asked for.
+        configured: ShardCount,
+        /// The count the store holds.
+        found: ShardCount,
+    },
+    /// The worker has no live session in the group (it never sent a heartbeat, or its session
+    /// expired); it must heartbeat to start a new one.
+    #[error("worker {worker} has no live session in group {group:?}; heartbeat to start one")]
+    SessionExpired {
+        /// The group.
+        group: GroupName,
+        /// The worker.
+        worker: WorkerId,
+    },
+    /// A bucket number outside the group's `0..n`. Nothing was written.
+    #[error("bucket {bucket} is out of range for group {group:?} with {shard_count} shards")]
+    BucketOutOfRange {
+        /// The group.
+        group: GroupName,
+        /// The bucket given.
+        bucket: Bucket,
+        /// The group's shard count.
+        shard_count: ShardCount,
+    },
+    /// A value failed validation.
+    #[error(transparent)]
+    InvalidInput(#[from] InvalidInput),
+    /// The backend failed: connection refused or lost, query error, pool timeout. The
+    /// operation may or may not have been applied; retrying it is safe (every operation is
+    /// idempotent for the same caller, except that a retried claim may win other buckets).
+    #[error("store backend failed: {message}")]
+    Backend {
+        /// What failed, for people.
+        message: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+    },
+}
+
+impl StoreError {
+    /// A backend failure with an underlying cause.
+    pub fn backend(
+        message: impl Into<String>,
+        source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
+        Self::Backend {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The kind of failure, without its payload: for matching and for comparing the outcomes of
+    /// two stores.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::GroupNotFound { .. } => ErrorKind::GroupNotFound,
+            Self::ShardCountMismatch { .. } => ErrorKind::ShardCountMismatch,
+            Self::SessionExpired { .. } => ErrorKind::SessionExpired,
+            Self::BucketOutOfRange { .. } => ErrorKind::BucketOutOfRange,
+            Self::InvalidInput(_) => ErrorKind::InvalidInput,
+            Self::Backend { .. } => ErrorKind::Backend,
+        }
+    }
+}
+
+/// The kind of a [`StoreError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// See [`StoreError::GroupNotFound`].
+    GroupNotFound,
+    /// See [`StoreError::ShardCountMismatch`].
+    ShardCountMismatch,
+    /// See [`StoreError::SessionExpired`].
+    SessionExpired,
+    /// See [`StoreError::BucketOutOfRange`].
+    BucketOutOfRange,
+    /// See [`StoreError::InvalidInput`].
+    InvalidInput,
+    /// See [`StoreError::Backend`].
+    Backend,
+}

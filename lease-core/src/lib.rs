@@ -1,0 +1,59 @@
+//! `lease-core`: the types, the storage contract and the fair-share policy of the lease
+//! engine, a library for cooperative shard ownership.
+//!
+//! A pool of identical workers shares the `N` buckets of a group with no coordinator: each
+//! bucket has at most one live owner at a time, held as a renewable lease in a
+//! [`LeaseStore`]. Leases hang on a worker's **session**, renewed by one heartbeat per tick
+//! whatever it holds; a dead worker's session expires and its buckets are claimed by others,
+//! each change of owner raising the bucket's [`FencingToken`].
+//!
+//! The store contract is written on [`LeaseStore`] ("# Contract" sections) and checked by the
+//! conformance suite in [`testing`] (feature `testing`). The policy in [`policy`] is pure: it
+//! turns a heartbeat's view into a [`Plan`].
+//!
+//! A tick of one worker, by hand, on the in-memory backend:
+//!
+//! ```
+//! use lease_core::{policy, GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId};
+//! use lease_memory::MemoryLeaseStore;
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let store = MemoryLeaseStore::new();
+//! let group = GroupName::new("orders")?;
+//! store.ensure_group(&group, ShardCount::new(8)?).await?;
+//!
+//! let me = WorkerId::new();
+//! let beat = store.heartbeat(&group, me, Ttl::from_secs(30)?, &MemberMetadata::empty()).await?;
+//! let plan = policy::plan(&beat.view, me, &beat.owned_buckets());
+//! assert_eq!(plan.claim, 8); // alone in the group: everything is mine
+//! let won = store.claim(&group, me, plan.claim).await?;
+//! assert_eq!(won.len(), 8);
+//! assert!(store.is_current(&group, won[0].bucket, me, won[0].token).await?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+#![warn(missing_docs)]
+
+mod change;
+mod error;
+mod ids;
+pub mod policy;
+mod store;
+mod time;
+mod view;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use change::{Change, ChangeFeed};
+pub use error::{ErrorKind, InvalidInput, StoreError};
+pub use ids::{Bucket, FencingToken, GroupName, MemberMetadata, SessionId, ShardCount, WorkerId};
+pub use policy::{Plan, plan};
+pub use store::LeaseStore;
+#[cfg(any(test, feature = "mock"))]
+pub use store::MockLeaseStore;
+pub use time::{Clock, ManualClock, SystemClock, Timestamp, Ttl, store_precision};
+pub use view::{
+    BucketInfo, BucketState, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo, MemberLoad,
+};

@@ -1,0 +1,229 @@
+//! The `LeaseStore` trait: the storage contract every backend implements.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::change::ChangeFeed;
+use crate::error::StoreError;
+use crate::ids::{Bucket, FencingToken, GroupName, MemberMetadata, ShardCount, WorkerId};
+use crate::time::Ttl;
+use crate::view::{GroupSnapshot, Heartbeat, Lease};
+
+/// Where leases live: the shared state a pool of workers agrees through.
+///
+/// Ownership hangs on **sessions**. Each worker has at most one member row per group holding
+/// its session (id and expiry); each bucket row records its owner worker and the session it
+/// was claimed under, and a fencing token. A bucket is owned if and only if its recorded
+/// session is the owner's current session and that session is live. Renewing is extending the
+/// session: one row per worker per heartbeat, whatever it holds.
+///
+/// # Contract
+///
+/// These rules hold for every operation; each method lists its own. The conformance suite
+/// (`lease_core::testing::conformance`, feature `testing`) checks every rule on every backend.
+///
+/// - **G1 One clock.** The store's clock alone decides expiry. A session with expiry `e` is
+///   live at time `t` if and only if `t < e`: at `e` exactly it is dead. No operation compares
+///   the wall clocks of two hosts.
+/// - **G2 Sessions never come back.** A session that is not live can never be renewed; it is
+///   dead forever, and session ids are never reused.
+/// - **G3 Exclusive ownership.** At any instant a bucket has at most one owner, also under
+///   concurrent calls from many processes.
+/// - **G4 Fencing tokens** are per bucket, start at 0 (never owned), increase by exactly one on
+///   every claim and never change otherwise (not on renewal, release, leave or expiry).
+/// - **G5 Unknown groups.** Every operation on a group never created with
+///   [`ensure_group`](Self::ensure_group) fails with [`StoreError::GroupNotFound`], except
+///   [`is_current`](Self::is_current), which answers `false`.
+/// - **G6 Names are data.** Group names and metadata with quotes, unicode or SQL text are
+///   stored and returned unchanged and never interpreted.
+/// - **G7 Groups are independent.** Nothing done in one group changes another.
+#[cfg_attr(any(test, feature = "mock"), mockall::automock)]
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
+    /// Create `group` with `shards` buckets, or check that it exists with that many.
+    ///
+    /// # Contract
+    ///
+    /// - **E1** A new group gets buckets `0..shards`, all unowned with token 0, and no members.
+    /// - **E2** Calling it again with the same count succeeds and changes nothing: owners,
+    ///   tokens and members stay as they were.
+    /// - **E3** If the group exists with another count it fails with
+    ///   [`StoreError::ShardCountMismatch`] (`configured` = `shards`, `found` = the stored
+    ///   count) and writes nothing.
+    async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError>;
+
+    /// Extend `worker`'s live session in `group`, or start a new one, and return the view the
+    /// policy needs, in one round trip.
+    ///
+    /// # Contract
+    ///
+    /// - **H1** If the worker has a live session, it is extended: same session id,
+    ///   `new_session == false`, `expires_at = now + ttl`, metadata replaced.
+    /// - **H2** Otherwise (first heartbeat, after [`leave`](Self::leave), or at or after the
+    ///   session's expiry) a new session starts with a never-used id and
+    ///   `new_session == true`. Buckets held under the old session are not owned any more:
+    ///   they are claimable by anyone, the worker itself included, with a new token.
+    /// - **H3** Starting a session removes the group's member rows whose sessions are dead
+    ///   (their buckets stay claimable).
+    /// - **H4** The view lists every live member, idle ones with 0, with the buckets it owns,
+    ///   sorted by worker id, the worker itself included; `claimable` counts the buckets no
+    ///   live session owns; `owned` is exactly the worker's leases under `session`, sorted by
+    ///   bucket, each expiring with the session.
+    /// - **H5** It writes only the worker's member row and never changes a bucket or a token.
+    /// - **H6** Starting a session sends [`Change::Joined`](crate::Change::Joined) to the
+    ///   group's change feeds.
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        ttl: Ttl,
+        metadata: &MemberMetadata,
+    ) -> Result<Heartbeat, StoreError>;
+
+    /// Claim up to `want` claimable buckets of `group` for `worker`'s live session.
+    ///
+    /// # Contract
+    ///
+    /// - **C1** The worker needs a live session, or the call fails with
+    ///   [`StoreError::SessionExpired`] and writes nothing.
+    /// - **C2** A bucket is claimable if it has no owner or its recorded session is not live.
+    ///   A bucket of a live session, the caller's included, is never taken.
+    /// - **C3** The lowest-numbered claimable buckets are taken, at most `want` (none for 0).
+    ///   Buckets being claimed concurrently by others are skipped, not waited for.
+    /// - **C4** Each claimed bucket's token becomes its previous token plus one; its lease
+    ///   expires with the session. The result is sorted by bucket.
+    /// - **C5** Two concurrent claims never both win a bucket.
+    /// - **C6** Claiming does not extend the session.
+    async fn claim(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        want: u32,
+    ) -> Result<Vec<Lease>, StoreError>;
+
+    /// Give up those of `buckets` that `worker` owns, so others can claim them at once.
+    ///
+    /// # Contract
+    ///
+    /// - **R1** A bucket outside `0..shards` fails the call with
+    ///   [`StoreError::BucketOutOfRange`]; nothing is written.
+    /// - **R2** Of the listed buckets, those owned by the worker's live session become unowned;
+    ///   the others (unowned, another's, repeated, or any when the worker has no live session)
+    ///   are left alone. The released buckets are returned sorted.
+    /// - **R3** Tokens do not change: the next claim of a released bucket gets token + 1.
+    /// - **R4** A release that released something sends
+    ///   [`Change::Released`](crate::Change::Released).
+    async fn release(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        buckets: &[Bucket],
+    ) -> Result<Vec<Bucket>, StoreError>;
+
+    /// Stop gracefully: release every bucket of `worker` and delete its member row.
+    ///
+    /// # Contract
+    ///
+    /// - **L1** Every bucket owned by the worker's live session becomes unowned (tokens
+    ///   unchanged) and is returned, sorted; the member row, live or dead, is deleted.
+    /// - **L2** Leaving a group the worker is not a member of succeeds and changes nothing.
+    /// - **L3** The worker's next heartbeat starts a new session.
+    /// - **L4** Deleting a member row sends [`Change::Left`](crate::Change::Left).
+    async fn leave(&self, group: &GroupName, worker: WorkerId) -> Result<Vec<Bucket>, StoreError>;
+
+    /// Everything the store knows about `group`: for status displays and tests.
+    ///
+    /// # Contract
+    ///
+    /// - **S1** Every bucket, in order, with its recorded owner and session, token, the owner
+    ///   session's expiry (if that session still exists) and its state: live, expired (owner
+    ///   recorded, session dead or gone) or unowned.
+    /// - **S2** Every member row, live or dead, sorted by worker id, with the number of buckets
+    ///   its session owns (0 if dead).
+    /// - **S3** It writes nothing.
+    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError>;
+
+    /// The fencing check: does `worker` own `bucket` right now, with `token`?
+    ///
+    /// # Contract
+    ///
+    /// - **F1** True if and only if the bucket's recorded owner is `worker`, under its live
+    ///   session, with exactly `token`. A stale token, another owner, a dead session, a
+    ///   released bucket, an unknown group or a bucket out of range all give `false`.
+    async fn is_current(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        worker: WorkerId,
+        token: FencingToken,
+    ) -> Result<bool, StoreError>;
+
+    /// Subscribe to `group`'s wake-ups (joins, leaves, releases). `None` if the store has no
+    /// change feed; workers then re-plan on their renew interval only.
+    ///
+    /// # Contract
+    ///
+    /// - **W1** A feed returned before an operation receives the change that operation sends
+    ///   (H6, R4, L4), from whichever process performed it.
+    async fn changes(&self, _group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
+        Ok(None)
+    }
+}
+
+#[async_trait]
+impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
+    async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
+        (**self).ensure_group(group, shards).await
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        ttl: Ttl,
+        metadata: &MemberMetadata,
+    ) -> Result<Heartbeat, StoreError> {
+        (**self).heartbeat(group, worker, ttl, metadata).await
+    }
+
+    async fn claim(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        want: u32,
+    ) -> Result<Vec<Lease>, StoreError> {
+        (**self).claim(group, worker, want).await
+    }
+
+    async fn release(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        buckets: &[Bucket],
+    ) -> Result<Vec<Bucket>, StoreError> {
+        (**self).release(group, worker, buckets).await
+    }
+
+    async fn leave(&self, group: &GroupName, worker: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+        (**self).leave(group, worker).await
+    }
+
+    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
+        (**self).snapshot(group).await
+    }
+
+    async fn is_current(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        worker: WorkerId,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        (**self).is_current(group, bucket, worker, token).await
+    }
+
+    async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
+        (**self).changes(group).await
+    }
+}

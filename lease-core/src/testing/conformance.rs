@@ -1,0 +1,1362 @@
+//! The conformance suite: one async function per behaviour of the [`LeaseStore`] contract.
+//!
+//! Each case takes a fresh, empty store whose clock is the given [`ManualClock`], and panics
+//! on a violation. Backends run all of them, each as its own test, with
+//! [`conformance_suite!`](crate::conformance_suite):
+//!
+//! ```ignore
+//! lease_core::conformance_suite!(|clock: lease_core::ManualClock| async move {
+//!     lease_memory::MemoryLeaseStore::with_clock(clock)
+//! });
+//! ```
+//!
+//! The macro also generates `conformance_suite_runs_every_case`, which fails if the macro's
+//! list and [`CASES`] ever differ, so no backend can miss a case.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::change::{Change, ChangeFeed};
+use crate::error::{ErrorKind, StoreError};
+use crate::ids::{Bucket, FencingToken, GroupName, MemberMetadata, ShardCount, WorkerId};
+use crate::store::LeaseStore;
+use crate::time::{Clock, ManualClock, Ttl};
+use crate::view::{BucketState, Heartbeat, Lease};
+
+/// The name of every case, in the order the macro runs them.
+pub const CASES: &[&str] = &[
+    "ensure_creates_unowned_buckets",
+    "ensure_is_idempotent",
+    "ensure_mismatch_writes_nothing",
+    "unknown_group_fails_every_operation",
+    "groups_are_independent",
+    "names_are_plain_data",
+    "first_heartbeat_starts_a_session",
+    "heartbeat_extends_a_live_session",
+    "expired_session_is_never_renewed",
+    "old_session_buckets_are_claimable_by_anyone",
+    "a_worker_reclaims_its_old_buckets_with_new_tokens",
+    "new_session_removes_dead_members",
+    "heartbeat_lists_idle_members_with_zero",
+    "heartbeat_omits_expired_members",
+    "heartbeat_counts_claimable_buckets",
+    "heartbeat_returns_exactly_own_leases",
+    "lost_bucket_disappears_from_heartbeat",
+    "heartbeat_changes_no_bucket",
+    "claim_needs_a_live_session",
+    "claim_respects_want",
+    "claim_takes_lowest_claimable_first",
+    "claim_never_takes_a_live_lease",
+    "claim_takes_expired_leases",
+    "claim_excludes_another_worker",
+    "concurrent_claims_never_overlap",
+    "claim_increments_tokens",
+    "claim_does_not_extend_the_session",
+    "renewal_keeps_tokens",
+    "release_only_touches_own_buckets",
+    "release_keeps_tokens",
+    "release_out_of_range_writes_nothing",
+    "release_without_live_session_releases_nothing",
+    "leave_releases_everything_and_removes_membership",
+    "leave_is_idempotent",
+    "heartbeat_after_leave_starts_a_new_session",
+    "tokens_strictly_increase_across_owners",
+    "is_current_accepts_the_current_owner",
+    "is_current_rejects_stale_tokens_and_other_owners",
+    "is_current_rejects_dead_sessions_and_released_buckets",
+    "snapshot_reports_states_and_expiries",
+    "snapshot_lists_every_member",
+    "changes_report_joins_releases_and_leaves",
+];
+
+/// Run every case against a store built by `$make`, an expression callable as
+/// `$make(clock: ManualClock) -> impl Future<Output = impl LeaseStore + 'static>`. Each case
+/// becomes its own `#[tokio::test]` (multi-thread runtime; the calling crate needs `tokio`
+/// with the `macros` and `rt-multi-thread` features).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:expr) => {
+        $crate::__conformance_tests!($make;
+            ensure_creates_unowned_buckets,
+            ensure_is_idempotent,
+            ensure_mismatch_writes_nothing,
+            unknown_group_fails_every_operation,
+            groups_are_independent,
+            names_are_plain_data,
+            first_heartbeat_starts_a_session,
+            heartbeat_extends_a_live_session,
+            expired_session_is_never_renewed,
+            old_session_buckets_are_claimable_by_anyone,
+            a_worker_reclaims_its_old_buckets_with_new_tokens,
+            new_session_removes_dead_members,
+            heartbeat_lists_idle_members_with_zero,
+            heartbeat_omits_expired_members,
+            heartbeat_counts_claimable_buckets,
+            heartbeat_returns_exactly_own_leases,
+            lost_bucket_disappears_from_heartbeat,
+            heartbeat_changes_no_bucket,
+            claim_needs_a_live_session,
+            claim_respects_want,
+            claim_takes_lowest_claimable_first,
+            claim_never_takes_a_live_lease,
+            claim_takes_expired_leases,
+            claim_excludes_another_worker,
+            concurrent_claims_never_overlap,
+            claim_increments_tokens,
+            claim_does_not_extend_the_session,
+            renewal_keeps_tokens,
+            release_only_touches_own_buckets,
+            release_keeps_tokens,
+            release_out_of_range_writes_nothing,
+            release_without_live_session_releases_nothing,
+            leave_releases_everything_and_removes_membership,
+            leave_is_idempotent,
+            heartbeat_after_leave_starts_a_new_session,
+            tokens_strictly_increase_across_owners,
+            is_current_accepts_the_current_owner,
+            is_current_rejects_stale_tokens_and_other_owners,
+            is_current_rejects_dead_sessions_and_released_buckets,
+            snapshot_reports_states_and_expiries,
+            snapshot_lists_every_member,
+            changes_report_joins_releases_and_leaves,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($make:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let clock = $crate::ManualClock::new();
+                let store = ($make)(clock.clone()).await;
+                $crate::testing::conformance::$case(store, clock).await;
+            }
+        )+
+
+        #[test]
+        fn conformance_suite_runs_every_case() {
+            let generated: &[&str] = &[$(stringify!($case)),+];
+            assert_eq!(generated, $crate::testing::conformance::CASES);
+        }
+    };
+}
+
+// ---- helpers -------------------------------------------------------------------------------
+
+const TTL_SECS: u64 = 10;
+
+fn ttl() -> Ttl {
+    Ttl::from_secs(TTL_SECS).expect("10 s is a valid ttl")
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn group(name: &str) -> GroupName {
+    GroupName::new(name).expect("test group names are valid")
+}
+
+fn shards(n: u32) -> ShardCount {
+    ShardCount::new(n).expect("test shard counts are valid")
+}
+
+/// `k` fresh workers, sorted by id, so member lists have a known order.
+fn workers(k: usize) -> Vec<WorkerId> {
+    let mut ws: Vec<WorkerId> = (0..k).map(|_| WorkerId::new()).collect();
+    ws.sort();
+    ws
+}
+
+fn nums(leases: &[Lease]) -> Vec<u32> {
+    leases.iter().map(|l| l.bucket.0).collect()
+}
+
+fn bucket_nums(buckets: &[Bucket]) -> Vec<u32> {
+    buckets.iter().map(|b| b.0).collect()
+}
+
+fn bs(ns: &[u32]) -> Vec<Bucket> {
+    ns.iter().copied().map(Bucket).collect()
+}
+
+async fn setup<S: LeaseStore>(store: &S, name: &str, n: u32) -> GroupName {
+    let g = group(name);
+    store
+        .ensure_group(&g, shards(n))
+        .await
+        .expect("ensure_group on a new group succeeds");
+    g
+}
+
+async fn beat<S: LeaseStore>(store: &S, g: &GroupName, w: WorkerId) -> Heartbeat {
+    store
+        .heartbeat(g, w, ttl(), &MemberMetadata::empty())
+        .await
+        .expect("heartbeat succeeds")
+}
+
+async fn claim<S: LeaseStore>(store: &S, g: &GroupName, w: WorkerId, want: u32) -> Vec<Lease> {
+    store.claim(g, w, want).await.expect("claim succeeds")
+}
+
+/// Every bucket's token, in order.
+async fn tokens<S: LeaseStore>(store: &S, g: &GroupName) -> Vec<i64> {
+    let snap = store.snapshot(g).await.expect("snapshot succeeds");
+    snap.buckets.iter().map(|b| b.token.0).collect()
+}
+
+/// Owner of every bucket that is live right now.
+async fn live_owners<S: LeaseStore>(store: &S, g: &GroupName) -> BTreeMap<u32, WorkerId> {
+    let snap = store.snapshot(g).await.expect("snapshot succeeds");
+    snap.live_leases()
+        .into_iter()
+        .map(|l| (l.bucket.0, l.owner))
+        .collect()
+}
+
+fn assert_kind<T: std::fmt::Debug>(result: Result<T, StoreError>, kind: ErrorKind, what: &str) {
+    match result {
+        Err(e) => assert_eq!(e.kind(), kind, "{what}: wrong error {e:?}"),
+        Ok(v) => panic!("{what}: expected {kind:?}, got Ok({v:?})"),
+    }
+}
+
+// ---- ensure_group --------------------------------------------------------------------------
+
+/// E1: a new group has every bucket, unowned, token 0, and no members.
+pub async fn ensure_creates_unowned_buckets<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 5).await;
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert_eq!(snap.group, g);
+    assert_eq!(snap.shard_count, shards(5));
+    assert_eq!(
+        snap.buckets.iter().map(|b| b.bucket.0).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4]
+    );
+    for b in &snap.buckets {
+        assert_eq!(b.owner, None);
+        assert_eq!(b.session, None);
+        assert_eq!(b.token, FencingToken(0));
+        assert_eq!(b.expires_at, None);
+        assert_eq!(b.state, BucketState::Unowned);
+    }
+    assert!(snap.members.is_empty());
+}
+
+/// E2: ensuring again with the same count changes nothing.
+pub async fn ensure_is_idempotent<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 4).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    let won = claim(&store, &g, a, 2).await;
+    let before = store.snapshot(&g).await.expect("snapshot");
+    store
+        .ensure_group(&g, shards(4))
+        .await
+        .expect("second ensure with the same count succeeds");
+    let after = store.snapshot(&g).await.expect("snapshot");
+    assert_eq!(before, after, "a repeated ensure_group changed the group");
+    assert_eq!(nums(&won), vec![0, 1]);
+}
+
+/// E3: another count fails with the stored count and writes nothing.
+pub async fn ensure_mismatch_writes_nothing<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 4).await;
+    let before = store.snapshot(&g).await.expect("snapshot");
+    for other in [3, 5, 64] {
+        match store.ensure_group(&g, shards(other)).await {
+            Err(StoreError::ShardCountMismatch {
+                group: eg,
+                configured,
+                found,
+            }) => {
+                assert_eq!(eg, g);
+                assert_eq!(configured, shards(other));
+                assert_eq!(found, shards(4));
+            }
+            other => panic!("expected ShardCountMismatch, got {other:?}"),
+        }
+    }
+    let after = store.snapshot(&g).await.expect("snapshot");
+    assert_eq!(before, after, "a mismatched ensure_group wrote something");
+    assert_eq!(after.buckets.len(), 4);
+}
+
+/// G5: every operation on an unknown group fails with GroupNotFound; the fencing check says
+/// false.
+pub async fn unknown_group_fails_every_operation<S: LeaseStore>(store: S, _clock: ManualClock) {
+    setup(&store, "known", 2).await;
+    let g = group("unknown");
+    let [a] = workers(1)[..] else { unreachable!() };
+    let nf = ErrorKind::GroupNotFound;
+    assert_kind(
+        store
+            .heartbeat(&g, a, ttl(), &MemberMetadata::empty())
+            .await,
+        nf,
+        "heartbeat",
+    );
+    assert_kind(store.claim(&g, a, 1).await, nf, "claim");
+    assert_kind(store.release(&g, a, &bs(&[0])).await, nf, "release");
+    assert_kind(store.leave(&g, a).await, nf, "leave");
+    assert_kind(store.snapshot(&g).await, nf, "snapshot");
+    match store.snapshot(&g).await {
+        Err(StoreError::GroupNotFound { group: eg }) => assert_eq!(eg, g),
+        other => panic!("expected GroupNotFound naming the group, got {other:?}"),
+    }
+    assert!(
+        !store
+            .is_current(&g, Bucket(0), a, FencingToken(1))
+            .await
+            .expect("is_current on an unknown group answers")
+    );
+}
+
+/// G7: groups are independent: same worker, same bucket numbers, separate state.
+pub async fn groups_are_independent<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g1 = setup(&store, "one", 3).await;
+    let g2 = setup(&store, "two", 5).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g1, a).await;
+    assert_eq!(nums(&claim(&store, &g1, a, 3).await), vec![0, 1, 2]);
+    // a has no session in g2 yet.
+    assert_kind(
+        store.claim(&g2, a, 1).await,
+        ErrorKind::SessionExpired,
+        "claim in a group not joined",
+    );
+    beat(&store, &g2, b).await;
+    assert_eq!(nums(&claim(&store, &g2, b, 5).await), vec![0, 1, 2, 3, 4]);
+    let hb = beat(&store, &g2, a).await;
+    assert_eq!(hb.view.shard_count, shards(5));
+    assert_eq!(hb.view.claimable, 0);
+    assert!(hb.owned.is_empty());
+    // a's session in g1 expires without touching g2.
+    clock.advance(secs(TTL_SECS - 1));
+    beat(&store, &g2, a).await;
+    beat(&store, &g2, b).await;
+    clock.advance(secs(1));
+    let hb1 = beat(&store, &g1, b).await;
+    assert_eq!(hb1.view.claimable, 3, "a's g1 buckets are free");
+    assert_eq!(live_owners(&store, &g2).await.len(), 5, "g2 is untouched");
+    assert_eq!(tokens(&store, &g1).await, vec![1, 1, 1]);
+    assert_eq!(tokens(&store, &g2).await, vec![1, 1, 1, 1, 1]);
+    // Leaving g2 does not release g1.
+    store.leave(&g2, b).await.expect("leave");
+    assert_eq!(nums(&claim(&store, &g1, b, 3).await), vec![0, 1, 2]);
+    assert_eq!(live_owners(&store, &g1).await.len(), 3);
+}
+
+/// G6: names with quotes, unicode and SQL are plain data.
+pub async fn names_are_plain_data<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let names = [
+        "it's",
+        "\"quoted\"",
+        "'; DROP TABLE lease.shards; --",
+        "x' OR '1'='1",
+        "Überweisung-処理-🦀",
+        "back\\slash $1 %s",
+        " leading and trailing ",
+    ];
+    let [a] = workers(1)[..] else { unreachable!() };
+    let metadata = MemberMetadata::new("host='db'; pid=\"7\" -- ☃").expect("valid metadata");
+    for (i, name) in names.iter().enumerate() {
+        let g = setup(&store, name, i as u32 + 1).await;
+        let hb = store
+            .heartbeat(&g, a, ttl(), &metadata)
+            .await
+            .expect("heartbeat");
+        assert_eq!(hb.view.shard_count, shards(i as u32 + 1));
+        claim(&store, &g, a, 1).await;
+    }
+    for (i, name) in names.iter().enumerate() {
+        let snap = store.snapshot(&group(name)).await.expect("snapshot");
+        assert_eq!(snap.group.as_str(), *name);
+        assert_eq!(snap.buckets.len(), i + 1);
+        assert_eq!(snap.members.len(), 1);
+        assert_eq!(snap.members[0].metadata, metadata);
+        assert_eq!(snap.live_leases().len(), 1);
+    }
+    // A name that is a prefix or a LIKE pattern of another is a different group.
+    assert_kind(
+        store.snapshot(&group("it%")).await,
+        ErrorKind::GroupNotFound,
+        "a LIKE pattern is not a name",
+    );
+}
+
+// ---- heartbeat -----------------------------------------------------------------------------
+
+/// H2, H4: the first heartbeat starts a session that expires after the ttl.
+pub async fn first_heartbeat_starts_a_session<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 3).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    let hb = beat(&store, &g, a).await;
+    assert!(hb.new_session);
+    assert_eq!(hb.observed_at, clock.now());
+    assert_eq!(hb.expires_at, clock.now() + ttl().as_chrono());
+    assert_eq!(hb.view.shard_count, shards(3));
+    assert_eq!(hb.view.members.len(), 1);
+    assert_eq!(hb.view.members[0].worker, a);
+    assert_eq!(hb.view.members[0].owned, 0);
+    assert_eq!(hb.view.claimable, 3);
+    assert!(hb.owned.is_empty());
+}
+
+/// H1: a heartbeat before expiry extends the same session.
+pub async fn heartbeat_extends_a_live_session<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 3).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    let first = beat(&store, &g, a).await;
+    claim(&store, &g, a, 2).await;
+    clock.advance(Duration::from_micros(TTL_SECS * 1_000_000 - 1));
+    let second = beat(&store, &g, a).await;
+    assert!(!second.new_session);
+    assert_eq!(second.session, first.session);
+    assert_eq!(second.expires_at, clock.now() + ttl().as_chrono());
+    assert_eq!(nums(&second.owned), vec![0, 1]);
+    assert!(
+        second
+            .owned
+            .iter()
+            .all(|l| l.expires_at == second.expires_at)
+    );
+    // A shorter ttl shortens the session.
+    let short = Ttl::from_secs(1).expect("valid ttl");
+    let third = store
+        .heartbeat(&g, a, short, &MemberMetadata::empty())
+        .await
+        .expect("heartbeat");
+    assert_eq!(third.session, first.session);
+    assert_eq!(third.expires_at, clock.now() + short.as_chrono());
+}
+
+/// H2, G1, G2: at the instant of expiry the session is dead; the next heartbeat starts a new
+/// session and reports nothing owned.
+pub async fn expired_session_is_never_renewed<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 3).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    let first = beat(&store, &g, a).await;
+    claim(&store, &g, a, 3).await;
+    clock.advance(secs(TTL_SECS));
+    let second = beat(&store, &g, a).await;
+    assert!(
+        second.new_session,
+        "a heartbeat at expiry renewed a dead session"
+    );
+    assert_ne!(second.session, first.session);
+    assert!(second.owned.is_empty());
+    assert_eq!(second.view.members[0].owned, 0);
+    assert_eq!(second.view.claimable, 3);
+    // The session started now: renewing it right away keeps it.
+    let third = beat(&store, &g, a).await;
+    assert!(!third.new_session);
+    assert_eq!(third.session, second.session);
+}
+
+/// H2: the dead session's buckets are claimable by another worker, with new tokens.
+pub async fn old_session_buckets_are_claimable_by_anyone<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    let old = claim(&store, &g, a, 4).await;
+    clock.advance(secs(TTL_SECS));
+    beat(&store, &g, a).await; // a is back, under a new session
+    beat(&store, &g, b).await;
+    let taken = claim(&store, &g, b, 4).await;
+    assert_eq!(nums(&taken), vec![0, 1, 2, 3]);
+    for (new, old) in taken.iter().zip(&old) {
+        assert_eq!(new.token.0, old.token.0 + 1);
+        assert_eq!(new.owner, b);
+    }
+    assert!(beat(&store, &g, a).await.owned.is_empty());
+}
+
+/// H2, G4: a worker whose session expired may claim its old buckets back, with new tokens.
+pub async fn a_worker_reclaims_its_old_buckets_with_new_tokens<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 2).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    let old = claim(&store, &g, a, 2).await;
+    clock.advance(secs(TTL_SECS + 5));
+    let hb = beat(&store, &g, a).await;
+    assert!(hb.new_session);
+    assert_eq!(hb.view.claimable, 2);
+    let again = claim(&store, &g, a, 2).await;
+    assert_eq!(nums(&again), vec![0, 1]);
+    assert!(
+        again
+            .iter()
+            .zip(&old)
+            .all(|(n, o)| n.token.0 == o.token.0 + 1)
+    );
+    assert!(
+        !store
+            .is_current(&g, old[0].bucket, a, old[0].token)
+            .await
+            .expect("is_current"),
+        "the old session's token still passes the fencing check"
+    );
+    let hb = beat(&store, &g, a).await;
+    assert_eq!(
+        hb.owned,
+        again
+            .iter()
+            .map(|l| Lease {
+                expires_at: hb.expires_at,
+                ..*l
+            })
+            .collect::<Vec<_>>()
+    );
+}
+
+/// H3: starting a session removes dead member rows; their buckets stay claimable.
+pub async fn new_session_removes_dead_members<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 4).await;
+    let [a, b, c] = workers(3)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    claim(&store, &g, a, 2).await;
+    beat(&store, &g, b).await;
+    clock.advance(secs(TTL_SECS / 2));
+    beat(&store, &g, b).await; // b stays live, a does not
+    clock.advance(secs(TTL_SECS / 2));
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert_eq!(
+        snap.members.len(),
+        2,
+        "a dead row stays until a session starts"
+    );
+    assert!(
+        !snap
+            .members
+            .iter()
+            .find(|m| m.worker == a)
+            .expect("a's row")
+            .live
+    );
+    // A renewal is not a session start: nothing is removed.
+    beat(&store, &g, b).await;
+    assert_eq!(store.snapshot(&g).await.expect("snapshot").members.len(), 2);
+    let hb = beat(&store, &g, c).await;
+    assert!(hb.new_session);
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert_eq!(
+        snap.members.iter().map(|m| m.worker).collect::<Vec<_>>(),
+        vec![b, c]
+    );
+    assert_eq!(snap.buckets[0].owner, Some(a));
+    assert_eq!(snap.buckets[0].state, BucketState::Expired);
+    assert_eq!(
+        snap.buckets[0].expires_at, None,
+        "the owner's session is gone"
+    );
+    assert_eq!(hb.view.claimable, 4);
+    assert_eq!(nums(&claim(&store, &g, c, 4).await), vec![0, 1, 2, 3]);
+}
+
+/// H4: idle members are listed with zero buckets, sorted by worker id.
+pub async fn heartbeat_lists_idle_members_with_zero<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 6).await;
+    let ws = workers(3);
+    for &w in &ws {
+        beat(&store, &g, w).await;
+    }
+    claim(&store, &g, ws[1], 4).await;
+    let hb = beat(&store, &g, ws[2]).await;
+    let loads: Vec<(WorkerId, u32)> = hb
+        .view
+        .members
+        .iter()
+        .map(|m| (m.worker, m.owned))
+        .collect();
+    assert_eq!(loads, vec![(ws[0], 0), (ws[1], 4), (ws[2], 0)]);
+    assert_eq!(hb.view.claimable, 2);
+}
+
+/// H4: members whose sessions expired are not in the view.
+pub async fn heartbeat_omits_expired_members<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    claim(&store, &g, a, 3).await;
+    beat(&store, &g, b).await;
+    clock.advance(secs(TTL_SECS - 1));
+    let hb = beat(&store, &g, b).await;
+    assert_eq!(
+        hb.view.members.len(),
+        2,
+        "a is still live one second before expiry"
+    );
+    assert_eq!(hb.view.claimable, 1);
+    clock.advance(secs(1));
+    let hb = beat(&store, &g, b).await;
+    assert_eq!(
+        hb.view.members.iter().map(|m| m.worker).collect::<Vec<_>>(),
+        vec![b]
+    );
+    assert_eq!(
+        hb.view.claimable, 4,
+        "a dead session's buckets are claimable"
+    );
+}
+
+/// H4: `claimable` counts unowned buckets and buckets of dead sessions, not live ones.
+pub async fn heartbeat_counts_claimable_buckets<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 10).await;
+    let [a, b, c] = workers(3)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    claim(&store, &g, a, 3).await;
+    beat(&store, &g, b).await;
+    claim(&store, &g, b, 4).await;
+    assert_eq!(beat(&store, &g, c).await.view.claimable, 3);
+    clock.advance(secs(TTL_SECS / 2));
+    beat(&store, &g, b).await;
+    beat(&store, &g, c).await;
+    clock.advance(secs(TTL_SECS / 2));
+    // a died; its 3 are claimable again alongside the 3 never owned.
+    assert_eq!(beat(&store, &g, c).await.view.claimable, 6);
+    store.release(&g, b, &bs(&[3])).await.expect("release");
+    assert_eq!(beat(&store, &g, c).await.view.claimable, 7);
+}
+
+/// H4: `owned` is exactly the worker's leases, with tokens, expiring with the session.
+pub async fn heartbeat_returns_exactly_own_leases<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 8).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    claim(&store, &g, a, 3).await;
+    claim(&store, &g, b, 2).await;
+    store.release(&g, a, &bs(&[1])).await.expect("release");
+    let again = claim(&store, &g, a, 1).await;
+    assert_eq!(nums(&again), vec![1]);
+    let hb = beat(&store, &g, a).await;
+    assert_eq!(nums(&hb.owned), vec![0, 1, 2]);
+    assert_eq!(
+        hb.owned.iter().map(|l| l.token.0).collect::<Vec<_>>(),
+        vec![1, 2, 1]
+    );
+    assert!(
+        hb.owned
+            .iter()
+            .all(|l| l.owner == a && l.expires_at == hb.expires_at)
+    );
+    let hb = beat(&store, &g, b).await;
+    assert_eq!(nums(&hb.owned), vec![3, 4]);
+}
+
+/// H4: a bucket taken over by another worker is gone from the old owner's heartbeat.
+pub async fn lost_bucket_disappears_from_heartbeat<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 3).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    claim(&store, &g, a, 3).await;
+    clock.advance(secs(TTL_SECS));
+    beat(&store, &g, b).await;
+    assert_eq!(nums(&claim(&store, &g, b, 2).await), vec![0, 1]);
+    let hb = beat(&store, &g, a).await;
+    assert!(hb.new_session);
+    assert!(
+        hb.owned.is_empty(),
+        "a still sees buckets it lost: {:?}",
+        hb.owned
+    );
+    // The one nobody took is not a's either: its session died.
+    assert_eq!(hb.view.claimable, 1);
+}
+
+/// H5: heartbeats never change a bucket or a token.
+pub async fn heartbeat_changes_no_bucket<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    claim(&store, &g, a, 2).await;
+    let before = store.snapshot(&g).await.expect("snapshot").buckets;
+    for _ in 0..3 {
+        clock.advance(secs(1));
+        beat(&store, &g, a).await;
+        beat(&store, &g, b).await;
+    }
+    clock.advance(secs(TTL_SECS * 2));
+    beat(&store, &g, a).await; // a new session
+    let after = store.snapshot(&g).await.expect("snapshot").buckets;
+    for (x, y) in before.iter().zip(&after) {
+        assert_eq!(
+            (x.bucket, x.owner, x.session, x.token),
+            (y.bucket, y.owner, y.session, y.token)
+        );
+    }
+}
+
+// ---- claim ---------------------------------------------------------------------------------
+
+/// C1: claiming needs a live session.
+pub async fn claim_needs_a_live_session<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 2).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    match store.claim(&g, a, 1).await {
+        Err(StoreError::SessionExpired { group: eg, worker }) => {
+            assert_eq!((eg, worker), (g.clone(), a));
+        }
+        other => panic!("claim without a session: expected SessionExpired, got {other:?}"),
+    }
+    beat(&store, &g, a).await;
+    clock.advance(secs(TTL_SECS));
+    assert_kind(
+        store.claim(&g, a, 1).await,
+        ErrorKind::SessionExpired,
+        "claim at the instant of expiry",
+    );
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert!(
+        snap.buckets
+            .iter()
+            .all(|b| b.state == BucketState::Unowned && b.token.0 == 0)
+    );
+}
+
+/// C3: at most `want` buckets are taken; zero takes none.
+pub async fn claim_respects_want<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 10).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    assert!(claim(&store, &g, a, 0).await.is_empty());
+    assert_eq!(claim(&store, &g, a, 3).await.len(), 3);
+    assert_eq!(claim(&store, &g, a, 4).await.len(), 4);
+    assert_eq!(claim(&store, &g, a, 100).await.len(), 3, "only 3 were left");
+    assert!(claim(&store, &g, a, 5).await.is_empty());
+    assert_eq!(beat(&store, &g, a).await.owned.len(), 10);
+}
+
+/// C3, C4: the lowest-numbered claimable buckets come first, sorted.
+pub async fn claim_takes_lowest_claimable_first<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 8).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    assert_eq!(nums(&claim(&store, &g, a, 5).await), vec![0, 1, 2, 3, 4]);
+    store.release(&g, a, &bs(&[3, 1])).await.expect("release");
+    assert_eq!(nums(&claim(&store, &g, b, 3).await), vec![1, 3, 5]);
+}
+
+/// C2, G1: a live lease is never taken, not even a microsecond before it expires.
+pub async fn claim_never_takes_a_live_lease<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 3).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    claim(&store, &g, a, 3).await;
+    clock.advance(Duration::from_micros(TTL_SECS * 1_000_000 - 1));
+    beat(&store, &g, b).await;
+    assert!(claim(&store, &g, b, 3).await.is_empty());
+    // The owner cannot take its own live buckets twice either.
+    assert!(claim(&store, &g, a, 3).await.is_empty());
+    assert_eq!(tokens(&store, &g).await, vec![1, 1, 1]);
+}
+
+/// C2, G1: at the instant a session expires, its buckets are claimable.
+pub async fn claim_takes_expired_leases<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 3).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    claim(&store, &g, a, 3).await;
+    clock.advance(secs(1));
+    beat(&store, &g, b).await;
+    // The instant a's session expires; b's, started a second later, is live.
+    clock.advance(secs(TTL_SECS - 1));
+    let taken = claim(&store, &g, b, 3).await;
+    assert_eq!(nums(&taken), vec![0, 1, 2]);
+    assert!(taken.iter().all(|l| l.token.0 == 2));
+}
+
+/// C2, G3: what one worker holds, another cannot claim.
+pub async fn claim_excludes_another_worker<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 6).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    let mine = claim(&store, &g, a, 4).await;
+    let theirs = claim(&store, &g, b, 6).await;
+    assert_eq!(nums(&mine), vec![0, 1, 2, 3]);
+    assert_eq!(nums(&theirs), vec![4, 5]);
+    assert!(claim(&store, &g, a, 6).await.is_empty());
+    let owners = live_owners(&store, &g).await;
+    assert_eq!(owners.values().filter(|&&w| w == a).count(), 4);
+    assert_eq!(owners.values().filter(|&&w| w == b).count(), 2);
+}
+
+/// C5: many concurrent claims never win the same bucket twice.
+pub async fn concurrent_claims_never_overlap<S: LeaseStore + 'static>(
+    store: S,
+    _clock: ManualClock,
+) {
+    let store = Arc::new(store);
+    let g = setup(&*store, "orders", 64).await;
+    let ws = workers(8);
+    for &w in &ws {
+        beat(&*store, &g, w).await;
+    }
+    for round in 0..3 {
+        let mut tasks = tokio::task::JoinSet::new();
+        for &w in &ws {
+            let (store, g) = (store.clone(), g.clone());
+            tasks.spawn(async move { (w, store.claim(&g, w, 64).await) });
+        }
+        let mut seen: BTreeMap<u32, WorkerId> = BTreeMap::new();
+        while let Some(joined) = tasks.join_next().await {
+            let (w, result) = joined.expect("claim task did not panic");
+            for lease in result.expect("claim succeeds") {
+                if let Some(other) = seen.insert(lease.bucket.0, w) {
+                    panic!(
+                        "round {round}: bucket {} won by {other} and {w}",
+                        lease.bucket
+                    );
+                }
+            }
+        }
+        assert_eq!(seen.len(), 64, "round {round}: every bucket was claimable");
+        assert_eq!(live_owners(&*store, &g).await, seen);
+        assert!(tokens(&*store, &g).await.iter().all(|&t| t == round + 1));
+        for &w in &ws {
+            let mine: Vec<Bucket> = seen
+                .iter()
+                .filter(|(_, o)| **o == w)
+                .map(|(&b, _)| Bucket(b))
+                .collect();
+            let released = store.release(&g, w, &mine).await.expect("release");
+            assert_eq!(released, mine);
+        }
+    }
+}
+
+/// C4, G4: each claim raises the token by exactly one.
+pub async fn claim_increments_tokens<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 2).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    let expected_tokens = [1, 2, 3, 4, 5];
+    for (i, &expected) in expected_tokens.iter().enumerate() {
+        let w = if i % 2 == 0 { a } else { b };
+        let won = claim(&store, &g, w, 1).await;
+        assert_eq!(nums(&won), vec![0]);
+        assert_eq!(won[0].token, FencingToken(expected));
+        assert_eq!(won[0].owner, w);
+        store.release(&g, w, &bs(&[0])).await.expect("release");
+    }
+    assert_eq!(tokens(&store, &g).await, vec![5, 0]);
+}
+
+/// C6: a claim does not move the session's expiry.
+pub async fn claim_does_not_extend_the_session<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 2).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    let hb = beat(&store, &g, a).await;
+    clock.advance(secs(TTL_SECS - 1));
+    let won = claim(&store, &g, a, 2).await;
+    assert!(won.iter().all(|l| l.expires_at == hb.expires_at));
+    clock.advance(secs(1));
+    assert!(
+        beat(&store, &g, a).await.new_session,
+        "the claim extended the session"
+    );
+}
+
+/// G4: renewing never changes a token.
+pub async fn renewal_keeps_tokens<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 3).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    let won = claim(&store, &g, a, 3).await;
+    for _ in 0..5 {
+        clock.advance(secs(TTL_SECS / 2));
+        let hb = beat(&store, &g, a).await;
+        assert!(!hb.new_session);
+        assert_eq!(
+            hb.owned.iter().map(|l| l.token).collect::<Vec<_>>(),
+            won.iter().map(|l| l.token).collect::<Vec<_>>()
+        );
+    }
+    assert_eq!(tokens(&store, &g).await, vec![1, 1, 1]);
+}
+
+// ---- release -------------------------------------------------------------------------------
+
+/// R2: release touches only the caller's own buckets and reports what it released.
+pub async fn release_only_touches_own_buckets<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 6).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    claim(&store, &g, a, 2).await; // 0, 1
+    claim(&store, &g, b, 2).await; // 2, 3
+    let released = store
+        .release(&g, a, &bs(&[3, 1, 2, 4, 1, 0]))
+        .await
+        .expect("release");
+    assert_eq!(bucket_nums(&released), vec![0, 1]);
+    let owners = live_owners(&store, &g).await;
+    assert_eq!(owners, BTreeMap::from([(2, b), (3, b)]));
+    assert!(
+        store
+            .release(&g, a, &[])
+            .await
+            .expect("empty release")
+            .is_empty()
+    );
+    assert!(
+        store
+            .release(&g, a, &bs(&[0, 1]))
+            .await
+            .expect("again")
+            .is_empty()
+    );
+}
+
+/// R3: release keeps tokens; the next claim gets token + 1.
+pub async fn release_keeps_tokens<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 2).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    claim(&store, &g, a, 2).await;
+    store.release(&g, a, &bs(&[0, 1])).await.expect("release");
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert!(
+        snap.buckets
+            .iter()
+            .all(|x| x.token.0 == 1 && x.state == BucketState::Unowned)
+    );
+    let won = claim(&store, &g, b, 2).await;
+    assert!(won.iter().all(|l| l.token.0 == 2));
+}
+
+/// R1: a bucket out of range fails the whole call and releases nothing.
+pub async fn release_out_of_range_writes_nothing<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 4).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    claim(&store, &g, a, 4).await;
+    match store.release(&g, a, &bs(&[0, 4])).await {
+        Err(StoreError::BucketOutOfRange {
+            group: eg,
+            bucket,
+            shard_count,
+        }) => {
+            assert_eq!((eg, bucket, shard_count), (g.clone(), Bucket(4), shards(4)));
+        }
+        other => panic!("expected BucketOutOfRange, got {other:?}"),
+    }
+    assert_kind(
+        store.release(&g, a, &bs(&[u32::MAX])).await,
+        ErrorKind::BucketOutOfRange,
+        "release of bucket u32::MAX",
+    );
+    assert_eq!(
+        live_owners(&store, &g).await.len(),
+        4,
+        "bucket 0 was released"
+    );
+}
+
+/// R2: a worker without a live session releases nothing, even buckets it held.
+pub async fn release_without_live_session_releases_nothing<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 3).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    assert!(
+        store
+            .release(&g, a, &bs(&[0]))
+            .await
+            .expect("release")
+            .is_empty()
+    );
+    beat(&store, &g, a).await;
+    claim(&store, &g, a, 3).await;
+    clock.advance(secs(TTL_SECS));
+    assert!(
+        store
+            .release(&g, a, &bs(&[0, 1, 2]))
+            .await
+            .expect("release")
+            .is_empty()
+    );
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert!(
+        snap.buckets
+            .iter()
+            .all(|b| b.state == BucketState::Expired && b.owner == Some(a))
+    );
+}
+
+// ---- leave ---------------------------------------------------------------------------------
+
+/// L1: leave releases every bucket, keeps tokens and removes the member row.
+pub async fn leave_releases_everything_and_removes_membership<S: LeaseStore>(
+    store: S,
+    _clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 5).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    claim(&store, &g, a, 3).await;
+    claim(&store, &g, b, 1).await;
+    let released = store.leave(&g, a).await.expect("leave");
+    assert_eq!(bucket_nums(&released), vec![0, 1, 2]);
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert_eq!(
+        snap.members.iter().map(|m| m.worker).collect::<Vec<_>>(),
+        vec![b]
+    );
+    assert_eq!(live_owners(&store, &g).await, BTreeMap::from([(3, b)]));
+    assert_eq!(tokens(&store, &g).await, vec![1, 1, 1, 1, 0]);
+    let hb = beat(&store, &g, b).await;
+    assert_eq!(hb.view.members.len(), 1);
+    assert_eq!(hb.view.claimable, 4);
+}
+
+/// L2: leaving when not a member succeeds and changes nothing; a dead member's row goes.
+pub async fn leave_is_idempotent<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 2).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    assert!(store.leave(&g, a).await.expect("leave").is_empty());
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    claim(&store, &g, b, 2).await;
+    assert!(store.leave(&g, a).await.expect("leave").is_empty());
+    assert!(store.leave(&g, a).await.expect("leave again").is_empty());
+    // b dies; leaving removes its dead row but releases nothing (it owned nothing live).
+    clock.advance(secs(TTL_SECS));
+    assert!(store.leave(&g, b).await.expect("leave").is_empty());
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert!(snap.members.is_empty());
+    assert!(snap.buckets.iter().all(|x| x.state == BucketState::Expired));
+}
+
+/// L3: after leaving, the next heartbeat starts a new session.
+pub async fn heartbeat_after_leave_starts_a_new_session<S: LeaseStore>(
+    store: S,
+    _clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 2).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    let first = beat(&store, &g, a).await;
+    claim(&store, &g, a, 2).await;
+    store.leave(&g, a).await.expect("leave");
+    assert_kind(
+        store.claim(&g, a, 1).await,
+        ErrorKind::SessionExpired,
+        "claim after leave",
+    );
+    let second = beat(&store, &g, a).await;
+    assert!(second.new_session);
+    assert_ne!(second.session, first.session);
+    assert!(second.owned.is_empty());
+    assert_eq!(second.view.claimable, 2);
+}
+
+/// G4: across owners, releases and expiries, each bucket's tokens strictly increase.
+pub async fn tokens_strictly_increase_across_owners<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 1).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    let mut seen = Vec::new();
+    for step in 0..6 {
+        let w = if step % 2 == 0 { a } else { b };
+        beat(&store, &g, w).await;
+        let won = claim(&store, &g, w, 1).await;
+        assert_eq!(won.len(), 1, "step {step}: bucket 0 was claimable");
+        seen.push(won[0].token.0);
+        if step % 3 == 0 {
+            store.release(&g, w, &bs(&[0])).await.expect("release");
+        } else if step % 3 == 1 {
+            clock.advance(secs(TTL_SECS));
+        } else {
+            store.leave(&g, w).await.expect("leave");
+        }
+    }
+    assert_eq!(seen, vec![1, 2, 3, 4, 5, 6]);
+}
+
+// ---- fencing -------------------------------------------------------------------------------
+
+/// F1: the current owner with its current token passes.
+pub async fn is_current_accepts_the_current_owner<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 3).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    for lease in claim(&store, &g, a, 3).await {
+        assert!(
+            store
+                .is_current(&g, lease.bucket, a, lease.token)
+                .await
+                .expect("is_current")
+        );
+    }
+}
+
+/// F1: a stale token, a wrong token, another worker, a bucket out of range all fail.
+pub async fn is_current_rejects_stale_tokens_and_other_owners<S: LeaseStore>(
+    store: S,
+    _clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 2).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    let first = claim(&store, &g, a, 1).await[0];
+    store
+        .release(&g, a, &[first.bucket])
+        .await
+        .expect("release");
+    let second = claim(&store, &g, b, 1).await[0];
+    assert_eq!(second.bucket, first.bucket);
+    let check = |w: WorkerId, t: i64| {
+        let store = &store;
+        let g = &g;
+        async move {
+            store
+                .is_current(g, first.bucket, w, FencingToken(t))
+                .await
+                .expect("is_current")
+        }
+    };
+    assert!(check(b, second.token.0).await);
+    assert!(
+        !check(a, first.token.0).await,
+        "stale token of the old owner"
+    );
+    assert!(
+        !check(a, second.token.0).await,
+        "current token, wrong worker"
+    );
+    assert!(!check(b, first.token.0).await, "right worker, stale token");
+    assert!(!check(b, second.token.0 + 1).await, "a future token");
+    assert!(
+        !store
+            .is_current(&g, Bucket(2), b, second.token)
+            .await
+            .expect("is_current"),
+        "bucket out of range"
+    );
+}
+
+/// F1: a dead session's token and a released bucket's token fail.
+pub async fn is_current_rejects_dead_sessions_and_released_buckets<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 2).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    let won = claim(&store, &g, a, 2).await;
+    store
+        .release(&g, a, &[won[1].bucket])
+        .await
+        .expect("release");
+    assert!(
+        !store
+            .is_current(&g, won[1].bucket, a, won[1].token)
+            .await
+            .expect("is_current")
+    );
+    clock.advance(Duration::from_micros(TTL_SECS * 1_000_000 - 1));
+    assert!(
+        store
+            .is_current(&g, won[0].bucket, a, won[0].token)
+            .await
+            .expect("is_current")
+    );
+    clock.advance(Duration::from_micros(1));
+    assert!(
+        !store
+            .is_current(&g, won[0].bucket, a, won[0].token)
+            .await
+            .expect("is_current"),
+        "a dead session's lease passed the fencing check"
+    );
+}
+
+// ---- snapshot ------------------------------------------------------------------------------
+
+/// S1, S3: a snapshot shows live, expired and unowned buckets with their expiries, and
+/// writes nothing.
+pub async fn snapshot_reports_states_and_expiries<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    let hba = beat(&store, &g, a).await;
+    claim(&store, &g, a, 1).await; // 0: a, dies
+    clock.advance(secs(1));
+    let hbb = beat(&store, &g, b).await;
+    claim(&store, &g, b, 2).await; // 1, 2: b, live
+    clock.advance(secs(TTL_SECS - 1));
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert_eq!(snap.observed_at, clock.now());
+    let states: Vec<BucketState> = snap.buckets.iter().map(|x| x.state).collect();
+    assert_eq!(
+        states,
+        vec![
+            BucketState::Expired,
+            BucketState::Live,
+            BucketState::Live,
+            BucketState::Unowned
+        ]
+    );
+    assert_eq!(snap.buckets[0].owner, Some(a));
+    assert_eq!(snap.buckets[0].session, Some(hba.session));
+    assert_eq!(snap.buckets[0].expires_at, Some(hba.expires_at));
+    assert_eq!(snap.buckets[1].owner, Some(b));
+    assert_eq!(snap.buckets[1].session, Some(hbb.session));
+    assert_eq!(snap.buckets[1].expires_at, Some(hbb.expires_at));
+    assert_eq!(snap.buckets[3].owner, None);
+    assert_eq!(snap.live_leases().len(), 2);
+    assert_eq!(snap.view().claimable, 2);
+    assert_eq!(
+        store.snapshot(&g).await.expect("snapshot"),
+        snap,
+        "a snapshot wrote"
+    );
+}
+
+/// S2: a snapshot lists every member row, live or dead, with metadata and live load.
+pub async fn snapshot_lists_every_member<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    let meta_a = MemberMetadata::new("host=a pid=1").expect("valid");
+    let meta_b = MemberMetadata::new("host=b pid=2").expect("valid");
+    store
+        .heartbeat(&g, a, ttl(), &meta_a)
+        .await
+        .expect("heartbeat");
+    claim(&store, &g, a, 3).await;
+    clock.advance(secs(2));
+    let t_b = clock.now();
+    let hb = store
+        .heartbeat(&g, b, ttl(), &meta_b)
+        .await
+        .expect("heartbeat");
+    claim(&store, &g, b, 1).await;
+    clock.advance(secs(3));
+    let renewed_at = clock.now();
+    store
+        .heartbeat(&g, b, ttl(), &meta_a)
+        .await
+        .expect("heartbeat");
+    clock.advance(secs(TTL_SECS - 2 - 3));
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert_eq!(snap.members.len(), 2);
+    let (ma, mb) = (&snap.members[0], &snap.members[1]);
+    assert_eq!((ma.worker, ma.live, ma.owned), (a, false, 0));
+    assert_eq!(ma.metadata, meta_a);
+    assert_eq!((mb.worker, mb.live, mb.owned), (b, true, 1));
+    assert_eq!(mb.session, hb.session);
+    assert_eq!(mb.joined_at, t_b);
+    assert_eq!(mb.heartbeat_at, renewed_at);
+    assert_eq!(mb.expires_at, renewed_at + ttl().as_chrono());
+    assert_eq!(mb.metadata, meta_a, "metadata is replaced on renewal");
+    assert_eq!(snap.live_members().len(), 1);
+}
+
+// ---- changes -------------------------------------------------------------------------------
+
+async fn next_change(feed: &mut ChangeFeed, what: &str) -> Change {
+    // A real-time bound on a notification that should arrive at once; it fails loudly
+    // rather than hanging the suite.
+    match tokio::time::timeout(Duration::from_secs(10), feed.recv()).await {
+        Ok(Some(change)) => change,
+        Ok(None) => panic!("{what}: the change feed closed"),
+        Err(_) => panic!("{what}: no change arrived within 10 s"),
+    }
+}
+
+/// W1, H6, R4, L4: joins, releases and leaves reach a feed opened before them, in order; a
+/// renewal and an empty release send nothing.
+pub async fn changes_report_joins_releases_and_leaves<S: LeaseStore>(
+    store: S,
+    _clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 4).await;
+    let other = setup(&store, "other", 4).await;
+    let mut feed = store
+        .changes(&g)
+        .await
+        .expect("changes")
+        .expect("this suite expects a store with a change feed");
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    assert_eq!(next_change(&mut feed, "join").await, Change::Joined(a));
+    beat(&store, &g, a).await; // renewal: nothing
+    claim(&store, &g, a, 2).await; // claim: nothing
+    store.release(&g, a, &bs(&[3])).await.expect("release"); // releases nothing: nothing
+    beat(&store, &other, b).await; // another group: nothing here
+    store.release(&g, a, &bs(&[1])).await.expect("release");
+    assert_eq!(next_change(&mut feed, "release").await, Change::Released(a));
+    store.leave(&g, a).await.expect("leave");
+    assert_eq!(next_change(&mut feed, "leave").await, Change::Left(a));
+    beat(&store, &g, b).await;
+    assert_eq!(
+        next_change(&mut feed, "second join").await,
+        Change::Joined(b)
+    );
+    let mut seen = BTreeSet::new();
+    while let Some(extra) = feed.try_recv() {
+        seen.insert(format!("{extra:?}"));
+    }
+    assert!(seen.is_empty(), "unexpected changes: {seen:?}");
+}

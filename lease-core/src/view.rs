@@ -1,0 +1,185 @@
+//! What stores return: leases, the heartbeat's compact view and the full snapshot.
+
+use crate::ids::{
+    Bucket, FencingToken, GroupName, MemberMetadata, SessionId, ShardCount, WorkerId,
+};
+use crate::time::Timestamp;
+
+/// Ownership of one bucket: who holds it, with which fencing token, until when.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Lease {
+    /// The bucket.
+    pub bucket: Bucket,
+    /// The owner.
+    pub owner: WorkerId,
+    /// The fencing token of this ownership.
+    pub token: FencingToken,
+    /// When the owner's session expires unless renewed (store clock).
+    pub expires_at: Timestamp,
+}
+
+/// A live member and how many buckets it owns.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct MemberLoad {
+    /// The member.
+    pub worker: WorkerId,
+    /// Buckets it owns under its live session.
+    pub owned: u32,
+}
+
+/// The part of a group's state the fair-share policy decides on.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct GroupView {
+    /// The group's bucket count.
+    pub shard_count: ShardCount,
+    /// Every live member (idle ones included) with its load, sorted by worker id.
+    pub members: Vec<MemberLoad>,
+    /// Buckets nobody live owns: never owned, released, or held by a dead session.
+    pub claimable: u32,
+}
+
+/// What a heartbeat returns: the worker's session and the compact view of its group. Its size
+/// grows with the members and the worker's own buckets, never with the shard count.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Heartbeat {
+    /// The worker's live session.
+    pub session: SessionId,
+    /// Whether this heartbeat started `session` (first heartbeat, after `leave`, or after the
+    /// previous session expired). When true, nothing held before is owned any more.
+    pub new_session: bool,
+    /// The store's time of the renewal.
+    pub observed_at: Timestamp,
+    /// When the session expires unless renewed: `observed_at + ttl`.
+    pub expires_at: Timestamp,
+    /// The group as the policy needs it.
+    pub view: GroupView,
+    /// This worker's leases under `session`, sorted by bucket.
+    pub owned: Vec<Lease>,
+}
+
+impl Heartbeat {
+    /// The buckets this worker owns, in order.
+    pub fn owned_buckets(&self) -> Vec<Bucket> {
+        self.owned.iter().map(|l| l.bucket).collect()
+    }
+}
+
+/// A bucket's ownership as a snapshot sees it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum BucketState {
+    /// Owned by a live session.
+    Live,
+    /// The recorded owner's session has expired or ended; anyone may claim it.
+    Expired,
+    /// No owner recorded (never owned, or released).
+    Unowned,
+}
+
+impl BucketState {
+    /// `live`, `expired` or `unowned`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::Expired => "expired",
+            Self::Unowned => "unowned",
+        }
+    }
+}
+
+/// One bucket in a [`GroupSnapshot`].
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct BucketInfo {
+    /// The bucket.
+    pub bucket: Bucket,
+    /// The recorded owner, live or not; `None` when unowned.
+    pub owner: Option<WorkerId>,
+    /// The recorded owner's session.
+    pub session: Option<SessionId>,
+    /// The current fencing token (0 if never owned).
+    pub token: FencingToken,
+    /// When the owner's session expires (or expired); `None` when unowned or when the owner's
+    /// session no longer exists.
+    pub expires_at: Option<Timestamp>,
+    /// The effective state at `observed_at`.
+    pub state: BucketState,
+}
+
+/// One member row in a [`GroupSnapshot`].
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct MemberInfo {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Its current (or last) session.
+    pub session: SessionId,
+    /// When the session started.
+    pub joined_at: Timestamp,
+    /// When the session was last renewed.
+    pub heartbeat_at: Timestamp,
+    /// When the session expires (or expired).
+    pub expires_at: Timestamp,
+    /// Whether the session is live at `observed_at`.
+    pub live: bool,
+    /// Buckets owned under the session (0 when it is not live).
+    pub owned: u32,
+    /// What the worker attached at its last heartbeat.
+    pub metadata: MemberMetadata,
+}
+
+/// Everything a store knows about a group, at one instant of its clock.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct GroupSnapshot {
+    /// The group.
+    pub group: GroupName,
+    /// Its bucket count.
+    pub shard_count: ShardCount,
+    /// The store's time of the snapshot.
+    pub observed_at: Timestamp,
+    /// Every member row, live or expired, sorted by worker id.
+    pub members: Vec<MemberInfo>,
+    /// Every bucket, in order.
+    pub buckets: Vec<BucketInfo>,
+}
+
+impl GroupSnapshot {
+    /// The live members with their loads, sorted by worker id.
+    pub fn live_members(&self) -> Vec<MemberLoad> {
+        self.members
+            .iter()
+            .filter(|m| m.live)
+            .map(|m| MemberLoad {
+                worker: m.worker,
+                owned: m.owned,
+            })
+            .collect()
+    }
+
+    /// The policy's view of the group, as a heartbeat would report it.
+    pub fn view(&self) -> GroupView {
+        let claimable = self
+            .buckets
+            .iter()
+            .filter(|b| b.state != BucketState::Live)
+            .count();
+        GroupView {
+            shard_count: self.shard_count,
+            members: self.live_members(),
+            claimable: u32::try_from(claimable).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The live leases, in bucket order.
+    pub fn live_leases(&self) -> Vec<Lease> {
+        self.buckets
+            .iter()
+            .filter(|b| b.state == BucketState::Live)
+            .filter_map(|b| {
+                Some(Lease {
+                    bucket: b.bucket,
+                    owner: b.owner?,
+                    token: b.token,
+                    expires_at: b.expires_at?,
+                })
+            })
+            .collect()
+    }
+}

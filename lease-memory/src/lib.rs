@@ -1,0 +1,454 @@
+//! `lease-memory`: the in-memory backend of the lease engine, and the executable
+//! specification of the [`LeaseStore`] contract.
+//!
+//! Every rule of the contract written on [`LeaseStore`] is implemented here in plain Rust
+//! behind one mutex, and checked by the same conformance suite the Postgres backend runs. Use
+//! it for unit tests, demos and single-process deployments; its state lives and dies with the
+//! process.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lease_core::{GroupName, LeaseStore, ManualClock, MemberMetadata, ShardCount, Ttl, WorkerId};
+//! use lease_memory::MemoryLeaseStore;
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let clock = ManualClock::new();
+//! let store = MemoryLeaseStore::with_clock(clock.clone());
+//! let group = GroupName::new("orders")?;
+//! store.ensure_group(&group, ShardCount::new(4)?).await?;
+//!
+//! let (a, b) = (WorkerId::new(), WorkerId::new());
+//! let ttl = Ttl::from_secs(10)?;
+//! store.heartbeat(&group, a, ttl, &MemberMetadata::empty()).await?;
+//! let won = store.claim(&group, a, 4).await?;
+//! assert_eq!(won.len(), 4);
+//!
+//! // b cannot take a live lease...
+//! store.heartbeat(&group, b, ttl, &MemberMetadata::empty()).await?;
+//! assert!(store.claim(&group, b, 4).await?.is_empty());
+//!
+//! // ...but once a stops renewing and its session expires, b takes over with higher tokens.
+//! clock.advance(Duration::from_secs(10));
+//! store.heartbeat(&group, b, ttl, &MemberMetadata::empty()).await?;
+//! let taken = store.claim(&group, b, 4).await?;
+//! assert_eq!(taken.len(), 4);
+//! assert!(taken.iter().zip(&won).all(|(new, old)| new.token > old.token));
+//! assert!(!store.is_current(&group, won[0].bucket, a, won[0].token).await?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+#![warn(missing_docs)]
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use lease_core::{
+    Bucket, BucketInfo, BucketState, Change, ChangeFeed, Clock, FencingToken, GroupName,
+    GroupSnapshot, GroupView, Heartbeat, Lease, LeaseStore, MemberInfo, MemberLoad, MemberMetadata,
+    SessionId, ShardCount, StoreError, SystemClock, Timestamp, Ttl, WorkerId, store_precision,
+};
+use tokio::sync::broadcast;
+
+/// How many unread changes a feed buffers before reporting [`Change::Missed`].
+const FEED_CAPACITY: usize = 256;
+
+#[derive(Debug)]
+struct BucketRow {
+    owner: Option<(WorkerId, SessionId)>,
+    token: i64,
+}
+
+#[derive(Debug)]
+struct MemberRow {
+    session: SessionId,
+    joined_at: Timestamp,
+    heartbeat_at: Timestamp,
+    expires_at: Timestamp,
+    metadata: MemberMetadata,
+    /// Buckets recorded under `session`. Exact while the session is live: a bucket leaves a
+    /// live session only by release or leave, both of which update this set.
+    held: BTreeSet<Bucket>,
+}
+
+impl MemberRow {
+    fn is_live(&self, now: Timestamp) -> bool {
+        now < self.expires_at
+    }
+}
+
+#[derive(Debug)]
+struct GroupState {
+    shards: ShardCount,
+    buckets: Vec<BucketRow>,
+    members: BTreeMap<WorkerId, MemberRow>,
+}
+
+impl GroupState {
+    fn live_member(&self, worker: WorkerId, now: Timestamp) -> Option<&MemberRow> {
+        self.members.get(&worker).filter(|m| m.is_live(now))
+    }
+
+    fn is_owned_live(&self, row: &BucketRow, now: Timestamp) -> bool {
+        row.owner.is_some_and(|(w, s)| {
+            self.live_member(w, now)
+                .is_some_and(|member| member.session == s)
+        })
+    }
+
+    fn live_held(&self, now: Timestamp) -> usize {
+        self.members
+            .values()
+            .filter(|m| m.is_live(now))
+            .map(|m| m.held.len())
+            .sum()
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    groups: HashMap<GroupName, GroupState>,
+    feeds: HashMap<GroupName, broadcast::Sender<Change>>,
+}
+
+impl State {
+    fn group(&self, group: &GroupName) -> Result<&GroupState, StoreError> {
+        self.groups.get(group).ok_or_else(|| not_found(group))
+    }
+
+    fn group_mut(&mut self, group: &GroupName) -> Result<&mut GroupState, StoreError> {
+        self.groups.get_mut(group).ok_or_else(|| not_found(group))
+    }
+
+    fn notify(&self, group: &GroupName, change: Change) {
+        if let Some(tx) = self.feeds.get(group) {
+            // No receiver left is not an error: wake-ups are hints for whoever listens.
+            tx.send(change).ok();
+        }
+    }
+}
+
+fn not_found(group: &GroupName) -> StoreError {
+    StoreError::GroupNotFound {
+        group: group.clone(),
+    }
+}
+
+/// The in-memory [`LeaseStore`]. Cheap to clone: clones share the same state.
+#[derive(Clone, Debug)]
+pub struct MemoryLeaseStore {
+    state: Arc<Mutex<State>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for MemoryLeaseStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryLeaseStore {
+    /// A store deciding expiry by the host's wall clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+
+    /// A store deciding expiry by `clock` (a [`lease_core::ManualClock`] in tests).
+    pub fn with_clock(clock: impl Clock + 'static) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State::default())),
+            clock: Arc::new(clock),
+        }
+    }
+
+    fn lock(&self) -> Result<(MutexGuard<'_, State>, Timestamp), StoreError> {
+        let guard = self.state.lock().map_err(|_| StoreError::Backend {
+            message: "memory store state was poisoned by a panic in another thread".into(),
+            source: None,
+        })?;
+        // Read the clock under the lock, so operations are ordered as their times are.
+        Ok((guard, store_precision(self.clock.now())))
+    }
+}
+
+#[async_trait]
+impl LeaseStore for MemoryLeaseStore {
+    async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
+        let (mut state, _now) = self.lock()?;
+        match state.groups.get(group) {
+            Some(g) if g.shards == shards => Ok(()),
+            Some(g) => Err(StoreError::ShardCountMismatch {
+                group: group.clone(),
+                configured: shards,
+                found: g.shards,
+            }),
+            None => {
+                let buckets = shards
+                    .buckets()
+                    .map(|_| BucketRow {
+                        owner: None,
+                        token: 0,
+                    })
+                    .collect();
+                state.groups.insert(
+                    group.clone(),
+                    GroupState {
+                        shards,
+                        buckets,
+                        members: BTreeMap::new(),
+                    },
+                );
+                Ok(())
+            }
+        }
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        ttl: Ttl,
+        metadata: &MemberMetadata,
+    ) -> Result<Heartbeat, StoreError> {
+        let (mut state, now) = self.lock()?;
+        let g = state.group_mut(group)?;
+        let expires_at = now + ttl.as_chrono();
+        let new_session = g.live_member(worker, now).is_none();
+        if new_session {
+            g.members.retain(|_, m| m.is_live(now));
+            g.members.insert(
+                worker,
+                MemberRow {
+                    session: SessionId::new(),
+                    joined_at: now,
+                    heartbeat_at: now,
+                    expires_at,
+                    metadata: metadata.clone(),
+                    held: BTreeSet::new(),
+                },
+            );
+        }
+        let g = state.group_mut(group)?;
+        let me = g
+            .members
+            .get_mut(&worker)
+            .ok_or_else(|| StoreError::Backend {
+                message: "memory store lost a member row it had just written".into(),
+                source: None,
+            })?;
+        me.expires_at = expires_at;
+        me.heartbeat_at = now;
+        me.metadata = metadata.clone();
+        let session = me.session;
+        let owned = me
+            .held
+            .iter()
+            .map(|&bucket| Lease {
+                bucket,
+                owner: worker,
+                token: FencingToken(g.buckets[bucket.0 as usize].token),
+                expires_at,
+            })
+            .collect();
+        let members = g
+            .members
+            .iter()
+            .filter(|(_, m)| m.is_live(now))
+            .map(|(&w, m)| MemberLoad {
+                worker: w,
+                owned: m.held.len() as u32,
+            })
+            .collect();
+        let claimable = (g.shards.get() as usize - g.live_held(now)) as u32;
+        let view = GroupView {
+            shard_count: g.shards,
+            members,
+            claimable,
+        };
+        if new_session {
+            state.notify(group, Change::Joined(worker));
+        }
+        Ok(Heartbeat {
+            session,
+            new_session,
+            observed_at: now,
+            expires_at,
+            view,
+            owned,
+        })
+    }
+
+    async fn claim(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        want: u32,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let (mut state, now) = self.lock()?;
+        let g = state.group_mut(group)?;
+        let (session, expires_at) = g
+            .live_member(worker, now)
+            .map(|m| (m.session, m.expires_at))
+            .ok_or_else(|| StoreError::SessionExpired {
+                group: group.clone(),
+                worker,
+            })?;
+        let picked: Vec<usize> = (0..g.buckets.len())
+            .filter(|&i| !g.is_owned_live(&g.buckets[i], now))
+            .take(want as usize)
+            .collect();
+        let mut won = Vec::with_capacity(picked.len());
+        for i in picked {
+            let bucket = Bucket(i as u32);
+            let previous = g.buckets[i].owner.replace((worker, session));
+            // The previous session is dead; keep its member row's set honest for snapshots.
+            if let Some((w, s)) = previous
+                && let Some(m) = g.members.get_mut(&w).filter(|m| m.session == s)
+            {
+                m.held.remove(&bucket);
+            }
+            g.buckets[i].token += 1;
+            won.push(Lease {
+                bucket,
+                owner: worker,
+                token: FencingToken(g.buckets[i].token),
+                expires_at,
+            });
+        }
+        if let Some(me) = g.members.get_mut(&worker) {
+            me.held.extend(won.iter().map(|l| l.bucket));
+        }
+        Ok(won)
+    }
+
+    async fn release(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        buckets: &[Bucket],
+    ) -> Result<Vec<Bucket>, StoreError> {
+        let (mut state, now) = self.lock()?;
+        let g = state.group_mut(group)?;
+        if let Some(&bucket) = buckets.iter().find(|&&b| !g.shards.contains(b)) {
+            return Err(StoreError::BucketOutOfRange {
+                group: group.clone(),
+                bucket,
+                shard_count: g.shards,
+            });
+        }
+        let Some(me) = g.members.get_mut(&worker).filter(|m| m.is_live(now)) else {
+            return Ok(Vec::new());
+        };
+        let mut released: Vec<Bucket> = buckets
+            .iter()
+            .copied()
+            .filter(|b| me.held.remove(b))
+            .collect();
+        released.sort_unstable();
+        for b in &released {
+            g.buckets[b.0 as usize].owner = None;
+        }
+        if !released.is_empty() {
+            state.notify(group, Change::Released(worker));
+        }
+        Ok(released)
+    }
+
+    async fn leave(&self, group: &GroupName, worker: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+        let (mut state, now) = self.lock()?;
+        let g = state.group_mut(group)?;
+        let Some(me) = g.members.remove(&worker) else {
+            return Ok(Vec::new());
+        };
+        let released: Vec<Bucket> = if me.is_live(now) {
+            me.held.into_iter().collect()
+        } else {
+            Vec::new()
+        };
+        for b in &released {
+            g.buckets[b.0 as usize].owner = None;
+        }
+        state.notify(group, Change::Left(worker));
+        Ok(released)
+    }
+
+    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
+        let (state, now) = self.lock()?;
+        let g = state.group(group)?;
+        let members = g
+            .members
+            .iter()
+            .map(|(&worker, m)| {
+                let live = m.is_live(now);
+                MemberInfo {
+                    worker,
+                    session: m.session,
+                    joined_at: m.joined_at,
+                    heartbeat_at: m.heartbeat_at,
+                    expires_at: m.expires_at,
+                    live,
+                    owned: if live { m.held.len() as u32 } else { 0 },
+                    metadata: m.metadata.clone(),
+                }
+            })
+            .collect();
+        let buckets = g
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, row)| {
+                let member = row
+                    .owner
+                    .and_then(|(w, s)| g.members.get(&w).filter(|m| m.session == s));
+                let state = match (row.owner, member) {
+                    (None, _) => BucketState::Unowned,
+                    (Some(_), Some(m)) if m.is_live(now) => BucketState::Live,
+                    (Some(_), _) => BucketState::Expired,
+                };
+                BucketInfo {
+                    bucket: Bucket(i as u32),
+                    owner: row.owner.map(|(w, _)| w),
+                    session: row.owner.map(|(_, s)| s),
+                    token: FencingToken(row.token),
+                    expires_at: member.map(|m| m.expires_at),
+                    state,
+                }
+            })
+            .collect();
+        Ok(GroupSnapshot {
+            group: group.clone(),
+            shard_count: g.shards,
+            observed_at: now,
+            members,
+            buckets,
+        })
+    }
+
+    async fn is_current(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        worker: WorkerId,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        let (state, now) = self.lock()?;
+        let Some(g) = state.groups.get(group) else {
+            return Ok(false);
+        };
+        Ok(g.buckets.get(bucket.0 as usize).is_some_and(|row| {
+            row.token == token.0
+                && row.owner.is_some_and(|(w, _)| w == worker)
+                && g.is_owned_live(row, now)
+        }))
+    }
+
+    async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
+        let (mut state, _now) = self.lock()?;
+        let tx = state
+            .feeds
+            .entry(group.clone())
+            .or_insert_with(|| broadcast::channel(FEED_CAPACITY).0);
+        Ok(Some(ChangeFeed::new(tx.subscribe())))
+    }
+}

@@ -1,0 +1,8 @@
+//! The whole conformance suite on the in-memory backend, each case its own test.
+
+use lease_core::ManualClock;
+use lease_memory::MemoryLeaseStore;
+
+lease_core::conformance_suite!(
+    |clock: ManualClock| async move { MemoryLeaseStore::with_clock(clock) }
+);
