@@ -1,0 +1,244 @@
+//! Wake-ups over `LISTEN/NOTIFY`: one listening connection per store, one channel per group.
+//!
+//! The statements that change membership or release buckets `NOTIFY lease.channel(group)` in
+//! the same transaction, so a notification is delivered when, and only if, the change commits.
+//! One task holds a connection taken out of the pool, `LISTEN`s on every channel asked for,
+//! and fans notifications out to the group's broadcast. If the connection breaks it reconnects,
+//! listens again and sends [`Change::Missed`] to every feed: notifications may have been lost
+//! meanwhile, and a worker that hears it simply re-plans.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use diesel_async::pooled_connection::deadpool::{Object, Pool};
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use futures_util::StreamExt;
+use lease_core::{Change, ChangeFeed, StoreError, WorkerId};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use uuid::Uuid;
+
+/// Unread changes a feed buffers before it reports [`Change::Missed`].
+const FEED_CAPACITY: usize = 256;
+/// How long `subscribe` waits for the listener to be `LISTEN`ing.
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest pause between reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+struct Listen {
+    channel: String,
+    ack: oneshot::Sender<Result<(), StoreError>>,
+}
+
+#[derive(Default)]
+struct Routes {
+    /// Per channel, the broadcast its feeds receive from.
+    senders: HashMap<String, broadcast::Sender<Change>>,
+    /// The listener task, while it runs.
+    task: Option<mpsc::UnboundedSender<Listen>>,
+}
+
+/// The store's listening side. Dropping the last store clone stops the task.
+#[derive(Default)]
+pub(crate) struct Notifier {
+    routes: Arc<Mutex<Routes>>,
+}
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier").finish_non_exhaustive()
+    }
+}
+
+impl Notifier {
+    /// A feed of `channel`, returned once the listener is `LISTEN`ing on it.
+    pub(crate) async fn subscribe(
+        &self,
+        pool: &Pool<AsyncPgConnection>,
+        channel: String,
+    ) -> Result<ChangeFeed, StoreError> {
+        let (rx, ack) = {
+            let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+            let rx = routes
+                .senders
+                .entry(channel.clone())
+                .or_insert_with(|| broadcast::channel(FEED_CAPACITY).0)
+                .subscribe();
+            let task = match &routes.task {
+                Some(tx) if !tx.is_closed() => tx.clone(),
+                _ => {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    tokio::spawn(listen_loop(pool.clone(), Arc::downgrade(&self.routes), rx));
+                    routes.task = Some(tx.clone());
+                    tx
+                }
+            };
+            let (ack_tx, ack_rx) = oneshot::channel();
+            task.send(Listen {
+                channel,
+                ack: ack_tx,
+            })
+            .map_err(|_| StoreError::Backend {
+                message: "the LISTEN task stopped".into(),
+                source: None,
+            })?;
+            (rx, ack_rx)
+        };
+        match tokio::time::timeout(SUBSCRIBE_TIMEOUT, ack).await {
+            Ok(Ok(result)) => result.map(|()| ChangeFeed::new(rx)),
+            Ok(Err(_)) => Err(StoreError::Backend {
+                message: "the LISTEN task stopped before listening".into(),
+                source: None,
+            }),
+            Err(_) => Err(StoreError::Backend {
+                message: format!("LISTEN did not succeed within {SUBSCRIBE_TIMEOUT:?}"),
+                source: None,
+            }),
+        }
+    }
+}
+
+fn parse(payload: &str) -> Change {
+    let worker = |rest: &str| Uuid::parse_str(rest).ok().map(WorkerId::from_uuid);
+    let mut chars = payload.chars();
+    match (chars.next(), worker(chars.as_str())) {
+        (Some('J'), Some(w)) => Change::Joined(w),
+        (Some('L'), Some(w)) => Change::Left(w),
+        (Some('R'), Some(w)) => Change::Released(w),
+        _ => Change::Missed,
+    }
+}
+
+fn broadcast_all(routes: &Mutex<Routes>, change: Change) {
+    let routes = routes.lock().unwrap_or_else(PoisonError::into_inner);
+    for tx in routes.senders.values() {
+        // A channel nobody listens to any more is not an error.
+        tx.send(change).ok();
+    }
+}
+
+async fn connect(pool: &Pool<AsyncPgConnection>) -> Result<AsyncPgConnection, StoreError> {
+    pool.get()
+        .await
+        .map(Object::take)
+        .map_err(crate::error::from_pool)
+}
+
+fn listen_sql(channel: &str) -> String {
+    // Channels come from lease.channel(): 'lease_' and 32 hex digits, safe to quote.
+    format!("LISTEN \"{channel}\"")
+}
+
+enum Event {
+    Command(Option<Listen>),
+    Notification(Option<diesel::QueryResult<diesel::pg::PgNotification>>),
+}
+
+async fn listen_loop(
+    pool: Pool<AsyncPgConnection>,
+    routes: std::sync::Weak<Mutex<Routes>>,
+    mut commands: mpsc::UnboundedReceiver<Listen>,
+) {
+    let mut listening: HashSet<String> = HashSet::new();
+    let mut backoff = Duration::from_millis(50);
+    let mut reconnecting = false;
+    'connect: loop {
+        let mut conn = match connect(&pool).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::warn!(error = %e, "change feed: cannot connect; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        for channel in &listening {
+            if let Err(e) = conn.batch_execute(&listen_sql(channel)).await {
+                tracing::warn!(error = %e, "change feed: LISTEN failed; reconnecting");
+                tokio::time::sleep(backoff).await;
+                continue 'connect;
+            }
+        }
+        backoff = Duration::from_millis(50);
+        if reconnecting {
+            let Some(routes) = routes.upgrade() else {
+                return;
+            };
+            broadcast_all(&routes, Change::Missed);
+        }
+        reconnecting = true;
+        loop {
+            let event = {
+                let mut notes = std::pin::pin!(conn.notifications_stream());
+                tokio::select! {
+                    command = commands.recv() => Event::Command(command),
+                    note = notes.next() => Event::Notification(note),
+                }
+            };
+            match event {
+                Event::Command(None) => return,
+                Event::Command(Some(Listen { channel, ack })) => {
+                    let result = if listening.contains(&channel) {
+                        Ok(())
+                    } else {
+                        conn.batch_execute(&listen_sql(&channel))
+                            .await
+                            .map_err(|e| crate::error::from_diesel("LISTEN", e))
+                    };
+                    let failed = result.is_err();
+                    if !failed {
+                        listening.insert(channel);
+                    }
+                    // The subscriber may have given up waiting; nothing to tell it then.
+                    ack.send(result).ok();
+                    if failed {
+                        continue 'connect;
+                    }
+                }
+                Event::Notification(Some(Ok(note))) => {
+                    let Some(routes) = routes.upgrade() else {
+                        return;
+                    };
+                    let routes = routes.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Some(tx) = routes.senders.get(&note.channel) {
+                        tx.send(parse(&note.payload)).ok();
+                    }
+                }
+                Event::Notification(Some(Err(e))) => {
+                    tracing::warn!(error = %e, "change feed: connection lost; reconnecting");
+                    continue 'connect;
+                }
+                Event::Notification(None) => {
+                    tracing::warn!("change feed: connection closed; reconnecting");
+                    continue 'connect;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_parse() {
+        let w = Uuid::from_u128(7);
+        assert_eq!(
+            parse(&format!("J{w}")),
+            Change::Joined(WorkerId::from_uuid(w))
+        );
+        assert_eq!(
+            parse(&format!("L{w}")),
+            Change::Left(WorkerId::from_uuid(w))
+        );
+        assert_eq!(
+            parse(&format!("R{w}")),
+            Change::Released(WorkerId::from_uuid(w))
+        );
+        assert_eq!(parse("X"), Change::Missed);
+        assert_eq!(parse(""), Change::Missed);
+        assert_eq!(parse("Jnot-a-uuid"), Change::Missed);
+        assert_eq!(parse("é"), Change::Missed);
+    }
+}

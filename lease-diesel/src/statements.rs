@@ -1,0 +1,267 @@
+//! The SQL of each operation: one statement each, one round trip each.
+//!
+//! Every statement takes the client clock as a nullable parameter and reads time as
+//! `COALESCE(<that>, clock_timestamp())`: one SQL text for both clock modes. Expiry is always
+//! compared with `clock_timestamp()` evaluated where the row lock is held (in an `ON CONFLICT`
+//! assignment, a `RETURNING` of a delete, a `FOR UPDATE` re-check, or the fresh-snapshot
+//! `lease.owner_is_dead`), never with `now()`, which is the transaction's start: a renewal that
+//! began before expiry must not extend a session a claimer has already judged dead.
+
+use chrono::{DateTime, Utc};
+use diesel::QueryableByName;
+use diesel::sql_types::{Array, BigInt, Bool, Integer, Nullable, Timestamptz, Uuid as SqlUuid};
+use uuid::Uuid;
+
+/// Create a group and its bucket rows in one statement, or do nothing if the name is taken.
+/// `$1` name, `$2` shard count, `$3` client time. Returns one row if the group was created.
+pub(crate) const ENSURE_GROUP: &str = r#"
+WITH ins AS (
+    INSERT INTO lease.groups (name, shard_count, created_at)
+    VALUES ($1, $2, COALESCE($3, clock_timestamp()))
+    ON CONFLICT (name) DO NOTHING
+    RETURNING shard_count
+), buckets AS (
+    INSERT INTO lease.shards (group_name, bucket, updated_at)
+    SELECT $1, b, COALESCE($3, clock_timestamp())
+      FROM ins, generate_series(0, ins.shard_count - 1) AS b
+)
+SELECT shard_count FROM ins
+"#;
+
+/// The stored shard count of a group. `$1` name.
+pub(crate) const GROUP_SHARD_COUNT: &str = "SELECT shard_count FROM lease.groups WHERE name = $1";
+
+/// Extend the worker's live session or start a new one (`$3` becomes its id), remove the
+/// group's dead member rows when a session starts, and return the policy's view. Writes one
+/// row in steady state. `$1` group, `$2` worker, `$3` candidate session id, `$4` ttl,
+/// `$5` metadata, `$6` client time. No row: the group does not exist.
+///
+/// The assignment's sub-select evaluates the clock once, after `ON CONFLICT` has locked the
+/// row: liveness and the new expiry come from the same instant, under the lock.
+pub(crate) const HEARTBEAT: &str = r#"
+WITH grp AS (
+    SELECT shard_count FROM lease.groups WHERE name = $1
+), me AS (
+    INSERT INTO lease.members AS m
+           (group_name, worker_id, session_id, expires_at, joined_at, heartbeat_at, owned, metadata)
+    SELECT $1, $2, $3, c.t + $4, c.t, c.t, 0, $5
+      FROM grp, (SELECT COALESCE($6, clock_timestamp()) AS t) AS c
+    ON CONFLICT (group_name, worker_id) DO UPDATE SET
+        (session_id, joined_at, owned, expires_at, heartbeat_at, metadata) = (
+            SELECT CASE WHEN l.live THEN m.session_id ELSE excluded.session_id END,
+                   CASE WHEN l.live THEN m.joined_at ELSE c.t END,
+                   CASE WHEN l.live THEN m.owned ELSE 0 END,
+                   c.t + $4, c.t, excluded.metadata
+              FROM (SELECT COALESCE($6, clock_timestamp()) AS t) AS c,
+                   LATERAL (SELECT m.expires_at > c.t AS live) AS l)
+    RETURNING m.session_id, m.expires_at, m.heartbeat_at, m.session_id = $3 AS started
+), gc AS (
+    DELETE FROM lease.members d
+     USING (SELECT x.worker_id FROM lease.members x
+             WHERE x.group_name = $1 AND x.worker_id <> $2
+               AND x.expires_at <= (SELECT heartbeat_at FROM me)
+               AND EXISTS (SELECT 1 FROM me WHERE me.started)
+               FOR UPDATE SKIP LOCKED) AS dead
+     WHERE d.group_name = $1 AND d.worker_id = dead.worker_id
+), mine AS (
+    SELECT s.bucket, s.token FROM lease.shards s
+     WHERE s.owner_session = (SELECT session_id FROM me) AND s.group_name = $1
+), others AS (
+    SELECT x.worker_id, x.owned FROM lease.members x
+     WHERE x.group_name = $1 AND x.worker_id <> $2
+       AND x.expires_at > (SELECT heartbeat_at FROM me)
+)
+SELECT grp.shard_count, me.session_id, me.started, me.heartbeat_at, me.expires_at,
+       ARRAY(SELECT worker_id FROM others ORDER BY worker_id) AS other_workers,
+       ARRAY(SELECT owned FROM others ORDER BY worker_id) AS other_owned,
+       ARRAY(SELECT bucket FROM mine ORDER BY bucket) AS buckets,
+       ARRAY(SELECT token FROM mine ORDER BY bucket) AS tokens,
+       (SELECT count(pg_notify(lease.channel($1), 'J' || $2::text))
+          FROM me WHERE me.started) AS notified
+  FROM grp, me
+"#;
+
+/// Row of [`HEARTBEAT`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct HeartbeatRow {
+    #[diesel(sql_type = Integer)]
+    pub shard_count: i32,
+    #[diesel(sql_type = SqlUuid)]
+    pub session_id: Uuid,
+    #[diesel(sql_type = Bool)]
+    pub started: bool,
+    #[diesel(sql_type = Timestamptz)]
+    pub heartbeat_at: DateTime<Utc>,
+    #[diesel(sql_type = Timestamptz)]
+    pub expires_at: DateTime<Utc>,
+    #[diesel(sql_type = Array<SqlUuid>)]
+    pub other_workers: Vec<Uuid>,
+    #[diesel(sql_type = Array<Integer>)]
+    pub other_owned: Vec<i32>,
+    #[diesel(sql_type = Array<Integer>)]
+    pub buckets: Vec<i32>,
+    #[diesel(sql_type = Array<BigInt>)]
+    pub tokens: Vec<i64>,
+}
+
+/// Claim up to `$3` claimable buckets, lowest first, for the worker's live session, raising
+/// each one's token. `$1` group, `$2` worker, `$3` how many, `$4` client time. No row: the
+/// group does not exist; a null session: the worker has no live session.
+///
+/// The worker's own member row is locked first (its counter is updated, and a claimer judging
+/// it dead must skip it). Buckets are locked `FOR UPDATE SKIP LOCKED`, so racing claimers
+/// skip each other's picks. The snapshot-based `NOT IN live` filter only narrows the search:
+/// whether an owner is dead is decided by `lease.owner_is_dead` on the latest committed state,
+/// which also share-locks a dead owner's row so that a racing renewal waits and then finds
+/// itself expired.
+pub(crate) const CLAIM: &str = r#"
+WITH me AS (
+    SELECT m.session_id, m.expires_at FROM lease.members m
+     WHERE m.group_name = $1 AND m.worker_id = $2
+       AND m.expires_at > COALESCE($4, clock_timestamp())
+       FOR UPDATE
+), live AS (
+    SELECT x.session_id FROM lease.members x
+     WHERE x.group_name = $1 AND x.expires_at > COALESCE($4, clock_timestamp())
+), picked AS (
+    SELECT s.bucket FROM lease.shards s
+     WHERE s.group_name = $1
+       AND EXISTS (SELECT 1 FROM me)
+       AND (s.owner_session IS NULL
+            OR (s.owner_session NOT IN (SELECT session_id FROM live)
+                AND lease.owner_is_dead($1, s.owner_worker, s.owner_session, $4)))
+     ORDER BY s.bucket
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED
+), won AS (
+    UPDATE lease.shards s
+       SET owner_worker = $2, owner_session = me.session_id, token = s.token + 1,
+           updated_at = COALESCE($4, clock_timestamp())
+      FROM picked, me
+     WHERE s.group_name = $1 AND s.bucket = picked.bucket
+    RETURNING s.bucket, s.token
+), counted AS (
+    UPDATE lease.members m SET owned = m.owned + (SELECT count(*) FROM won)
+     WHERE m.group_name = $1 AND m.worker_id = $2 AND EXISTS (SELECT 1 FROM won)
+)
+SELECT g.shard_count, me.session_id, me.expires_at,
+       ARRAY(SELECT bucket FROM won ORDER BY bucket) AS buckets,
+       ARRAY(SELECT token FROM won ORDER BY bucket) AS tokens
+  FROM lease.groups g LEFT JOIN me ON true
+ WHERE g.name = $1
+"#;
+
+/// Row of [`CLAIM`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct ClaimRow {
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    pub session_id: Option<Uuid>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub expires_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Array<Integer>)]
+    pub buckets: Vec<i32>,
+    #[diesel(sql_type = Array<BigInt>)]
+    pub tokens: Vec<i64>,
+}
+
+/// Release those of `$3` that the worker's live session owns, unless a bucket is out of range
+/// (then nothing is written and `max_bucket >= shard_count` tells why). `$1` group, `$2`
+/// worker, `$3` buckets (bigint[], any u32 fits), `$4` client time. No row: no such group.
+pub(crate) const RELEASE: &str = r#"
+WITH grp AS (
+    SELECT shard_count FROM lease.groups WHERE name = $1
+), req AS (
+    SELECT max(b) AS max_bucket FROM unnest($3::bigint[]) AS b
+), me AS (
+    SELECT m.session_id FROM lease.members m
+     WHERE m.group_name = $1 AND m.worker_id = $2
+       AND m.expires_at > COALESCE($4, clock_timestamp())
+       AND (SELECT COALESCE(max_bucket, -1) FROM req) < (SELECT shard_count FROM grp)
+       FOR UPDATE
+), freed AS (
+    UPDATE lease.shards s
+       SET owner_worker = NULL, owner_session = NULL,
+           updated_at = COALESCE($4, clock_timestamp())
+      FROM me
+     WHERE s.group_name = $1 AND s.owner_session = me.session_id AND s.bucket = ANY ($3::bigint[])
+    RETURNING s.bucket
+), counted AS (
+    UPDATE lease.members m SET owned = m.owned - (SELECT count(*) FROM freed)
+     WHERE m.group_name = $1 AND m.worker_id = $2 AND EXISTS (SELECT 1 FROM freed)
+)
+SELECT grp.shard_count,
+       ARRAY(SELECT bucket FROM freed ORDER BY bucket) AS buckets,
+       (SELECT count(pg_notify(lease.channel($1), 'R' || $2::text))
+          FROM (SELECT 1 WHERE EXISTS (SELECT 1 FROM freed)) AS x) AS notified
+  FROM grp
+"#;
+
+/// Row of [`RELEASE`] and [`LEAVE`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct ReleasedRow {
+    #[diesel(sql_type = Integer)]
+    pub shard_count: i32,
+    #[diesel(sql_type = Array<Integer>)]
+    pub buckets: Vec<i32>,
+}
+
+/// Delete the worker's member row and, if its session was live (judged under the delete's
+/// lock), release its buckets. `$1` group, `$2` worker, `$3` client time. No row: no such
+/// group.
+pub(crate) const LEAVE: &str = r#"
+WITH grp AS (
+    SELECT shard_count FROM lease.groups WHERE name = $1
+), gone AS (
+    DELETE FROM lease.members m
+     WHERE m.group_name = $1 AND m.worker_id = $2
+    RETURNING m.session_id, m.expires_at > COALESCE($3, clock_timestamp()) AS live
+), freed AS (
+    UPDATE lease.shards s
+       SET owner_worker = NULL, owner_session = NULL,
+           updated_at = COALESCE($3, clock_timestamp())
+      FROM gone
+     WHERE gone.live AND s.group_name = $1 AND s.owner_session = gone.session_id
+    RETURNING s.bucket
+)
+SELECT grp.shard_count,
+       ARRAY(SELECT bucket FROM freed ORDER BY bucket) AS buckets,
+       (SELECT count(pg_notify(lease.channel($1), 'L' || $2::text)) FROM gone) AS notified
+  FROM grp
+"#;
+
+/// The fencing check. `$1` group, `$2` bucket, `$3` worker, `$4` token, `$5` client time.
+pub(crate) const IS_CURRENT: &str = "SELECT lease.is_current($1, $2, $3, $4, $5) AS current";
+
+/// Row of [`IS_CURRENT`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct IsCurrentRow {
+    #[diesel(sql_type = Bool)]
+    pub current: bool,
+}
+
+/// The store's time for a snapshot. `$1` client time.
+pub(crate) const NOW: &str = "SELECT COALESCE($1, clock_timestamp()) AS now";
+
+/// Row of [`NOW`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct NowRow {
+    #[diesel(sql_type = Timestamptz)]
+    pub now: DateTime<Utc>,
+}
+
+/// The NOTIFY channel of a group. `$1` group.
+pub(crate) const CHANNEL: &str = "SELECT lease.channel($1) AS channel";
+
+/// Row of [`CHANNEL`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct ChannelRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub channel: String,
+}
+
+/// Row holding one shard count ([`ENSURE_GROUP`], [`GROUP_SHARD_COUNT`]).
+#[derive(QueryableByName, Debug)]
+pub(crate) struct ShardCountRow {
+    #[diesel(sql_type = Integer)]
+    pub shard_count: i32,
+}

@@ -1,0 +1,14 @@
+//! The whole conformance suite on Postgres, each case on a database of its own, with the
+//! suite's manual clock injected as the store's client clock.
+
+use lease_core::ManualClock;
+use lease_diesel::PgLeaseStore;
+
+lease_core::conformance_suite!(|clock: ManualClock| async move {
+    let db = lease_testdb::database().await;
+    PgLeaseStore::builder(db.url)
+        .max_connections(12)
+        .build()
+        .expect("a store on the test database")
+        .with_client_clock(clock)
+});
