@@ -30,22 +30,17 @@
 
 mod error;
 mod feed;
+pub mod ops;
 mod prepared;
 mod schema;
 mod statements;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use diesel::OptionalExtension;
-use diesel::pg::data_types::PgInterval;
-use diesel::prelude::*;
-use diesel::sql_types::{
-    Array, BigInt, Integer, Interval, Nullable, Text, Timestamptz, Uuid as SqlUuid,
-};
+use diesel::sql_types::Text;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
@@ -53,15 +48,13 @@ use diesel_async::pooled_connection::{
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 use lease_core::{
-    Bucket, BucketInfo, BucketState, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot,
-    GroupView, Heartbeat, Lease, LeaseStore, MemberInfo, MemberLoad, MemberMetadata, SessionId,
-    ShardCount, StoreError, Ttl, WorkerId, store_precision,
+    Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat, Lease,
+    LeaseStore, MemberMetadata, ShardCount, StoreError, Ttl, WorkerId, store_precision,
 };
-use uuid::Uuid;
 
 pub use error::PgSetupError;
 
-use crate::error::{corrupt, from_diesel, from_pool};
+use crate::error::{from_diesel, from_pool};
 use crate::feed::Notifier;
 use crate::prepared::Prepared;
 use crate::statements as sql;
@@ -251,88 +244,10 @@ impl PgLeaseStore {
     }
 }
 
-fn shard_count(group: &GroupName, n: i32) -> Result<ShardCount, StoreError> {
-    ShardCount::try_from_i64(i64::from(n))
-        .map_err(|_| corrupt(format!("group {group:?} has shard count {n}")))
-}
-
-fn bucket(n: i32) -> Result<Bucket, StoreError> {
-    u32::try_from(n)
-        .map(Bucket)
-        .map_err(|_| corrupt(format!("bucket number {n}")))
-}
-
-fn count(n: i32) -> Result<u32, StoreError> {
-    u32::try_from(n).map_err(|_| corrupt(format!("owned count {n}")))
-}
-
-fn not_found(group: &GroupName) -> StoreError {
-    StoreError::GroupNotFound {
-        group: group.clone(),
-    }
-}
-
-fn leases(
-    owner: WorkerId,
-    buckets: &[i32],
-    tokens: &[i64],
-    expires_at: DateTime<Utc>,
-) -> Result<Vec<Lease>, StoreError> {
-    if buckets.len() != tokens.len() {
-        return Err(corrupt("bucket and token lists differ in length".into()));
-    }
-    buckets
-        .iter()
-        .zip(tokens)
-        .map(|(&b, &t)| {
-            Ok(Lease {
-                bucket: bucket(b)?,
-                owner,
-                token: FencingToken(t),
-                expires_at,
-            })
-        })
-        .collect()
-}
-
-fn bucket_list(buckets: &[i32]) -> Result<Vec<Bucket>, StoreError> {
-    buckets.iter().map(|&b| bucket(b)).collect()
-}
-
 #[async_trait]
 impl LeaseStore for PgLeaseStore {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
-        let created: Option<sql::ShardCountRow> = Prepared(
-            diesel::sql_query(sql::ENSURE_GROUP)
-                .bind::<Text, _>(group.as_str())
-                .bind::<Integer, _>(shards.get() as i32)
-                .bind::<Nullable<Timestamptz>, _>(self.at()),
-        )
-        .get_result(&mut conn)
-        .await
-        .optional()
-        .map_err(|e| from_diesel("ensure_group", e))?;
-        if created.is_some() {
-            return Ok(());
-        }
-        // The name was taken (perhaps by a concurrent call, now committed): compare counts in
-        // a statement with a fresh snapshot.
-        let found: sql::ShardCountRow =
-            Prepared(diesel::sql_query(sql::GROUP_SHARD_COUNT).bind::<Text, _>(group.as_str()))
-                .get_result(&mut conn)
-                .await
-                .map_err(|e| from_diesel("ensure_group", e))?;
-        let found = shard_count(group, found.shard_count)?;
-        if found == shards {
-            Ok(())
-        } else {
-            Err(StoreError::ShardCountMismatch {
-                group: group.clone(),
-                configured: shards,
-                found,
-            })
-        }
+        ops::ensure_group(&mut *self.conn().await?, self.at(), group, shards).await
     }
 
     async fn heartbeat(
@@ -342,50 +257,15 @@ impl LeaseStore for PgLeaseStore {
         ttl: Ttl,
         metadata: &MemberMetadata,
     ) -> Result<Heartbeat, StoreError> {
-        let mut conn = self.conn().await?;
-        let row: Option<sql::HeartbeatRow> = Prepared(
-            diesel::sql_query(sql::HEARTBEAT)
-                .bind::<Text, _>(group.as_str())
-                .bind::<SqlUuid, _>(worker.as_uuid())
-                .bind::<SqlUuid, _>(SessionId::new().as_uuid())
-                .bind::<Interval, _>(PgInterval::from_microseconds(ttl.as_micros()))
-                .bind::<Text, _>(metadata.as_str())
-                .bind::<Nullable<Timestamptz>, _>(self.at()),
-        )
-        .get_result(&mut conn)
-        .await
-        .optional()
-        .map_err(|e| from_diesel("heartbeat", e))?;
-        let row = row.ok_or_else(|| not_found(group))?;
-        let shard_count = shard_count(group, row.shard_count)?;
-        let owned = leases(worker, &row.buckets, &row.tokens, row.expires_at)?;
-        if row.other_workers.len() != row.other_owned.len() {
-            return Err(corrupt("member and load lists differ in length".into()));
-        }
-        let mut members = vec![MemberLoad {
+        ops::heartbeat(
+            &mut *self.conn().await?,
+            self.at(),
+            group,
             worker,
-            owned: owned.len() as u32,
-        }];
-        for (&w, &n) in row.other_workers.iter().zip(&row.other_owned) {
-            members.push(MemberLoad {
-                worker: WorkerId::from_uuid(w),
-                owned: count(n)?,
-            });
-        }
-        members.sort_by_key(|m| m.worker);
-        let held: u32 = members.iter().map(|m| m.owned).sum();
-        Ok(Heartbeat {
-            session: SessionId::from_uuid(row.session_id),
-            new_session: row.started,
-            observed_at: row.heartbeat_at,
-            expires_at: row.expires_at,
-            view: GroupView {
-                shard_count,
-                members,
-                claimable: shard_count.get().saturating_sub(held),
-            },
-            owned,
-        })
+            ttl,
+            metadata,
+        )
+        .await
     }
 
     async fn claim(
@@ -394,26 +274,7 @@ impl LeaseStore for PgLeaseStore {
         worker: WorkerId,
         want: u32,
     ) -> Result<Vec<Lease>, StoreError> {
-        let mut conn = self.conn().await?;
-        let row: Option<sql::ClaimRow> = Prepared(
-            diesel::sql_query(sql::CLAIM)
-                .bind::<Text, _>(group.as_str())
-                .bind::<SqlUuid, _>(worker.as_uuid())
-                .bind::<BigInt, _>(i64::from(want))
-                .bind::<Nullable<Timestamptz>, _>(self.at()),
-        )
-        .get_result(&mut conn)
-        .await
-        .optional()
-        .map_err(|e| from_diesel("claim", e))?;
-        let row = row.ok_or_else(|| not_found(group))?;
-        let (Some(_session), Some(expires_at)) = (row.session_id, row.expires_at) else {
-            return Err(StoreError::SessionExpired {
-                group: group.clone(),
-                worker,
-            });
-        };
-        leases(worker, &row.buckets, &row.tokens, expires_at)
+        ops::claim(&mut *self.conn().await?, self.at(), group, worker, want).await
     }
 
     async fn release(
@@ -422,154 +283,15 @@ impl LeaseStore for PgLeaseStore {
         worker: WorkerId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
-        let mut conn = self.conn().await?;
-        let requested: Vec<i64> = buckets.iter().map(|b| i64::from(b.0)).collect();
-        let row: Option<sql::ReleasedRow> = Prepared(
-            diesel::sql_query(sql::RELEASE)
-                .bind::<Text, _>(group.as_str())
-                .bind::<SqlUuid, _>(worker.as_uuid())
-                .bind::<Array<BigInt>, _>(&requested)
-                .bind::<Nullable<Timestamptz>, _>(self.at()),
-        )
-        .get_result(&mut conn)
-        .await
-        .optional()
-        .map_err(|e| from_diesel("release", e))?;
-        let row = row.ok_or_else(|| not_found(group))?;
-        let shards = shard_count(group, row.shard_count)?;
-        if let Some(&bucket) = buckets.iter().find(|&&b| !shards.contains(b)) {
-            return Err(StoreError::BucketOutOfRange {
-                group: group.clone(),
-                bucket,
-                shard_count: shards,
-            });
-        }
-        bucket_list(&row.buckets)
+        ops::release(&mut *self.conn().await?, self.at(), group, worker, buckets).await
     }
 
     async fn leave(&self, group: &GroupName, worker: WorkerId) -> Result<Vec<Bucket>, StoreError> {
-        let mut conn = self.conn().await?;
-        let row: Option<sql::ReleasedRow> = Prepared(
-            diesel::sql_query(sql::LEAVE)
-                .bind::<Text, _>(group.as_str())
-                .bind::<SqlUuid, _>(worker.as_uuid())
-                .bind::<Nullable<Timestamptz>, _>(self.at()),
-        )
-        .get_result(&mut conn)
-        .await
-        .optional()
-        .map_err(|e| from_diesel("leave", e))?;
-        let row = row.ok_or_else(|| not_found(group))?;
-        bucket_list(&row.buckets)
+        ops::leave(&mut *self.conn().await?, self.at(), group, worker).await
     }
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
-        use crate::schema::{groups, members, shards};
-        type MemberRow = (
-            Uuid,
-            Uuid,
-            DateTime<Utc>,
-            DateTime<Utc>,
-            DateTime<Utc>,
-            i32,
-            String,
-        );
-        type ShardRow = (i32, Option<Uuid>, Option<Uuid>, i64);
-
-        let mut conn = self.conn().await?;
-        let at = self.at();
-        let name = group.as_str().to_owned();
-        // One consistent view: the three reads share a repeatable-read snapshot.
-        let (now, stored_count, member_rows, shard_rows) = conn
-            .build_transaction()
-            .repeatable_read()
-            .read_only()
-            .run(async |conn| {
-                let now: sql::NowRow =
-                    Prepared(diesel::sql_query(sql::NOW).bind::<Nullable<Timestamptz>, _>(at))
-                        .get_result(conn)
-                        .await?;
-                let count: Option<i32> = groups::table
-                    .find(&name)
-                    .select(groups::shard_count)
-                    .first(conn)
-                    .await
-                    .optional()?;
-                let member_rows: Vec<MemberRow> = members::table
-                    .filter(members::group_name.eq(&name))
-                    .order(members::worker_id)
-                    .select((
-                        members::worker_id,
-                        members::session_id,
-                        members::joined_at,
-                        members::heartbeat_at,
-                        members::expires_at,
-                        members::owned,
-                        members::metadata,
-                    ))
-                    .load(conn)
-                    .await?;
-                let shard_rows: Vec<ShardRow> = shards::table
-                    .filter(shards::group_name.eq(&name))
-                    .order(shards::bucket)
-                    .select((
-                        shards::bucket,
-                        shards::owner_worker,
-                        shards::owner_session,
-                        shards::token,
-                    ))
-                    .load(conn)
-                    .await?;
-                Ok::<_, diesel::result::Error>((now.now, count, member_rows, shard_rows))
-            })
-            .await
-            .map_err(|e| from_diesel("snapshot", e))?;
-        let shard_count = shard_count(group, stored_count.ok_or_else(|| not_found(group))?)?;
-        let mut sessions: HashMap<(Uuid, Uuid), DateTime<Utc>> = HashMap::new();
-        let mut members = Vec::with_capacity(member_rows.len());
-        for (worker, session, joined_at, heartbeat_at, expires_at, owned, metadata) in member_rows {
-            sessions.insert((worker, session), expires_at);
-            let live = now < expires_at;
-            members.push(MemberInfo {
-                worker: WorkerId::from_uuid(worker),
-                session: SessionId::from_uuid(session),
-                joined_at,
-                heartbeat_at,
-                expires_at,
-                live,
-                owned: if live { count(owned)? } else { 0 },
-                metadata: MemberMetadata::new(metadata)
-                    .map_err(|e| corrupt(format!("member metadata: {e}")))?,
-            });
-        }
-        let buckets = shard_rows
-            .into_iter()
-            .map(|(b, owner, session, token)| {
-                let expires_at = owner
-                    .zip(session)
-                    .and_then(|key| sessions.get(&key).copied());
-                let state = match (owner, expires_at) {
-                    (None, _) => BucketState::Unowned,
-                    (Some(_), Some(e)) if now < e => BucketState::Live,
-                    (Some(_), _) => BucketState::Expired,
-                };
-                Ok(BucketInfo {
-                    bucket: bucket(b)?,
-                    owner: owner.map(WorkerId::from_uuid),
-                    session: session.map(SessionId::from_uuid),
-                    token: FencingToken(token),
-                    expires_at,
-                    state,
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        Ok(GroupSnapshot {
-            group: group.clone(),
-            shard_count,
-            observed_at: now,
-            members,
-            buckets,
-        })
+        ops::snapshot(&mut *self.conn().await?, self.at(), group).await
     }
 
     async fn is_current(
@@ -579,19 +301,15 @@ impl LeaseStore for PgLeaseStore {
         worker: WorkerId,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.conn().await?;
-        let row: sql::IsCurrentRow = Prepared(
-            diesel::sql_query(sql::IS_CURRENT)
-                .bind::<Text, _>(group.as_str())
-                .bind::<BigInt, _>(i64::from(bucket.0))
-                .bind::<SqlUuid, _>(worker.as_uuid())
-                .bind::<BigInt, _>(token.0)
-                .bind::<Nullable<Timestamptz>, _>(self.at()),
+        ops::is_current(
+            &mut *self.conn().await?,
+            self.at(),
+            group,
+            bucket,
+            worker,
+            token,
         )
-        .get_result(&mut conn)
         .await
-        .map_err(|e| from_diesel("is_current", e))?;
-        Ok(row.current)
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
