@@ -1,0 +1,479 @@
+//! Deterministic interleavings of a renewal and a claim on Postgres, with the server's clock,
+//! one connection per side, for each concurrency rule of DESIGN.md. Each step waits for a
+//! condition the server reports (a backend blocked on a lock, the server clock past an
+//! expiry), never for a guessed time. In every interleaving exactly one side owns the buckets.
+
+use std::time::Duration;
+
+use diesel::QueryableByName;
+use diesel::sql_types::{Bool, Integer, Timestamptz};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use lease_core::{
+    BucketState, FencingToken, GroupName, Heartbeat, Lease, MemberMetadata, ShardCount, Timestamp,
+    Ttl, WorkerId,
+};
+use lease_diesel::ops;
+
+const SHARDS: u32 = 4;
+
+async fn connect(url: &str) -> AsyncPgConnection {
+    AsyncPgConnection::establish(url)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"))
+}
+
+async fn exec(conn: &mut AsyncPgConnection, sql: &str) {
+    conn.batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+#[derive(QueryableByName)]
+struct Pid {
+    #[diesel(sql_type = Integer)]
+    pid: i32,
+}
+
+#[derive(QueryableByName)]
+struct Flag {
+    #[diesel(sql_type = Bool)]
+    yes: bool,
+}
+
+async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
+    diesel::sql_query("SELECT pg_backend_pid() AS pid")
+        .get_result::<Pid>(conn)
+        .await
+        .expect("pg_backend_pid")
+        .pid
+}
+
+async fn flag(conn: &mut AsyncPgConnection, sql: &str, t: Option<Timestamp>) -> bool {
+    let q = diesel::sql_query(sql).bind::<diesel::sql_types::Nullable<Timestamptz>, _>(t);
+    q.get_result::<Flag>(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .yes
+}
+
+/// Poll until `cond` holds (as the server reports it), failing after 20 s.
+async fn wait_for(admin: &mut AsyncPgConnection, what: &str, sql: &str, t: Option<Timestamp>) {
+    for _ in 0..2_000 {
+        if flag(admin, sql, t).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn wait_blocked_on_lock(admin: &mut AsyncPgConnection, pid: i32) {
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+         WHERE pid = {pid} AND wait_event_type = 'Lock') AS yes"
+    );
+    wait_for(admin, "the backend to block on a lock", &sql, None).await;
+}
+
+async fn wait_server_past(admin: &mut AsyncPgConnection, t: Timestamp) {
+    wait_for(
+        admin,
+        "the server clock to pass the expiry",
+        "SELECT clock_timestamp() >= $1 AS yes",
+        Some(t),
+    )
+    .await;
+}
+
+struct Setup {
+    url: String,
+    group: GroupName,
+    a: WorkerId,
+    b: WorkerId,
+    /// a's leases on every bucket.
+    leases: Vec<Lease>,
+    first: Heartbeat,
+}
+
+/// A fresh database where worker `a` holds every bucket under a session of `ttl`, and worker
+/// `b` is a live, idle member.
+async fn setup(ttl: Ttl) -> Setup {
+    setup_with(ttl, |_| async {}).await
+}
+
+/// [`setup`], running `right_after` as soon as `a` holds the buckets.
+async fn setup_with<F, Fut>(ttl: Ttl, right_after: F) -> Setup
+where
+    F: FnOnce(&str) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let db = lease_testdb::database().await;
+    let mut conn = connect(&db.url).await;
+    let group = GroupName::new("race").expect("name");
+    let mut ids = [WorkerId::new(), WorkerId::new()];
+    ids.sort();
+    let [a, b] = ids;
+    ops::ensure_group(
+        &mut conn,
+        None,
+        &group,
+        ShardCount::new(SHARDS).expect("count"),
+    )
+    .await
+    .expect("ensure");
+    let first = ops::heartbeat(&mut conn, None, &group, a, ttl, &MemberMetadata::empty())
+        .await
+        .expect("a joins");
+    let leases = ops::claim(&mut conn, None, &group, a, SHARDS)
+        .await
+        .expect("a claims");
+    assert_eq!(leases.len(), SHARDS as usize);
+    // b is a live member before a's session ends, as a claimer racing a renewal is: a member
+    // that joins later would, on joining, delete a's dead row (H3) and so skip the race.
+    let b_join = ops::heartbeat(&mut conn, None, &group, b, long(), &MemberMetadata::empty())
+        .await
+        .expect("b joins");
+    assert!(
+        b_join.observed_at < first.expires_at,
+        "b joined after a's session ended; the race was not set up"
+    );
+    right_after(&db.url).await;
+    Setup {
+        url: db.url,
+        group,
+        a,
+        b,
+        leases,
+        first,
+    }
+}
+
+fn long() -> Ttl {
+    Ttl::from_secs(60).expect("ttl")
+}
+
+fn short() -> Ttl {
+    Ttl::from_secs(1).expect("ttl")
+}
+
+/// Exactly one worker owns every bucket, and the other's fencing tokens fail.
+async fn assert_sole_owner(s: &Setup, winner: WorkerId) {
+    let loser = if winner == s.a { s.b } else { s.a };
+    let mut conn = connect(&s.url).await;
+    let snap = ops::snapshot(&mut conn, None, &s.group)
+        .await
+        .expect("snapshot");
+    for b in &snap.buckets {
+        assert_eq!(
+            b.state,
+            BucketState::Live,
+            "bucket {} is not owned",
+            b.bucket
+        );
+        assert_eq!(
+            b.owner,
+            Some(winner),
+            "bucket {} has the wrong owner",
+            b.bucket
+        );
+        assert!(
+            ops::is_current(&mut conn, None, &s.group, b.bucket, winner, b.token)
+                .await
+                .expect("is_current")
+        );
+        for t in 0..=b.token.0 {
+            assert!(
+                !ops::is_current(&mut conn, None, &s.group, b.bucket, loser, FencingToken(t))
+                    .await
+                    .expect("is_current"),
+                "the loser passes the fencing check on bucket {}",
+                b.bucket
+            );
+        }
+    }
+}
+
+/// A renewal whose transaction began before the session expired, executed after a claimer
+/// took the buckets, must not extend the session (it would if expiry were judged by `now()`,
+/// the transaction's start): it starts a new session and reports nothing owned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_begun_before_expiry_cannot_revive_the_session() {
+    let mut renewal_conn = None;
+    let s = setup_with(Ttl::from_secs(2).expect("ttl"), |url| {
+        let url = url.to_owned();
+        let slot = &mut renewal_conn;
+        async move {
+            let mut conn = connect(&url).await;
+            exec(&mut conn, "BEGIN").await;
+            *slot = Some(conn);
+        }
+    })
+    .await;
+    let mut renewal = renewal_conn.expect("the renewal connection");
+    // The precondition of the race: the renewal's transaction began before the expiry.
+    assert!(
+        flag(
+            &mut renewal,
+            "SELECT now() < $1 AS yes",
+            Some(s.first.expires_at)
+        )
+        .await,
+        "the renewal transaction began after the expiry; the race was not set up"
+    );
+    let mut admin = connect(&s.url).await;
+    let mut claimer = connect(&s.url).await;
+    wait_server_past(&mut admin, s.first.expires_at).await;
+
+    let taken = ops::claim(&mut claimer, None, &s.group, s.b, SHARDS)
+        .await
+        .expect("b claims");
+    assert_eq!(
+        taken.len(),
+        SHARDS as usize,
+        "a's dead session kept buckets"
+    );
+    assert!(
+        flag(
+            &mut renewal,
+            "SELECT now() < $1 AS yes",
+            Some(s.first.expires_at)
+        )
+        .await,
+        "the renewal transaction is no longer the one begun before the expiry"
+    );
+
+    let late = ops::heartbeat(
+        &mut renewal,
+        None,
+        &s.group,
+        s.a,
+        long(),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("a's late renewal");
+    exec(&mut renewal, "COMMIT").await;
+    eprintln!("DEBUG first={:?} late={:?}", s.first, late);
+    assert!(
+        late.new_session,
+        "a renewal after expiry extended a dead session"
+    );
+    assert_ne!(late.session, s.first.session);
+    assert!(
+        late.owned.is_empty(),
+        "a still sees buckets b took: {:?}",
+        late.owned
+    );
+    assert_sole_owner(&s, s.b).await;
+    for (new, old) in taken.iter().zip(&s.leases) {
+        assert!(new.token > old.token);
+    }
+}
+
+/// A renewal that holds the member row's lock (committed or not yet) wins over a claim made
+/// after the old expiry: the claimer skips a locked owner row and takes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_skips_an_owner_whose_renewal_holds_the_lock() {
+    let s = setup(short()).await;
+    let mut admin = connect(&s.url).await;
+    let mut renewal = connect(&s.url).await;
+    let mut claimer = connect(&s.url).await;
+
+    // a renews in time, but its transaction stays open, holding the row lock...
+    exec(&mut renewal, "BEGIN").await;
+    let renewed = ops::heartbeat(
+        &mut renewal,
+        None,
+        &s.group,
+        s.a,
+        long(),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("a renews");
+    assert!(!renewed.new_session);
+    // ...past the session's old expiry: to a claimer's snapshot a looks dead.
+    wait_server_past(&mut admin, s.first.expires_at).await;
+    let taken = ops::claim(&mut claimer, None, &s.group, s.b, SHARDS)
+        .await
+        .expect("b claims");
+    assert!(
+        taken.is_empty(),
+        "b took buckets of a session being renewed: {taken:?}"
+    );
+    exec(&mut renewal, "COMMIT").await;
+
+    // Once committed the renewal is visible: still nothing to take.
+    let taken = ops::claim(&mut claimer, None, &s.group, s.b, SHARDS)
+        .await
+        .expect("b claims again");
+    assert!(taken.is_empty());
+    let beat = ops::heartbeat(
+        &mut renewal,
+        None,
+        &s.group,
+        s.a,
+        long(),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("a renews again");
+    assert_eq!(beat.session, s.first.session);
+    assert_eq!(beat.owned.len(), SHARDS as usize);
+    assert_sole_owner(&s, s.a).await;
+}
+
+/// A claim that judged an owner dead holds the owner's row share-locked until it commits; a
+/// renewal arriving meanwhile waits, then finds the session expired and starts a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_waits_for_a_claim_that_judged_it_dead() {
+    let s = setup(short()).await;
+    let mut admin = connect(&s.url).await;
+    let mut claimer = connect(&s.url).await;
+    let mut renewal = connect(&s.url).await;
+    wait_server_past(&mut admin, s.first.expires_at).await;
+
+    exec(&mut claimer, "BEGIN").await;
+    let taken = ops::claim(&mut claimer, None, &s.group, s.b, SHARDS)
+        .await
+        .expect("b claims");
+    assert_eq!(taken.len(), SHARDS as usize);
+
+    let renewal_pid = backend_pid(&mut renewal).await;
+    let (group, a) = (s.group.clone(), s.a);
+    let late = tokio::spawn(async move {
+        let beat = ops::heartbeat(
+            &mut renewal,
+            None,
+            &group,
+            a,
+            long(),
+            &MemberMetadata::empty(),
+        )
+        .await
+        .expect("a's renewal");
+        (beat, renewal)
+    });
+    wait_blocked_on_lock(&mut admin, renewal_pid).await;
+    exec(&mut claimer, "COMMIT").await;
+    let (late, _renewal) = late.await.expect("the renewal task");
+    assert!(
+        late.new_session,
+        "a renewal extended a session a committed claim judged dead"
+    );
+    assert!(late.owned.is_empty());
+    assert_sole_owner(&s, s.b).await;
+}
+
+/// A bucket claimed by a brand-new session after a claimer's statement took its snapshot
+/// must not look claimable to that claimer when it finally locks the row: Postgres re-checks
+/// the locked row's new version against the old snapshot, in which the new owner's session
+/// does not exist yet. `lease.owner_is_dead` decides on the latest committed state instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_never_takes_a_bucket_claimed_after_its_snapshot() {
+    let s = setup(short()).await;
+    let c = WorkerId::new();
+    let mut admin = connect(&s.url).await;
+    let mut gate = connect(&s.url).await;
+    let mut late_claimer = connect(&s.url).await;
+    let mut other = connect(&s.url).await;
+
+    wait_server_past(&mut admin, s.first.expires_at).await;
+
+    // Hold b's member row, so b's claim takes its snapshot and then waits for the row lock.
+    exec(
+        &mut gate,
+        &format!(
+            "BEGIN; SELECT 1 FROM lease.members WHERE worker_id = '{}' FOR UPDATE",
+            s.b
+        ),
+    )
+    .await;
+    let b_pid = backend_pid(&mut late_claimer).await;
+    let (group, b) = (s.group.clone(), s.b);
+    let blocked = tokio::spawn(async move {
+        ops::claim(&mut late_claimer, None, &group, b, SHARDS)
+            .await
+            .expect("b's claim")
+    });
+    wait_blocked_on_lock(&mut admin, b_pid).await;
+
+    // Meanwhile c joins (a session b's snapshot cannot see) and takes every bucket.
+    ops::heartbeat(
+        &mut other,
+        None,
+        &s.group,
+        c,
+        long(),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("c joins");
+    let c_won = ops::claim(&mut other, None, &s.group, c, SHARDS)
+        .await
+        .expect("c claims");
+    assert_eq!(c_won.len(), SHARDS as usize);
+
+    exec(&mut gate, "COMMIT").await;
+    let b_won = blocked.await.expect("the claim task");
+    assert!(
+        b_won.is_empty(),
+        "b stole buckets c had claimed after b's snapshot: {b_won:?}"
+    );
+    let mut conn = connect(&s.url).await;
+    let snap = ops::snapshot(&mut conn, None, &s.group)
+        .await
+        .expect("snapshot");
+    assert!(
+        snap.buckets
+            .iter()
+            .all(|x| x.owner == Some(c) && x.state == BucketState::Live)
+    );
+    for lease in &c_won {
+        assert!(
+            ops::is_current(&mut conn, None, &s.group, lease.bucket, c, lease.token)
+                .await
+                .expect("is_current")
+        );
+    }
+}
+
+/// The fencing check inside an application's transaction holds off a takeover until that
+/// transaction ends, even once the owner's session has expired: a write fenced by
+/// `lease.is_current` can never land after another worker owns the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_transaction_holds_off_a_takeover() {
+    let s = setup(short()).await;
+    let mut admin = connect(&s.url).await;
+    let mut app = connect(&s.url).await;
+    let mut claimer = connect(&s.url).await;
+    let lease = s.leases[0];
+
+    exec(&mut app, "BEGIN").await;
+    assert!(
+        ops::is_current(&mut app, None, &s.group, lease.bucket, s.a, lease.token)
+            .await
+            .expect("is_current"),
+        "the owner's own fencing check failed"
+    );
+    wait_server_past(&mut admin, s.first.expires_at).await;
+    let taken = ops::claim(&mut claimer, None, &s.group, s.b, SHARDS)
+        .await
+        .expect("b claims");
+    assert_eq!(
+        taken.len(),
+        SHARDS as usize - 1,
+        "b took the bucket being written"
+    );
+    assert!(taken.iter().all(|l| l.bucket != lease.bucket));
+    exec(&mut app, "COMMIT").await;
+
+    let taken = ops::claim(&mut claimer, None, &s.group, s.b, SHARDS)
+        .await
+        .expect("b claims again");
+    assert_eq!(
+        taken.iter().map(|l| l.bucket).collect::<Vec<_>>(),
+        vec![lease.bucket]
+    );
+    assert_sole_owner(&s, s.b).await;
+}
