@@ -9,3 +9,7 @@ pub use lease_core as core;
 pub use lease_core::*;
 pub use lease_diesel as diesel;
 pub use lease_memory as memory;
+
+/// Test support (feature `testing`): the conformance suite, the model, the ownership log.
+#[cfg(feature = "testing")]
+pub use lease_core::testing;

@@ -39,6 +39,7 @@ mod change;
 mod error;
 mod ids;
 pub mod policy;
+pub mod runtime;
 mod store;
 mod time;
 mod view;
@@ -50,6 +51,10 @@ pub use change::{Change, ChangeFeed};
 pub use error::{ErrorKind, InvalidInput, StoreError};
 pub use ids::{Bucket, FencingToken, GroupName, MemberMetadata, SessionId, ShardCount, WorkerId};
 pub use policy::{Plan, plan};
+pub use runtime::{
+    ConfigError, EventSender, LeaseWorker, LeaseWorkerBuilder, Owned, OwnershipEvent,
+    OwnershipHandler, RevokeReason, WorkerError, WorkerHandle, event_channel,
+};
 pub use store::LeaseStore;
 #[cfg(any(test, feature = "mock"))]
 pub use store::MockLeaseStore;

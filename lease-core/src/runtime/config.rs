@@ -1,0 +1,294 @@
+//! A worker's configuration, validated when it is built.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::ids::{GroupName, MemberMetadata, ShardCount, WorkerId};
+use crate::time::Ttl;
+
+/// A configuration the worker cannot run with. Each rule has its own variant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The renew interval must be positive.
+    #[error("renew interval must be positive")]
+    RenewIntervalZero,
+    /// The ttl must exceed twice the renew interval, so one lost heartbeat is survived.
+    #[error(
+        "ttl {ttl:?} must be more than twice the renew interval {renew_interval:?}, \
+         so that one failed heartbeat does not lose the leases"
+    )]
+    TtlTooShort {
+        /// The ttl.
+        ttl: Duration,
+        /// The renew interval.
+        renew_interval: Duration,
+    },
+    /// The safety margin must be below `ttl - renew_interval`.
+    #[error(
+        "safety margin {margin:?} must be below ttl - renew interval ({limit:?}), \
+         or the worker would fence itself between two renewals"
+    )]
+    MarginTooLarge {
+        /// The margin.
+        margin: Duration,
+        /// `ttl - renew_interval`.
+        limit: Duration,
+    },
+    /// The ttl itself is invalid.
+    #[error(transparent)]
+    Ttl(#[from] crate::error::InvalidInput),
+}
+
+/// A validated worker configuration; [`start`](LeaseWorker::start) runs it.
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_core::{GroupName, LeaseWorker, ShardCount};
+/// let worker = LeaseWorker::builder(GroupName::new("orders")?, ShardCount::new(64)?)
+///     .ttl(Duration::from_secs(30))
+///     .renew_interval(Duration::from_secs(10))
+///     .build()?;
+/// assert_eq!(worker.safety_margin(), Duration::from_secs(5));
+/// let bad = LeaseWorker::builder(GroupName::new("orders")?, ShardCount::new(64)?)
+///     .ttl(Duration::from_secs(10))
+///     .renew_interval(Duration::from_secs(5))
+///     .build();
+/// assert!(bad.is_err()); // ttl must exceed twice the renew interval
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct LeaseWorker {
+    pub(crate) group: GroupName,
+    pub(crate) shards: ShardCount,
+    pub(crate) ttl: Ttl,
+    pub(crate) renew_interval: Duration,
+    pub(crate) margin: Duration,
+    pub(crate) worker: WorkerId,
+    pub(crate) metadata: MemberMetadata,
+    pub(crate) wake_debounce: Duration,
+    pub(crate) cancel: CancellationToken,
+}
+
+/// Builds a [`LeaseWorker`].
+#[derive(Debug, Clone)]
+pub struct LeaseWorkerBuilder {
+    group: GroupName,
+    shards: ShardCount,
+    ttl: Duration,
+    renew_interval: Duration,
+    margin: Option<Duration>,
+    worker: Option<WorkerId>,
+    metadata: MemberMetadata,
+    wake_debounce: Duration,
+    cancel: Option<CancellationToken>,
+}
+
+impl LeaseWorker {
+    /// Default ttl: 30 s.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+    /// Default renew interval: 10 s.
+    pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(10);
+    /// Default pause after a wake-up before re-planning, to fold bursts together: 10 ms.
+    pub const DEFAULT_WAKE_DEBOUNCE: Duration = Duration::from_millis(10);
+
+    /// A builder for a worker of `group`, split into `shards` buckets.
+    pub fn builder(group: GroupName, shards: ShardCount) -> LeaseWorkerBuilder {
+        LeaseWorkerBuilder {
+            group,
+            shards,
+            ttl: Self::DEFAULT_TTL,
+            renew_interval: Self::DEFAULT_RENEW_INTERVAL,
+            margin: None,
+            worker: None,
+            metadata: MemberMetadata::empty(),
+            wake_debounce: Self::DEFAULT_WAKE_DEBOUNCE,
+            cancel: None,
+        }
+    }
+
+    /// The group.
+    pub fn group(&self) -> &GroupName {
+        &self.group
+    }
+
+    /// The shard count.
+    pub fn shard_count(&self) -> ShardCount {
+        self.shards
+    }
+
+    /// The worker's id.
+    pub fn worker_id(&self) -> WorkerId {
+        self.worker
+    }
+
+    /// The session ttl.
+    pub fn ttl(&self) -> Ttl {
+        self.ttl
+    }
+
+    /// The renew interval.
+    pub fn renew_interval(&self) -> Duration {
+        self.renew_interval
+    }
+
+    /// The safety margin of self-fencing.
+    pub fn safety_margin(&self) -> Duration {
+        self.margin
+    }
+}
+
+impl LeaseWorkerBuilder {
+    /// How long the session lives after a heartbeat (default 30 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How often to heartbeat and re-plan (default 10 s).
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.renew_interval = interval;
+        self
+    }
+
+    /// How long before the store could expire a lease the worker stops trusting it: a lease
+    /// is trusted until `sent + ttl - margin`, `sent` being when the last successful heartbeat
+    /// was sent (default: a sixth of the ttl, capped below `ttl - renew_interval`). It absorbs
+    /// clock-rate drift between this host and the store, and scheduling delays.
+    pub fn safety_margin(mut self, margin: Duration) -> Self {
+        self.margin = Some(margin);
+        self
+    }
+
+    /// The worker's id (default: a fresh UUID v7). Use a fresh id for every process start.
+    pub fn worker_id(mut self, worker: WorkerId) -> Self {
+        self.worker = Some(worker);
+        self
+    }
+
+    /// What to show about this worker in `leasectl status` (host, pid, version...).
+    pub fn metadata(mut self, metadata: MemberMetadata) -> Self {
+        self.metadata = metadata;
+        self
+    }
+
+    /// Pause after a wake-up before re-planning, so a burst of changes costs one tick
+    /// (default 10 ms).
+    pub fn wake_debounce(mut self, debounce: Duration) -> Self {
+        self.wake_debounce = debounce;
+        self
+    }
+
+    /// Stop gracefully when `token` is cancelled (default: a token of the worker's own).
+    pub fn cancellation_token(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    /// Validate and build.
+    pub fn build(self) -> Result<LeaseWorker, ConfigError> {
+        if self.renew_interval.is_zero() {
+            return Err(ConfigError::RenewIntervalZero);
+        }
+        let ttl = Ttl::new(self.ttl)?;
+        let ttl_d = ttl.as_duration();
+        if ttl_d <= self.renew_interval * 2 {
+            return Err(ConfigError::TtlTooShort {
+                ttl: ttl_d,
+                renew_interval: self.renew_interval,
+            });
+        }
+        let limit = ttl_d - self.renew_interval;
+        let margin = self.margin.unwrap_or_else(|| (ttl_d / 6).min(limit / 2));
+        if margin >= limit {
+            return Err(ConfigError::MarginTooLarge { margin, limit });
+        }
+        Ok(LeaseWorker {
+            group: self.group,
+            shards: self.shards,
+            ttl,
+            renew_interval: self.renew_interval,
+            margin,
+            worker: self.worker.unwrap_or_default(),
+            metadata: self.metadata,
+            wake_debounce: self.wake_debounce,
+            cancel: self.cancel.unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builder() -> LeaseWorkerBuilder {
+        LeaseWorker::builder(GroupName::new("g").unwrap(), ShardCount::new(8).unwrap())
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let w = builder().build().unwrap();
+        assert_eq!(w.ttl().as_duration(), Duration::from_secs(30));
+        assert_eq!(w.renew_interval(), Duration::from_secs(10));
+        assert_eq!(w.safety_margin(), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn each_rule_has_its_error() {
+        assert_eq!(
+            builder()
+                .renew_interval(Duration::ZERO)
+                .build()
+                .unwrap_err(),
+            ConfigError::RenewIntervalZero
+        );
+        assert_eq!(
+            builder()
+                .ttl(Duration::from_secs(20))
+                .renew_interval(Duration::from_secs(10))
+                .build()
+                .unwrap_err(),
+            ConfigError::TtlTooShort {
+                ttl: Duration::from_secs(20),
+                renew_interval: Duration::from_secs(10)
+            }
+        );
+        assert_eq!(
+            builder()
+                .safety_margin(Duration::from_secs(20))
+                .build()
+                .unwrap_err(),
+            ConfigError::MarginTooLarge {
+                margin: Duration::from_secs(20),
+                limit: Duration::from_secs(20)
+            }
+        );
+        assert!(matches!(
+            builder().ttl(Duration::ZERO).build().unwrap_err(),
+            ConfigError::Ttl(_)
+        ));
+        assert!(
+            builder()
+                .safety_margin(Duration::from_millis(19_999))
+                .build()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn the_default_margin_fits_short_ttls() {
+        let w = builder()
+            .ttl(Duration::from_millis(2_100))
+            .renew_interval(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        assert_eq!(w.safety_margin(), Duration::from_millis(350));
+        let w = builder()
+            .ttl(Duration::from_secs(3))
+            .renew_interval(Duration::from_millis(1_400))
+            .build()
+            .unwrap();
+        assert!(w.safety_margin() < Duration::from_millis(1_600));
+    }
+}

@@ -1,0 +1,131 @@
+//! What a worker tells the application: buckets assigned and revoked, and errors.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+
+use crate::error::StoreError;
+use crate::ids::{Bucket, FencingToken};
+
+/// Why the application must stop working on a bucket.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum RevokeReason {
+    /// The fair share moved: the worker gives the bucket up for another member. It is released
+    /// only after the handler returns.
+    Shed,
+    /// The store says the worker does not own the bucket any more.
+    Lost,
+    /// The worker could not renew in time (store unreachable, process paused, or the store
+    /// reported the session expired): the lease can no longer be trusted.
+    Expired,
+    /// The worker is stopping.
+    Shutdown,
+}
+
+impl RevokeReason {
+    /// `shed`, `lost`, `expired` or `shutdown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Shed => "shed",
+            Self::Lost => "lost",
+            Self::Expired => "expired",
+            Self::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// A change of what the application owns.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum OwnershipEvent {
+    /// Start working on `bucket`, fencing writes with `token`.
+    Assigned {
+        /// The bucket.
+        bucket: Bucket,
+        /// Its fencing token.
+        token: FencingToken,
+    },
+    /// Stop working on `bucket` now.
+    Revoked {
+        /// The bucket.
+        bucket: Bucket,
+        /// The token it was held with.
+        token: FencingToken,
+        /// Why.
+        reason: RevokeReason,
+    },
+}
+
+/// A failure the worker survived; it keeps running and retries with backoff.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// A store operation failed.
+    #[error("{operation} failed: {source}")]
+    Store {
+        /// Which operation.
+        operation: &'static str,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+    /// A store operation did not answer in time.
+    #[error("{operation} did not answer within {after:?}")]
+    Timeout {
+        /// Which operation.
+        operation: &'static str,
+        /// How long it was given.
+        after: Duration,
+    },
+}
+
+/// The application side of a worker. Calls are awaited one at a time, in order; for each
+/// bucket an assignment always comes before its revocation, and a shed bucket is released
+/// only after `on_revoked` returns. Keep them short: the worker cannot renew while waiting.
+#[async_trait]
+pub trait OwnershipHandler: Send + Sync + 'static {
+    /// The worker now owns `bucket` with `token`: start working on it.
+    async fn on_assigned(&self, bucket: Bucket, token: FencingToken);
+
+    /// The worker no longer owns `bucket`: stop working on it before returning.
+    async fn on_revoked(&self, bucket: Bucket, token: FencingToken, reason: RevokeReason);
+
+    /// The worker hit an error and will retry (also logged through `tracing`).
+    async fn on_error(&self, _error: &WorkerError) {}
+}
+
+/// A handler that forwards every event to a channel, for applications that prefer a stream.
+/// With it, "revoked before released" means the event was queued before the release; the
+/// channel's capacity bounds how far the worker runs ahead of the application.
+#[derive(Debug, Clone)]
+pub struct EventSender {
+    tx: mpsc::Sender<OwnershipEvent>,
+}
+
+/// A channel of [`OwnershipEvent`]s and its sending handler.
+pub fn event_channel(capacity: usize) -> (EventSender, mpsc::Receiver<OwnershipEvent>) {
+    let (tx, rx) = mpsc::channel(capacity.max(1));
+    (EventSender { tx }, rx)
+}
+
+#[async_trait]
+impl OwnershipHandler for EventSender {
+    async fn on_assigned(&self, bucket: Bucket, token: FencingToken) {
+        // A dropped receiver means nobody listens any more; the worker carries on.
+        self.tx
+            .send(OwnershipEvent::Assigned { bucket, token })
+            .await
+            .ok();
+    }
+
+    async fn on_revoked(&self, bucket: Bucket, token: FencingToken, reason: RevokeReason) {
+        self.tx
+            .send(OwnershipEvent::Revoked {
+                bucket,
+                token,
+                reason,
+            })
+            .await
+            .ok();
+    }
+}

@@ -1,0 +1,71 @@
+//! The worker's metrics, through the `metrics` facade (a no-op until the application installs
+//! a recorder, e.g. a Prometheus exporter). Every series carries the `group` label.
+//!
+//! | name | kind | what |
+//! |---|---|---|
+//! | `lease_owned_buckets` | gauge | buckets the application owns now |
+//! | `lease_claimed_total` | counter | buckets won by claims |
+//! | `lease_revoked_total` | counter | revocations, by `reason` (shed, lost, expired, shutdown) |
+//! | `lease_store_errors_total` | counter | failed or timed-out store calls |
+//! | `lease_tick_seconds` | histogram | duration of a tick |
+
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+
+use crate::ids::GroupName;
+use crate::runtime::events::RevokeReason;
+
+pub(crate) struct Metrics {
+    owned: Gauge,
+    claimed: Counter,
+    shed: Counter,
+    lost: Counter,
+    expired: Counter,
+    shutdown: Counter,
+    errors: Counter,
+    tick: Histogram,
+}
+
+impl Metrics {
+    pub(crate) fn new(group: &GroupName) -> Self {
+        let g = group.to_string();
+        let revoked = |reason: RevokeReason| counter!("lease_revoked_total", "group" => g.clone(), "reason" => reason.as_str());
+        Self {
+            owned: gauge!("lease_owned_buckets", "group" => g.clone()),
+            claimed: counter!("lease_claimed_total", "group" => g.clone()),
+            shed: revoked(RevokeReason::Shed),
+            lost: revoked(RevokeReason::Lost),
+            expired: revoked(RevokeReason::Expired),
+            shutdown: revoked(RevokeReason::Shutdown),
+            errors: counter!("lease_store_errors_total", "group" => g.clone()),
+            tick: histogram!("lease_tick_seconds", "group" => g),
+        }
+    }
+
+    pub(crate) fn owned(&self, n: usize) {
+        self.owned.set(n as f64);
+    }
+
+    pub(crate) fn claimed(&self, n: usize) {
+        self.claimed.increment(n as u64);
+    }
+
+    pub(crate) fn revoked(&self, reason: RevokeReason) {
+        match reason {
+            RevokeReason::Shed => &self.shed,
+            RevokeReason::Lost => &self.lost,
+            RevokeReason::Expired => &self.expired,
+            RevokeReason::Shutdown => &self.shutdown,
+        }
+        .increment(1);
+    }
+
+    pub(crate) fn error(&self) {
+        self.errors.increment(1);
+    }
+
+    pub(crate) fn tick(&self, took: Duration) {
+        self.tick.record(took.as_secs_f64());
+    }
+}

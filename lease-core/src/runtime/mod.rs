@@ -1,0 +1,52 @@
+//! The worker runtime: one tokio task per `(group, worker)` that turns leases into "you own
+//! bucket 7 with token 42: start" and "stop working on bucket 7 now".
+//!
+//! Each tick: `heartbeat` (one round trip in steady state) → the pure [`plan`](crate::plan) →
+//! `claim` or shed → tell the application. Ticks run every renew interval, and at once when
+//! the store's change feed reports a join, a leave or a release.
+//!
+//! - **Revoke before release**: a shed bucket is revoked, and the handler awaited, before it
+//!   is released, so a graceful handoff never overlaps.
+//! - **Self-fencing**: a lease is trusted until `sent + ttl - margin` on the local monotonic
+//!   clock, `sent` being when the last successful heartbeat was sent. Past it every bucket is
+//!   revoked with [`RevokeReason::Expired`], even while the store is unreachable, before the
+//!   store could give it to anyone else.
+//! - Store errors are reported (tracing, [`OwnershipHandler::on_error`], a metric) and retried
+//!   with capped backoff; the loop never exits on them.
+//! - Cancelling the worker's token (or dropping its handle) stops it gracefully: revoke all,
+//!   leave the group, which wakes the peers.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lease_core::{GroupName, LeaseWorker, ShardCount, event_channel, OwnershipEvent};
+//! use lease_memory::MemoryLeaseStore;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let store = MemoryLeaseStore::new();
+//! let (handler, mut events) = event_channel(64);
+//! let worker = LeaseWorker::builder(GroupName::new("orders")?, ShardCount::new(4)?)
+//!     .ttl(Duration::from_secs(3))
+//!     .renew_interval(Duration::from_secs(1))
+//!     .build()?
+//!     .start(store, handler)
+//!     .await?;
+//! // Alone in the group, the worker is assigned all four buckets at its first tick.
+//! for _ in 0..4 {
+//!     assert!(matches!(events.recv().await, Some(OwnershipEvent::Assigned { .. })));
+//! }
+//! assert_eq!(worker.owned().borrow().len(), 4);
+//! worker.shutdown().await;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+mod config;
+mod events;
+mod metrics;
+mod worker;
+
+pub use config::{ConfigError, LeaseWorker, LeaseWorkerBuilder};
+pub use events::{
+    EventSender, OwnershipEvent, OwnershipHandler, RevokeReason, WorkerError, event_channel,
+};
+pub use worker::{Owned, WorkerHandle};

@@ -1,0 +1,495 @@
+//! The worker task: heartbeat, plan, claim or shed, tell the application; self-fence when
+//! renewals stop succeeding; stop gracefully.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::change::ChangeFeed;
+use crate::error::StoreError;
+use crate::ids::{Bucket, FencingToken, WorkerId};
+use crate::policy;
+use crate::runtime::config::LeaseWorker;
+use crate::runtime::events::{OwnershipHandler, RevokeReason, WorkerError};
+use crate::runtime::metrics::Metrics;
+use crate::store::LeaseStore;
+
+/// The buckets the application currently owns, with their tokens.
+pub type Owned = BTreeMap<Bucket, FencingToken>;
+
+/// A running worker. Dropping it stops the worker gracefully in the background; call
+/// [`shutdown`](Self::shutdown) to wait for that.
+#[derive(Debug)]
+pub struct WorkerHandle {
+    worker: WorkerId,
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
+    owned: watch::Receiver<Owned>,
+}
+
+impl WorkerHandle {
+    /// The worker's id.
+    pub fn worker_id(&self) -> WorkerId {
+        self.worker
+    }
+
+    /// The buckets the application owns right now; changes as events are delivered.
+    pub fn owned(&self) -> watch::Receiver<Owned> {
+        self.owned.clone()
+    }
+
+    /// The token that stops the worker when cancelled.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Whether the worker task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Stop gracefully (revoke everything, leave the group, wake the peers) and wait for it.
+    pub async fn shutdown(mut self) {
+        self.cancel.cancel();
+        if let Some(task) = self.task.take()
+            && let Err(e) = task.await
+        {
+            tracing::error!(error = %e, "the lease worker task failed");
+        }
+    }
+
+    /// Stop the task at once, without revoking or leaving: what a crash looks like to the
+    /// other workers (tests and demos).
+    pub fn abort(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+impl LeaseWorker {
+    /// Create the group if needed (failing on a shard-count mismatch), subscribe to its
+    /// wake-ups, and start the worker task on the current tokio runtime.
+    pub async fn start<S, H>(self, store: S, handler: H) -> Result<WorkerHandle, StoreError>
+    where
+        S: LeaseStore + 'static,
+        H: OwnershipHandler,
+    {
+        store.ensure_group(&self.group, self.shards).await?;
+        let feed = match store.changes(&self.group).await {
+            Ok(feed) => feed,
+            Err(e) => {
+                // Wake-ups only speed things up; the worker still re-plans every interval.
+                tracing::warn!(group = %self.group, error = %e, "no change feed; re-planning on the renew interval only");
+                None
+            }
+        };
+        let (tx, rx) = watch::channel(Owned::new());
+        let worker = self.worker;
+        let cancel = self.cancel.clone();
+        let span = tracing::info_span!("lease_worker", group = %self.group, worker = %worker);
+        let ttl = self.ttl.as_duration();
+        let task = Task {
+            metrics: Metrics::new(&self.group),
+            call_timeout: self.renew_interval.max(ttl / 2),
+            cfg: self,
+            store: Arc::new(store),
+            handler,
+            feed,
+            owned: Owned::new(),
+            unreleased: BTreeSet::new(),
+            trusted_until: None,
+            published: tx,
+        };
+        let task = tokio::spawn(task.run().instrument(span));
+        Ok(WorkerHandle {
+            worker,
+            cancel,
+            task: Some(task),
+            owned: rx,
+        })
+    }
+}
+
+struct Task<S, H> {
+    cfg: LeaseWorker,
+    store: Arc<S>,
+    handler: H,
+    feed: Option<ChangeFeed>,
+    /// What the application has been told it owns.
+    owned: Owned,
+    /// Revoked for shedding, not yet confirmed released.
+    unreleased: BTreeSet<Bucket>,
+    /// The local instant until which the leases are trusted.
+    trusted_until: Option<Instant>,
+    published: watch::Sender<Owned>,
+    call_timeout: Duration,
+    metrics: Metrics,
+}
+
+/// Sleep until `at`, or forever if there is nothing to wait for.
+async fn sleep_until_or_never(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next wake-up: true for a change, false once the feed closed; pending without a feed.
+async fn next_change(feed: &mut Option<ChangeFeed>) -> bool {
+    match feed {
+        Some(feed) => feed.recv().await.is_some(),
+        None => std::future::pending().await,
+    }
+}
+
+impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
+    async fn run(mut self) {
+        let mut next_tick = Instant::now();
+        let mut failures: u32 = 0;
+        loop {
+            tokio::select! {
+                biased;
+                () = self.cfg.cancel.cancelled() => break,
+                () = sleep_until_or_never(self.fence_at()) => {
+                    self.fence().await;
+                    continue;
+                }
+                () = sleep_until(next_tick) => {}
+                woke = next_change(&mut self.feed) => {
+                    if !woke {
+                        tracing::warn!("change feed closed; re-planning on the renew interval only");
+                        self.feed = None;
+                        continue;
+                    }
+                    tokio::time::sleep(self.cfg.wake_debounce).await;
+                    if let Some(feed) = &mut self.feed {
+                        while feed.try_recv().is_some() {}
+                    }
+                }
+            }
+            let started = Instant::now();
+            let result = self
+                .tick()
+                .instrument(tracing::debug_span!("lease_tick"))
+                .await;
+            self.metrics.tick(started.elapsed());
+            match result {
+                Ok(()) => {
+                    failures = 0;
+                    next_tick = Instant::now() + self.cfg.renew_interval;
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    self.report(&e).await;
+                    next_tick = Instant::now() + self.backoff(failures);
+                }
+            }
+            self.publish();
+        }
+        self.stop().await;
+    }
+
+    /// 100 ms, doubling per consecutive failure, capped at the renew interval.
+    fn backoff(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(16);
+        (Duration::from_millis(100) * 2u32.pow(exp)).min(self.cfg.renew_interval)
+    }
+
+    /// When the leases stop being trusted, if any are held.
+    fn fence_at(&self) -> Option<Instant> {
+        if self.owned.is_empty() {
+            None
+        } else {
+            Some(self.trusted_until.unwrap_or_else(Instant::now))
+        }
+    }
+
+    fn trusted(&self) -> bool {
+        self.trusted_until.is_some_and(|t| Instant::now() < t)
+    }
+
+    async fn report(&self, e: &WorkerError) {
+        tracing::warn!(error = %e, "lease worker error; retrying");
+        self.metrics.error();
+        self.handler.on_error(e).await;
+    }
+
+    fn publish(&self) {
+        self.metrics.owned(self.owned.len());
+        self.published.send_if_modified(|current| {
+            if *current == self.owned {
+                false
+            } else {
+                current.clone_from(&self.owned);
+                true
+            }
+        });
+    }
+
+    async fn assign(&mut self, bucket: Bucket, token: FencingToken) {
+        self.handler.on_assigned(bucket, token).await;
+        self.owned.insert(bucket, token);
+        self.publish();
+    }
+
+    async fn revoke(&mut self, bucket: Bucket, reason: RevokeReason) {
+        if let Some(token) = self.owned.remove(&bucket) {
+            self.handler.on_revoked(bucket, token, reason).await;
+            self.metrics.revoked(reason);
+            self.publish();
+        }
+    }
+
+    async fn revoke_all(&mut self, reason: RevokeReason) {
+        let buckets: Vec<Bucket> = self.owned.keys().copied().collect();
+        for bucket in buckets {
+            self.revoke(bucket, reason).await;
+        }
+    }
+
+    /// Stop trusting every lease: the store may hand them to others from now on.
+    async fn fence(&mut self) {
+        tracing::warn!(
+            owned = self.owned.len(),
+            "renewals did not succeed in time; revoking every bucket"
+        );
+        self.revoke_all(RevokeReason::Expired).await;
+    }
+
+    /// Await a store call, fencing if the trust deadline passes meanwhile, and giving up after
+    /// the call timeout.
+    async fn call<T>(
+        &mut self,
+        operation: &'static str,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, WorkerError> {
+        tokio::pin!(fut);
+        let deadline = Instant::now() + self.call_timeout;
+        loop {
+            tokio::select! {
+                result = &mut fut => {
+                    return result.map_err(|source| WorkerError::Store { operation, source });
+                }
+                () = sleep_until(deadline) => {
+                    return Err(WorkerError::Timeout { operation, after: self.call_timeout });
+                }
+                () = sleep_until_or_never(self.fence_at()) => self.fence().await,
+            }
+        }
+    }
+
+    async fn release(&mut self) -> Result<(), WorkerError> {
+        if self.unreleased.is_empty() {
+            return Ok(());
+        }
+        let (store, group, me) = (self.store.clone(), self.cfg.group.clone(), self.cfg.worker);
+        let buckets: Vec<Bucket> = self.unreleased.iter().copied().collect();
+        let released = self
+            .call("release", async move {
+                store.release(&group, me, &buckets).await
+            })
+            .await?;
+        tracing::debug!(released = released.len(), "released shed buckets");
+        // Whatever was not released is not ours any more either (the session ended): either
+        // way nothing is left to release.
+        self.unreleased.clear();
+        Ok(())
+    }
+
+    async fn tick(&mut self) -> Result<(), WorkerError> {
+        let cfg = &self.cfg;
+        let (store, group, me) = (self.store.clone(), cfg.group.clone(), cfg.worker);
+        let (ttl, metadata) = (cfg.ttl, cfg.metadata.clone());
+        let sent_at = Instant::now();
+        let beat = self
+            .call("heartbeat", async move {
+                store.heartbeat(&group, me, ttl, &metadata).await
+            })
+            .await?;
+        self.trusted_until = Some(sent_at + self.cfg.ttl.as_duration() - self.cfg.safety_margin());
+
+        if beat.new_session {
+            // Nothing held under the old session is ours any more.
+            self.revoke_all(RevokeReason::Expired).await;
+            self.unreleased.clear();
+        }
+        let held: Owned = beat.owned.iter().map(|l| (l.bucket, l.token)).collect();
+        let gone: Vec<Bucket> = self
+            .owned
+            .iter()
+            .filter(|&(b, t)| held.get(b) != Some(t))
+            .map(|(&b, _)| b)
+            .collect();
+        for bucket in gone {
+            self.revoke(bucket, RevokeReason::Lost).await;
+        }
+        self.unreleased.retain(|b| held.contains_key(b));
+        // Buckets the store says are ours that the application was not told of (a claim whose
+        // answer was lost, or leases revoked by self-fencing that the store kept alive).
+        for (&bucket, &token) in &held {
+            if !self.owned.contains_key(&bucket) && !self.unreleased.contains(&bucket) {
+                self.assign(bucket, token).await;
+            }
+        }
+        let retried = self.unreleased.len() as u32;
+        self.release().await?;
+
+        let mine: Vec<Bucket> = self.owned.keys().copied().collect();
+        let mut view = beat.view;
+        view.claimable += retried;
+        let plan = policy::plan(&view, me, &mine);
+
+        if !plan.shed.is_empty() {
+            // Revoke first, release after: the next owner can only start once we stopped.
+            for &bucket in &plan.shed {
+                self.revoke(bucket, RevokeReason::Shed).await;
+                self.unreleased.insert(bucket);
+            }
+            self.release().await?;
+        }
+        if plan.claim > 0 {
+            let (store, group) = (self.store.clone(), self.cfg.group.clone());
+            let want = plan.claim;
+            let won = self
+                .call("claim", async move { store.claim(&group, me, want).await })
+                .await?;
+            self.metrics.claimed(won.len());
+            for lease in won {
+                if self.trusted() {
+                    self.assign(lease.bucket, lease.token).await;
+                }
+                // Otherwise the next heartbeat finds it held and assigns it then.
+            }
+        }
+        Ok(())
+    }
+
+    async fn stop(mut self) {
+        self.revoke_all(RevokeReason::Shutdown).await;
+        self.publish();
+        let (store, group, me) = (self.store.clone(), self.cfg.group.clone(), self.cfg.worker);
+        match self
+            .call("leave", async move { store.leave(&group, me).await })
+            .await
+        {
+            Ok(released) => {
+                tracing::info!(released = released.len(), "left the group");
+            }
+            Err(e) => self.report(&e).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::ids::{GroupName, SessionId, ShardCount};
+    use crate::runtime::event_channel;
+    use crate::store::MockLeaseStore;
+    use crate::time::{Clock, ManualClock};
+    use crate::view::{GroupView, Heartbeat, Lease, MemberLoad};
+
+    /// In steady state (the worker holds its fair share, nothing claimable) a tick is one
+    /// heartbeat and nothing else: the mock fails the task on any other call.
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_tick_is_one_heartbeat() {
+        let me = WorkerId::new();
+        let other = WorkerId::new();
+        let session = SessionId::new();
+        let now = ManualClock::new().now();
+        let shards = ShardCount::new(8).unwrap();
+        let beats = Arc::new(AtomicUsize::new(0));
+        let mut store = MockLeaseStore::new();
+        store
+            .expect_ensure_group()
+            .times(1)
+            .returning(|_, _| Ok(()));
+        store.expect_changes().times(1).returning(|_| Ok(None));
+        let counter = beats.clone();
+        store.expect_heartbeat().returning(move |_, worker, _, _| {
+            let first = counter.fetch_add(1, Ordering::SeqCst) == 0;
+            let owned: Vec<Lease> = (0..4)
+                .map(|b| Lease {
+                    bucket: Bucket(b),
+                    owner: worker,
+                    token: FencingToken(1),
+                    expires_at: now,
+                })
+                .collect();
+            let mut members = vec![
+                MemberLoad { worker, owned: 4 },
+                MemberLoad {
+                    worker: other,
+                    owned: 4,
+                },
+            ];
+            members.sort_by_key(|m| m.worker);
+            Ok(Heartbeat {
+                session,
+                new_session: first,
+                observed_at: now,
+                expires_at: now,
+                view: GroupView {
+                    shard_count: shards,
+                    members,
+                    claimable: 0,
+                },
+                owned,
+            })
+        });
+        store.expect_claim().times(0);
+        store.expect_release().times(0);
+        store
+            .expect_leave()
+            .times(1)
+            .returning(|_, _| Ok(Vec::new()));
+
+        let (handler, mut events) = event_channel(64);
+        let handle = LeaseWorker::builder(GroupName::new("g").unwrap(), shards)
+            .worker_id(me)
+            .ttl(Duration::from_secs(3))
+            .renew_interval(Duration::from_secs(1))
+            .build()
+            .unwrap()
+            .start(store, handler)
+            .await
+            .unwrap();
+        // Ticks at 0 s, 1 s, ... 10 s.
+        tokio::time::sleep(Duration::from_millis(10_500)).await;
+        assert!(
+            !handle.is_finished(),
+            "the worker stopped (an unexpected store call?)"
+        );
+        assert_eq!(beats.load(Ordering::SeqCst), 11);
+        assert_eq!(handle.owned().borrow().len(), 4);
+        handle.shutdown().await;
+        let mut assigned = 0;
+        let mut revoked = 0;
+        while let Ok(e) = events.try_recv() {
+            match e {
+                crate::runtime::OwnershipEvent::Assigned { .. } => assigned += 1,
+                crate::runtime::OwnershipEvent::Revoked { reason, .. } => {
+                    assert_eq!(reason, RevokeReason::Shutdown);
+                    revoked += 1;
+                }
+            }
+        }
+        assert_eq!((assigned, revoked), (4, 4));
+    }
+}

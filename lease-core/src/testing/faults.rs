@@ -1,0 +1,174 @@
+//! A fault-injecting store wrapper and a clock that follows tokio's (paused) time.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::change::ChangeFeed;
+use crate::error::StoreError;
+use crate::ids::{Bucket, FencingToken, GroupName, MemberMetadata, ShardCount, WorkerId};
+use crate::store::LeaseStore;
+use crate::time::{Clock, ManualClock, Timestamp, Ttl, store_precision};
+use crate::view::{GroupSnapshot, Heartbeat, Lease};
+
+/// A [`Clock`] that reads tokio's clock, so a store's expiry follows `tokio::time::pause` and
+/// `advance` in tests. Starts at the same instant as [`ManualClock::new`].
+#[derive(Clone, Debug)]
+pub struct TokioClock {
+    base: Timestamp,
+    start: Instant,
+}
+
+impl TokioClock {
+    /// A clock reading tokio's time from now on. Create it inside the runtime.
+    pub fn new() -> Self {
+        Self {
+            base: ManualClock::new().now(),
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        let elapsed = Instant::now().saturating_duration_since(self.start);
+        store_precision(
+            self.base
+                + chrono::Duration::microseconds(
+                    i64::try_from(elapsed.as_micros()).unwrap_or(i64::MAX),
+                ),
+        )
+    }
+}
+
+/// The switches of a [`FaultyStore`]. Shared: flip them while the worker runs.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Every call fails with a backend error.
+    pub fail_all: AtomicBool,
+    /// Heartbeats fail with a backend error.
+    pub fail_heartbeats: AtomicBool,
+    /// Every call hangs until this is cleared (a network cut without resets).
+    pub hang: AtomicBool,
+    /// `changes` returns no feed.
+    pub no_feed: AtomicBool,
+    /// Calls that failed or hung because of a switch.
+    pub injected: AtomicU64,
+}
+
+/// A store that delegates to `S` unless a [`Faults`] switch says otherwise.
+#[derive(Clone, Debug)]
+pub struct FaultyStore<S> {
+    inner: S,
+    faults: Arc<Faults>,
+}
+
+impl<S> FaultyStore<S> {
+    /// Wrap `inner`, with every switch off.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            faults: Arc::new(Faults::default()),
+        }
+    }
+
+    /// The switches.
+    pub fn faults(&self) -> Arc<Faults> {
+        self.faults.clone()
+    }
+
+    async fn gate(&self, heartbeat: bool) -> Result<(), StoreError> {
+        let f = &self.faults;
+        if f.hang.load(Ordering::SeqCst) {
+            f.injected.fetch_add(1, Ordering::SeqCst);
+            while f.hang.load(Ordering::SeqCst) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+        if f.fail_all.load(Ordering::SeqCst)
+            || (heartbeat && f.fail_heartbeats.load(Ordering::SeqCst))
+        {
+            f.injected.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::Backend {
+                message: "injected fault".into(),
+                source: None,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
+    async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
+        self.gate(false).await?;
+        self.inner.ensure_group(group, shards).await
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        ttl: Ttl,
+        metadata: &MemberMetadata,
+    ) -> Result<Heartbeat, StoreError> {
+        self.gate(true).await?;
+        self.inner.heartbeat(group, worker, ttl, metadata).await
+    }
+
+    async fn claim(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        want: u32,
+    ) -> Result<Vec<Lease>, StoreError> {
+        self.gate(false).await?;
+        self.inner.claim(group, worker, want).await
+    }
+
+    async fn release(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        buckets: &[Bucket],
+    ) -> Result<Vec<Bucket>, StoreError> {
+        self.gate(false).await?;
+        self.inner.release(group, worker, buckets).await
+    }
+
+    async fn leave(&self, group: &GroupName, worker: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+        self.gate(false).await?;
+        self.inner.leave(group, worker).await
+    }
+
+    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
+        self.gate(false).await?;
+        self.inner.snapshot(group).await
+    }
+
+    async fn is_current(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        worker: WorkerId,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        self.gate(false).await?;
+        self.inner.is_current(group, bucket, worker, token).await
+    }
+
+    async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
+        if self.faults.no_feed.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        self.inner.changes(group).await
+    }
+}

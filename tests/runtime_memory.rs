@@ -1,0 +1,523 @@
+//! The worker runtime on the in-memory store, on tokio's paused clock: no real sleeps, every
+//! instant exact. The store's clock follows tokio's, so expiry and self-fencing deadlines are
+//! compared on one timeline. Every test ends by checking the ownership log: no bucket held by
+//! two workers at once, assignment before revocation, tokens only growing.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lease::memory::MemoryLeaseStore;
+use lease::testing::{Faults, FaultyStore, OwnershipLog, RecordingHandler, Summary, TokioClock};
+use lease::{
+    BucketState, Clock, GroupName, LeaseStore, LeaseWorker, OwnershipEvent, RevokeReason,
+    ShardCount, Timestamp, WorkerHandle, WorkerId,
+};
+
+const RENEW: Duration = Duration::from_secs(1);
+const TTL: Duration = Duration::from_secs(3);
+
+/// A pool of workers on one in-memory store, each behind its own fault switches.
+struct Pool {
+    store: MemoryLeaseStore,
+    clock: TokioClock,
+    log: Arc<Mutex<OwnershipLog<Timestamp>>>,
+    group: GroupName,
+    shards: u32,
+    wakeups: bool,
+    workers: BTreeMap<WorkerId, (WorkerHandle, Arc<Faults>)>,
+}
+
+impl Pool {
+    fn new(group: &str, shards: u32, wakeups: bool) -> Self {
+        let clock = TokioClock::new();
+        Self {
+            store: MemoryLeaseStore::with_clock(clock.clone()),
+            clock,
+            log: Arc::new(Mutex::new(OwnershipLog::new())),
+            group: GroupName::new(group).expect("name"),
+            shards,
+            wakeups,
+            workers: BTreeMap::new(),
+        }
+    }
+
+    /// A pool sharing `other`'s store, clock and log, for another group.
+    fn beside(other: &Pool, group: &str, shards: u32) -> Self {
+        Self {
+            store: other.store.clone(),
+            clock: other.clone_clock(),
+            // Bucket numbers repeat across groups: each group is checked on a log of its own.
+            log: Arc::new(Mutex::new(OwnershipLog::new())),
+            group: GroupName::new(group).expect("name"),
+            shards,
+            wakeups: other.wakeups,
+            workers: BTreeMap::new(),
+        }
+    }
+
+    fn clone_clock(&self) -> TokioClock {
+        self.clock.clone()
+    }
+
+    async fn start(&mut self) -> WorkerId {
+        let config =
+            LeaseWorker::builder(self.group.clone(), ShardCount::new(self.shards).expect("n"))
+                .ttl(TTL)
+                .renew_interval(RENEW)
+                .build()
+                .expect("config");
+        let id = config.worker_id();
+        let store = FaultyStore::new(self.store.clone());
+        let faults = store.faults();
+        faults.no_feed.store(!self.wakeups, Ordering::SeqCst);
+        let handler = RecordingHandler::new(id, self.log.clone(), Arc::new(self.clock.clone()));
+        let handle = config.start(store, handler).await.expect("start");
+        self.workers.insert(id, (handle, faults));
+        id
+    }
+
+    fn faults(&self, w: WorkerId) -> Arc<Faults> {
+        self.workers[&w].1.clone()
+    }
+
+    async fn stop(&mut self, w: WorkerId) {
+        let (handle, _) = self.workers.remove(&w).expect("a running worker");
+        handle.shutdown().await;
+    }
+
+    fn crash(&mut self, w: WorkerId) {
+        let (handle, _) = self.workers.remove(&w).expect("a running worker");
+        handle.abort();
+        self.log.lock().expect("log").crashed(w, self.clock.now());
+    }
+
+    /// What each running worker's application owns.
+    fn owned(&self) -> BTreeMap<WorkerId, usize> {
+        self.workers
+            .iter()
+            .map(|(&w, (h, _))| (w, h.owned().borrow().len()))
+            .collect()
+    }
+
+    /// Every bucket owned by a running worker's application, exactly once, and the split even.
+    fn balanced(&self) -> bool {
+        let owned = self.owned();
+        let total: usize = owned.values().sum();
+        let (min, max) = (owned.values().min(), owned.values().max());
+        total == self.shards as usize && matches!((min, max), (Some(a), Some(b)) if b - a <= 1)
+    }
+
+    fn check(&self) -> Summary {
+        self.log
+            .lock()
+            .expect("log")
+            .check()
+            .unwrap_or_else(|e| panic!("ownership log: {e}"))
+    }
+
+    fn events_of(&self, w: WorkerId) -> Vec<(Timestamp, OwnershipEvent)> {
+        self.log
+            .lock()
+            .expect("log")
+            .entries()
+            .iter()
+            .filter(|e| e.worker == w)
+            .map(|e| (e.at, e.event))
+            .collect()
+    }
+
+    async fn shutdown(mut self) -> Summary {
+        let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
+        for w in ids {
+            self.stop(w).await;
+        }
+        self.check()
+    }
+}
+
+/// Let every task run to a standstill at the current instant.
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Advance tokio's clock by `d` (timers fire in order) and let the tasks run.
+async fn run_for(d: Duration) {
+    tokio::time::sleep(d).await;
+    settle().await;
+}
+
+/// How many renew intervals (ticks after the first) until balanced; `None` within `limit`.
+async fn ticks_until_balanced(pool: &Pool, limit: u32) -> Option<u32> {
+    settle().await;
+    for tick in 1..=limit {
+        // Just past tick `tick` of every worker (ticks at 0, RENEW, 2 RENEW...).
+        run_for(Duration::from_millis(50)).await;
+        if pool.balanced() {
+            return Some(tick);
+        }
+        run_for(RENEW - Duration::from_millis(50)).await;
+    }
+    None
+}
+
+#[tokio::test(start_paused = true)]
+async fn cold_start_of_eight_workers_balances_within_three_ticks() {
+    for wakeups in [false, true] {
+        let mut pool = Pool::new("orders", 64, wakeups);
+        for _ in 0..8 {
+            pool.start().await;
+        }
+        let ticks = ticks_until_balanced(&pool, 10).await;
+        eprintln!(
+            "cold start, 8 workers x 64 buckets, wake-ups {wakeups}: balanced at tick {ticks:?}"
+        );
+        assert!(
+            ticks.is_some_and(|t| t <= 3),
+            "not balanced within 3 ticks (wake-ups {wakeups}): {:?}",
+            pool.owned()
+        );
+        assert!(pool.owned().values().all(|&n| n == 8));
+        pool.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_joiner_gets_its_share_within_two_ticks() {
+    for wakeups in [false, true] {
+        let mut pool = Pool::new("orders", 64, wakeups);
+        for _ in 0..3 {
+            pool.start().await;
+        }
+        assert!(ticks_until_balanced(&pool, 5).await.is_some());
+        let start = pool.clock.now();
+        let joiner = pool.start().await;
+        let ticks = ticks_until_balanced(&pool, 5).await;
+        let at = pool
+            .events_of(joiner)
+            .iter()
+            .filter(|(_, e)| matches!(e, OwnershipEvent::Assigned { .. }))
+            .map(|(t, _)| *t)
+            .max()
+            .expect("the joiner was assigned buckets");
+        eprintln!(
+            "join, 3 -> 4 workers x 64 buckets, wake-ups {wakeups}: balanced at tick {ticks:?}, \
+             share complete {} ms after joining",
+            (at - start).num_milliseconds()
+        );
+        assert!(
+            ticks.is_some_and(|t| t <= 2),
+            "joiner not served within 2 ticks"
+        );
+        assert_eq!(pool.owned()[&joiner], 16);
+        if wakeups {
+            assert!(
+                (at - start).num_milliseconds() < 250,
+                "with wake-ups the joiner waited {} ms",
+                (at - start).num_milliseconds()
+            );
+        }
+        // Minimal moves: the joiner's 16 came from the others' excess, nothing else moved.
+        let moved = pool
+            .log
+            .lock()
+            .expect("log")
+            .entries()
+            .iter()
+            .filter(|e| e.at >= start)
+            .filter(|e| {
+                matches!(
+                    e.event,
+                    OwnershipEvent::Revoked {
+                        reason: RevokeReason::Shed,
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(moved, 16, "buckets shed after the join");
+        pool.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_graceful_stop_hands_over_without_overlap() {
+    for wakeups in [false, true] {
+        let mut pool = Pool::new("orders", 12, wakeups);
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            ids.push(pool.start().await);
+        }
+        assert!(ticks_until_balanced(&pool, 5).await.is_some());
+        let stopped_at = pool.clock.now();
+        pool.stop(ids[0]).await;
+        let ticks = ticks_until_balanced(&pool, 5).await;
+        assert!(
+            ticks.is_some_and(|t| t <= 2),
+            "stop not taken over in 2 ticks"
+        );
+        let last_assigned = pool
+            .events_of(ids[1])
+            .iter()
+            .chain(pool.events_of(ids[2]).iter())
+            .filter(|(_, e)| matches!(e, OwnershipEvent::Assigned { .. }))
+            .map(|(t, _)| *t)
+            .max()
+            .expect("assignments");
+        let took = (last_assigned - stopped_at).num_milliseconds();
+        eprintln!(
+            "graceful stop of 1 of 3 (12 buckets), wake-ups {wakeups}: re-owned in {took} ms"
+        );
+        if wakeups {
+            assert!(took < 250, "with wake-ups the handoff took {took} ms");
+        }
+        let stopped = pool.events_of(ids[0]);
+        assert!(stopped.iter().any(|(_, e)| matches!(
+            e,
+            OwnershipEvent::Revoked {
+                reason: RevokeReason::Shutdown,
+                ..
+            }
+        )));
+        let summary = pool.shutdown().await;
+        assert!(summary.handoffs >= 4);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_workers_buckets_move_only_after_its_lease_expires() {
+    let mut pool = Pool::new("orders", 12, true);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(pool.start().await);
+    }
+    assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    let victim = ids[0];
+    let snap = pool.store.snapshot(&pool.group).await.expect("snapshot");
+    let expires = snap
+        .members
+        .iter()
+        .find(|m| m.worker == victim)
+        .expect("victim's row")
+        .expires_at;
+    let held: Vec<_> = snap
+        .buckets
+        .iter()
+        .filter(|b| b.owner == Some(victim) && b.state == BucketState::Live)
+        .map(|b| b.bucket)
+        .collect();
+    assert_eq!(held.len(), 4);
+    pool.crash(victim);
+    let ticks = ticks_until_balanced(&pool, 10).await;
+    assert!(
+        ticks.is_some(),
+        "the crashed worker's buckets were never re-owned"
+    );
+    let log = pool.log.lock().expect("log").clone();
+    let holdings = log.holdings().expect("holdings");
+    for b in &held {
+        let next = holdings[b]
+            .iter()
+            .find(|h| h.worker != victim)
+            .expect("re-owned");
+        assert!(
+            next.from >= expires,
+            "bucket {b} re-assigned at {} before the crashed lease expired at {expires}",
+            next.from
+        );
+        let late = (next.from - expires).to_std().expect("after expiry");
+        assert!(
+            late <= RENEW + Duration::from_millis(250),
+            "bucket {b} re-owned {late:?} after expiry, more than one renew interval"
+        );
+    }
+    pool.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_cannot_renew_fences_itself_before_anyone_takes_over() {
+    let mut pool = Pool::new("orders", 8, true);
+    let a = pool.start().await;
+    let b = pool.start().await;
+    assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    let snap = pool.store.snapshot(&pool.group).await.expect("snapshot");
+    let a_row = snap.members.iter().find(|m| m.worker == a).expect("a");
+    // a's renewals start failing; the store keeps a's session until it expires.
+    pool.faults(a).fail_heartbeats.store(true, Ordering::SeqCst);
+    run_for(TTL * 3).await;
+    let a_events = pool.events_of(a);
+    let fenced: Vec<Timestamp> = a_events
+        .iter()
+        .filter(|(_, e)| {
+            matches!(
+                e,
+                OwnershipEvent::Revoked {
+                    reason: RevokeReason::Expired,
+                    ..
+                }
+            )
+        })
+        .map(|(t, _)| *t)
+        .collect();
+    assert_eq!(
+        fenced.len(),
+        4,
+        "a did not revoke its four buckets: {a_events:?}"
+    );
+    // The last successful heartbeat extended a's session past a_row.expires_at at most by one
+    // interval; a fences before the store's expiry of that session.
+    let latest_expiry = pool
+        .store
+        .snapshot(&pool.group)
+        .await
+        .expect("snapshot")
+        .members
+        .iter()
+        .find(|m| m.worker == a)
+        .map_or(a_row.expires_at, |m| m.expires_at);
+    for t in &fenced {
+        assert!(
+            *t < latest_expiry,
+            "a fenced at {t}, after its session expired at {latest_expiry}"
+        );
+    }
+    assert_eq!(
+        pool.owned()[&b],
+        8,
+        "b did not take over the fenced buckets"
+    );
+    assert!(pool.faults(a).injected.load(Ordering::SeqCst) > 0);
+    // a heals: it starts a new session and gets its share back.
+    pool.faults(a)
+        .fail_heartbeats
+        .store(false, Ordering::SeqCst);
+    assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    let summary = pool.shutdown().await;
+    assert_eq!(summary.revocations.get("expired"), Some(&4));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_cut_off_mid_call_fences_while_the_call_hangs() {
+    let mut pool = Pool::new("orders", 4, true);
+    let a = pool.start().await;
+    assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    let before = pool.clock.now();
+    pool.faults(a).hang.store(true, Ordering::SeqCst);
+    run_for(TTL).await;
+    let fenced = pool
+        .events_of(a)
+        .into_iter()
+        .filter(|(_, e)| {
+            matches!(
+                e,
+                OwnershipEvent::Revoked {
+                    reason: RevokeReason::Expired,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(
+        fenced, 4,
+        "a kept trusting its leases while its store calls hung"
+    );
+    assert!(
+        pool.owned()[&a] == 0,
+        "the owned set still lists buckets after fencing"
+    );
+    assert!(pool.clock.now() - before >= chrono::Duration::seconds(1));
+    pool.faults(a).hang.store(false, Ordering::SeqCst);
+    assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    pool.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_session_revokes_everything_before_claiming_again() {
+    let mut pool = Pool::new("orders", 4, false);
+    let a = pool.start().await;
+    assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    // An operator force-releases a (what `leasectl release --force` does): a's next heartbeat
+    // starts a new session.
+    pool.store.leave(&pool.group, a).await.expect("leave");
+    run_for(RENEW).await;
+    let events = pool.events_of(a);
+    let expired = events
+        .iter()
+        .position(|(_, e)| {
+            matches!(
+                e,
+                OwnershipEvent::Revoked {
+                    reason: RevokeReason::Expired,
+                    ..
+                }
+            )
+        })
+        .expect("a revoked its buckets");
+    let reassigned = events
+        .iter()
+        .rposition(|(_, e)| matches!(e, OwnershipEvent::Assigned { .. }))
+        .expect("a claimed again");
+    assert!(expired < reassigned);
+    assert!(pool.balanced());
+    pool.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_errors_are_reported_and_retried_without_stopping() {
+    let mut pool = Pool::new("orders", 4, false);
+    let a = pool.start().await;
+    assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    pool.faults(a).fail_all.store(true, Ordering::SeqCst);
+    run_for(RENEW * 10).await;
+    let injected = pool.faults(a).injected.load(Ordering::SeqCst);
+    assert!(
+        injected >= 10,
+        "the worker stopped retrying: {injected} attempts"
+    );
+    assert!(
+        !pool.workers[&a].0.is_finished(),
+        "a store error ended the worker"
+    );
+    pool.faults(a).fail_all.store(false, Ordering::SeqCst);
+    assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    pool.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn several_groups_share_one_store_without_interfering() {
+    let mut orders = Pool::new("orders", 16, true);
+    let mut invoices = Pool::beside(&orders, "invoices", 5);
+    for _ in 0..2 {
+        orders.start().await;
+        invoices.start().await;
+    }
+    invoices.start().await;
+    assert!(ticks_until_balanced(&orders, 5).await.is_some());
+    assert!(ticks_until_balanced(&invoices, 5).await.is_some());
+    assert!(orders.owned().values().all(|&n| n == 8));
+    let mut split: Vec<usize> = invoices.owned().values().copied().collect();
+    split.sort_unstable();
+    assert_eq!(split, vec![1, 2, 2]);
+    orders.shutdown().await;
+    invoices.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_count_mismatch_refuses_to_start() {
+    let pool = Pool::new("orders", 8, false);
+    pool.store
+        .ensure_group(&pool.group, ShardCount::new(4).expect("n"))
+        .await
+        .expect("ensure");
+    let config = LeaseWorker::builder(pool.group.clone(), ShardCount::new(8).expect("n"))
+        .build()
+        .expect("config");
+    let err = config
+        .start(pool.store.clone(), lease::event_channel(8).0)
+        .await
+        .expect_err("a mismatched worker started");
+    assert_eq!(err.kind(), lease::ErrorKind::ShardCountMismatch);
+}
