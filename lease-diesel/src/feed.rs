@@ -143,6 +143,10 @@ async fn listen_loop(
     let mut backoff = Duration::from_millis(50);
     let mut reconnecting = false;
     'connect: loop {
+        if routes.strong_count() == 0 {
+            // The store is gone; nobody can subscribe or listen any more.
+            return;
+        }
         let mut conn = match connect(&pool).await {
             Ok(conn) => conn,
             Err(e) => {

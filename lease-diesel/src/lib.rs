@@ -45,7 +45,7 @@ use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 use lease_core::{
     Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat, Lease,
@@ -74,6 +74,7 @@ pub struct PgLeaseStoreBuilder {
     url: String,
     max_connections: usize,
     timeout: Duration,
+    statement_timeout: Duration,
 }
 
 impl PgLeaseStoreBuilder {
@@ -89,12 +90,36 @@ impl PgLeaseStoreBuilder {
         self
     }
 
+    /// The longest any statement may run on the server before it is cancelled with an error
+    /// (default 10 s): a stalled server or a lock held by someone else's transaction cannot
+    /// hang an operation. Set on each connection when it is opened. A cut network is another
+    /// matter: add `keepalives_idle`/`tcp_user_timeout` to the URL, or rely on the worker
+    /// runtime's own call timeout.
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = timeout;
+        self
+    }
+
     /// Build the store. No connection is made until the first operation.
     pub fn build(self) -> Result<PgLeaseStore, PgSetupError> {
         let mut config = ManagerConfig::default();
         // A broken connection is detected by its closed socket; the default recycling check
         // would add a `SELECT 1` round trip to every operation.
         config.recycling_method = RecyclingMethod::Fast;
+        let set_timeout = format!(
+            "SET statement_timeout = {}",
+            self.statement_timeout.as_millis().max(1)
+        );
+        config.custom_setup = Box::new(move |url| {
+            let (url, set_timeout) = (url.to_owned(), set_timeout.clone());
+            Box::pin(async move {
+                let mut conn = AsyncPgConnection::establish(&url).await?;
+                conn.batch_execute(&set_timeout)
+                    .await
+                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                Ok(conn)
+            })
+        });
         let manager =
             AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(self.url, config);
         let pool = Pool::builder(manager)
@@ -134,6 +159,7 @@ impl PgLeaseStore {
             url: url.into(),
             max_connections: 16,
             timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(10),
         }
     }
 
