@@ -2,9 +2,14 @@
 //! the same view, so the pool agrees on the split without talking.
 //!
 //! With `N` buckets and `W` live members (idle members count), each member's target is
-//! `N / W`, and the `N % W` members that own the most right now (ties broken by the lower
-//! worker id) get one more. Giving the extra slots to the biggest owners is what keeps the
-//! number of moves minimal: a bucket only moves from a member above its target to one below.
+//! `base = N / W`, and `N % W` members get one more: first the members that own more than
+//! `base` right now, then the others; within each class by worker id. Giving the extra slots
+//! to members already above `base` keeps the number of moves minimal (a bucket only moves from
+//! a member above its target to one below, and no member above `base` is cut below `base + 1`
+//! while a slot is left). Ranking by class and id, not by exact load, keeps targets stable
+//! while the pool converges: a member climbing from `base - 1` to `base` by claiming does not
+//! take an extra slot from the member that was about to claim it, so every claimable bucket is
+//! claimed in the same round of ticks instead of waiting a renew interval.
 //!
 //! ```
 //! use lease_core::{policy, Bucket, GroupView, MemberLoad, ShardCount, WorkerId};
@@ -57,12 +62,13 @@ pub fn targets(shard_count: u32, members: &[MemberLoad]) -> Vec<Target> {
     }
     let base = shard_count / w;
     let extra = (shard_count % w) as usize;
-    // Rank by load, biggest first; the first `extra` get base + 1.
+    // Members above base first, then the rest; by id within each. The first `extra` get one
+    // more.
     let mut ranked: Vec<usize> = (0..members.len()).collect();
     ranked.sort_by(|&i, &j| {
-        members[j]
-            .owned
-            .cmp(&members[i].owned)
+        let above = |k: usize| members[k].owned > base;
+        above(j)
+            .cmp(&above(i))
             .then(members[i].worker.cmp(&members[j].worker))
     });
     let mut out: Vec<Target> = members
@@ -326,6 +332,53 @@ mod tests {
             // Every shed bucket lands on the newcomer, and it reaches its target.
             let newcomer = targets(n, &loads(&owned))[w].target;
             prop_assert_eq!(shed, newcomer);
+        }
+
+        /// From any split, with members ticking one after another in any order (each seeing
+        /// the others' moves so far), two rounds of ticks reach an even split with every
+        /// bucket owned: shedders may come after claimers in the first round, never in the
+        /// second, and targets do not shift under the claimers.
+        #[test]
+        fn two_rounds_of_ticks_balance_any_split(
+            (n, owned) in snapshot_strategy(),
+            orders in proptest::collection::vec(proptest::collection::vec(any::<u32>(), 12), 2),
+        ) {
+            let w = owned.len();
+            // Each member's buckets as numbers; unowned buckets in a pool.
+            let mut held: Vec<Vec<Bucket>> = Vec::new();
+            let mut next = 0;
+            for &o in &owned {
+                held.push(mine(next, o));
+                next += o;
+            }
+            let mut free: Vec<Bucket> = (next..n).map(Bucket).collect();
+            for order in &orders {
+                let mut turn: Vec<usize> = (0..w).collect();
+                turn.sort_by_key(|&i| order[i]);
+                for i in turn {
+                    let v = GroupView {
+                        shard_count: ShardCount::new(n).unwrap(),
+                        members: held
+                            .iter()
+                            .enumerate()
+                            .map(|(k, h)| MemberLoad { worker: worker(k as u32), owned: h.len() as u32 })
+                            .collect(),
+                        claimable: free.len() as u32,
+                    };
+                    let p = plan(&v, worker(i as u32), &held[i]);
+                    for b in &p.shed {
+                        held[i].retain(|x| x != b);
+                        free.push(*b);
+                    }
+                    for _ in 0..p.claim {
+                        held[i].push(free.pop().expect("claim within claimable"));
+                    }
+                }
+            }
+            let loads: Vec<usize> = held.iter().map(Vec::len).collect();
+            prop_assert!(free.is_empty(), "unowned after two rounds: {free:?}, loads {loads:?}");
+            let (min, max) = (loads.iter().min().unwrap(), loads.iter().max().unwrap());
+            prop_assert!(max - min <= 1, "unbalanced after two rounds: {loads:?}");
         }
 
         #[test]

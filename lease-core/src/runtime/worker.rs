@@ -12,7 +12,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::change::ChangeFeed;
+use crate::change::{Change, ChangeFeed};
 use crate::error::StoreError;
 use crate::ids::{Bucket, FencingToken, WorkerId};
 use crate::policy;
@@ -148,10 +148,10 @@ async fn sleep_until_or_never(at: Option<Instant>) {
     }
 }
 
-/// The next wake-up: true for a change, false once the feed closed; pending without a feed.
-async fn next_change(feed: &mut Option<ChangeFeed>) -> bool {
+/// The next wake-up; `None` once the feed closed; pending without a feed.
+async fn next_change(feed: &mut Option<ChangeFeed>) -> Option<Change> {
     match feed {
-        Some(feed) => feed.recv().await.is_some(),
+        Some(feed) => feed.recv().await,
         None => std::future::pending().await,
     }
 }
@@ -170,11 +170,12 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
                 }
                 () = sleep_until(next_tick) => {}
                 woke = next_change(&mut self.feed) => {
-                    if !woke {
+                    let Some(change) = woke else {
                         tracing::warn!("change feed closed; re-planning on the renew interval only");
                         self.feed = None;
                         continue;
-                    }
+                    };
+                    tracing::debug!(?change, "woken by a change");
                     tokio::time::sleep(self.cfg.wake_debounce).await;
                     if let Some(feed) = &mut self.feed {
                         while feed.try_recv().is_some() {}
@@ -352,6 +353,15 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
         let mut view = beat.view;
         view.claimable += retried;
         let plan = policy::plan(&view, me, &mine);
+        tracing::debug!(
+            members = view.members.len(),
+            claimable = view.claimable,
+            owned = mine.len(),
+            target = plan.target,
+            claim = plan.claim,
+            shed = plan.shed.len(),
+            "planned"
+        );
 
         if !plan.shed.is_empty() {
             // Revoke first, release after: the next owner can only start once we stopped.
