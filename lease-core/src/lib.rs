@@ -38,6 +38,7 @@
 mod change;
 mod error;
 mod ids;
+pub mod ownership_log;
 pub mod policy;
 pub mod runtime;
 mod store;

@@ -1,6 +1,7 @@
 //! The ownership log checker: from every worker's assigned/revoked events with their times,
 //! prove that no bucket was ever held by two workers at the same instant, that each worker
-//! saw each bucket assigned before revoked, and that tokens only grew.
+//! saw each bucket assigned before revoked, and that tokens only grew. The tests, the chaos
+//! test and `leasectl demo` all judge runs with it; an application can audit its own logs.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -201,7 +202,7 @@ impl<T: Ord + Copy + Debug> OwnershipLog<T> {
 }
 
 /// A handler that records into a shared [`OwnershipLog`], stamping events with a store-side
-/// [`Clock`] (a [`TokioClock`](crate::testing::TokioClock) in paused-time tests), and keeps
+/// [`Clock`] (a `TokioClock` (feature `testing`) in paused-time tests), and keeps
 /// the worker's own event list.
 #[derive(Clone, Debug)]
 pub struct RecordingHandler {

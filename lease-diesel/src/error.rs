@@ -6,6 +6,12 @@ use lease_core::StoreError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PgSetupError {
+    /// The connection string is not a valid Postgres URL or key-value string.
+    #[error("{message}")]
+    InvalidUrl {
+        /// What is wrong with it.
+        message: String,
+    },
     /// The connection pool could not be built from the configuration.
     #[error("invalid connection pool configuration: {0}")]
     Pool(#[source] deadpool::managed::BuildError),

@@ -102,6 +102,14 @@ impl PgLeaseStoreBuilder {
 
     /// Build the store. No connection is made until the first operation.
     pub fn build(self) -> Result<PgLeaseStore, PgSetupError> {
+        self.url
+            .parse::<tokio_postgres::Config>()
+            .map_err(|e| PgSetupError::InvalidUrl {
+                message: std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(": "),
+            })?;
         let mut config = ManagerConfig::default();
         // A broken connection is detected by its closed socket; the default recycling check
         // would add a `SELECT 1` round trip to every operation.

@@ -6,8 +6,11 @@
 //! - Otherwise `initdb` and `pg_ctl` are looked up in `LEASE_PG_BINDIR`, `PATH`,
 //!   `pg_config --bindir` and `/usr/lib/postgresql/*/bin`; a cluster is created in a temp
 //!   directory (`fsync=off`, unix socket only) and run as the `postgres` user when the tests
-//!   run as root. A watchdog process stops it and removes the directory when the test process
-//!   exits, however it exits.
+//!   run as root. With `LEASE_TESTDB_DURABLE=1` the cluster runs durable instead (`fsync`,
+//!   `synchronous_commit` and `full_page_writes` on, as a production server would): for
+//!   benchmarks whose figures must include the cost of commits reaching the disk. A watchdog
+//!   process stops it and removes the directory when the test process exits, however it
+//!   exits.
 //! - With neither, [`server`] panics with a message naming what to install: the Postgres tests
 //!   fail, they never pass by skipping.
 
@@ -104,6 +107,25 @@ pub async fn database() -> TestDb {
     }
 }
 
+/// Create a fresh database without the lease schema (to test what an unmigrated database
+/// does).
+pub async fn empty_database() -> TestDb {
+    let server = server();
+    let n = NEXT_DB.fetch_add(1, Ordering::SeqCst);
+    let name = format!("lease_e_{}_{n}", std::process::id());
+    let admin = server.url_for("postgres");
+    let mut conn = AsyncPgConnection::establish(&admin)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to the test server at {admin}: {e}"));
+    conn.batch_execute(&format!("CREATE DATABASE \"{name}\""))
+        .await
+        .unwrap_or_else(|e| panic!("creating database {name}: {e}"));
+    TestDb {
+        url: server.url_for(&name),
+        name,
+    }
+}
+
 impl Server {
     /// A connection URL for database `db` on this server.
     pub fn url_for(&self, db: &str) -> String {
@@ -187,6 +209,16 @@ fn with_database(url: &str, db: &str) -> String {
     } else {
         format!("{url} dbname={db}")
     }
+}
+
+/// Whether `LEASE_TESTDB_DURABLE` asks for a durable cluster (`1`, `true`, `on` or `yes`).
+pub fn durable() -> bool {
+    std::env::var("LEASE_TESTDB_DURABLE").is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "on" | "yes"
+        )
+    })
 }
 
 fn bin_candidates() -> Vec<PathBuf> {
@@ -332,9 +364,12 @@ impl OwnCluster {
     }
 
     fn pg_ctl_start(&self) -> Result<(), String> {
+        // Tests need no durability and run faster without it; benchmarks may ask for it.
+        let durability = if durable() { "on" } else { "off" };
         let options = format!(
-            "-c listen_addresses='' -k {} -p {PORT} -c fsync=off -c synchronous_commit=off \
-             -c full_page_writes=off -c max_connections=500",
+            "-c listen_addresses='' -k {} -p {PORT} -c fsync={durability} \
+             -c synchronous_commit={durability} -c full_page_writes={durability} \
+             -c max_connections=500",
             self.socket_dir().display()
         );
         let log = self.dir.join("server.log");

@@ -6,16 +6,13 @@
 //! - [`model`]: the reference model, the contract as plain synchronous code.
 //! - [`differential`]: random operation sequences run on the model and on real stores in
 //!   lockstep (proptest-state-machine), comparing every result and checking invariants.
-//! - [`ownership_log`]: the checker that no bucket was held by two workers at once, from the
-//!   events every worker's application heard.
 //! - [`faults`]: a fault-injecting store wrapper and a clock following tokio's paused time.
 
 pub mod conformance;
 pub mod differential;
 pub mod faults;
 pub mod model;
-pub mod ownership_log;
 
+pub use crate::ownership_log::{OwnershipLog, RecordingHandler, Summary};
 pub use faults::{Faults, FaultyStore, TokioClock};
 pub use model::Model;
-pub use ownership_log::{OwnershipLog, RecordingHandler, Summary};

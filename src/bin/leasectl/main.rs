@@ -1,0 +1,187 @@
+//! `leasectl`: the command line of the lease engine.
+//!
+//! `leasectl demo` runs a scripted story entirely in memory; `migrate`, `worker`, `status` and
+//! `release` work on Postgres (`--database-url` or `DATABASE_URL`).
+//!
+//! Exit codes: 0 success, 2 bad input or configuration (the message names the flag), 1 a
+//! runtime failure (database unreachable, schema missing, ...).
+
+mod demo;
+mod duration;
+mod status;
+mod worker;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Cooperative shard ownership on renewable leases.
+#[derive(Parser, Debug)]
+#[command(name = "leasectl", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Watch a pool of workers share buckets, in memory, no setup: a cold start, a worker
+    /// joining, one crashing, one stopping gracefully; then a summary.
+    Demo(DemoArgs),
+    /// Apply the embedded migrations (creates the `lease` schema); safe to run again.
+    Migrate(DbArgs),
+    /// Run one worker until SIGTERM or SIGINT, printing what it is assigned and revoked.
+    Worker(WorkerArgs),
+    /// Show who owns which bucket of a group, the members, and the balance.
+    Status(StatusArgs),
+    /// Release every bucket of a worker (for a stuck or decommissioned worker).
+    Release(ReleaseArgs),
+}
+
+/// Where the database is.
+#[derive(Args, Debug, Clone)]
+struct DbArgs {
+    /// Postgres connection URL, e.g. postgres://user:pass@host:5432/db or
+    /// "host=/var/run/postgresql user=app dbname=app".
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct DemoArgs {
+    /// Workers at the start (2 to 26); one more joins during the story.
+    #[arg(long, default_value_t = 4)]
+    workers: u32,
+    /// Buckets to share (1 to 256).
+    #[arg(long, default_value_t = 16)]
+    shards: u32,
+    /// How long the story runs, in seconds (10 to 3600).
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+}
+
+#[derive(Args, Debug)]
+struct WorkerArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The group (subscription, consumer group) to share.
+    #[arg(long)]
+    group: String,
+    /// How many buckets the group has; must match the stored group if it exists.
+    #[arg(long)]
+    shards: u32,
+    /// How long the worker's session lives after a heartbeat (e.g. 500ms, 3s, 1m).
+    #[arg(long, default_value = "30s", value_parser = duration::parse)]
+    ttl: Duration,
+    /// How often the worker heartbeats and re-plans; the ttl must exceed twice this.
+    #[arg(long, default_value = "10s", value_parser = duration::parse)]
+    renew: Duration,
+    /// How long before the store could expire its leases the worker stops trusting them
+    /// (default: a sixth of the ttl); must be below ttl - renew.
+    #[arg(long, value_parser = duration::parse)]
+    margin: Option<Duration>,
+    /// Print one JSON object per line on stdout instead of readable lines.
+    #[arg(long)]
+    json: bool,
+    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The group to show.
+    #[arg(long)]
+    group: String,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ReleaseArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The group.
+    #[arg(long)]
+    group: String,
+    /// The worker whose buckets to release (its UUID, as `status` shows it).
+    #[arg(long)]
+    worker: String,
+    /// Do it. Without this flag, only show what would be released.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Why `leasectl` failed, and so its exit code.
+#[derive(Debug)]
+enum Failure {
+    /// Bad input or configuration: exit 2.
+    Usage(String),
+    /// The operation failed: exit 1.
+    Runtime(String),
+}
+
+impl DbArgs {
+    fn url(&self) -> Result<&str, Failure> {
+        self.database_url
+            .as_deref()
+            .filter(|u| !u.trim().is_empty())
+            .ok_or_else(|| {
+                Failure::Usage(
+                    "--database-url is required (or set DATABASE_URL), e.g. \
+                 postgres://user:pass@localhost:5432/app"
+                        .into(),
+                )
+            })
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LEASE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("leasectl: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Demo(args) => demo::run(args).await,
+            Command::Migrate(args) => status::migrate(args).await,
+            Command::Worker(args) => worker::run(args).await,
+            Command::Status(args) => status::status(args).await,
+            Command::Release(args) => status::release(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(message)) => {
+            eprintln!("leasectl: {message}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(message)) => {
+            eprintln!("leasectl: {message}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! `leasectl` as a user runs it: exit codes, messages, the JSON formats, `release`, metrics,
+//! and the in-memory demo.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{WorkerProcess, leasectl, wait_for};
+
+fn run(args: &[&str], url: Option<&str>) -> (i32, String, String) {
+    let mut cmd = leasectl();
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .env("LEASE_LOG", "off");
+    if let Some(url) = url {
+        cmd.env("DATABASE_URL", url);
+    }
+    let out = cmd.output().expect("running leasectl");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_exits_2_and_names_the_flag() {
+    let db = lease_testdb::database().await;
+    let url = Some(db.url.as_str());
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "worker", "--group", "g", "--shards", "4", "--ttl", "2s", "--renew", "1s",
+            ],
+            "--ttl",
+        ),
+        (
+            &["worker", "--group", "g", "--shards", "4", "--margin", "25s"],
+            "--margin",
+        ),
+        (&["worker", "--group", "g", "--shards", "0"], "--shards"),
+        (&["worker", "--group", "", "--shards", "4"], "--group"),
+        (
+            &["worker", "--group", "g", "--shards", "4", "--ttl", "3"],
+            "--ttl",
+        ),
+        (
+            &["worker", "--group", "g", "--shards", "4", "--renew", "0s"],
+            "--renew",
+        ),
+        (&["status", "--group", "never-created"], "--group"),
+        (
+            &["release", "--group", "g", "--worker", "not-a-uuid"],
+            "--worker",
+        ),
+    ];
+    for (args, flag) in cases {
+        let (code, _, err) = run(args, url);
+        assert_eq!(code, 2, "{args:?} exited {code}: {err}");
+        assert!(
+            err.contains(flag),
+            "{args:?}: message does not name {flag}: {err}"
+        );
+    }
+    // No database configured at all.
+    let (code, _, err) = run(&["status", "--group", "g"], None);
+    assert_eq!(code, 2);
+    assert!(err.contains("--database-url"), "{err}");
+    let (code, _, err) = run(&["status", "--group", "g"], Some("postgres://x@[bad"));
+    assert_eq!(code, 2);
+    assert!(err.contains("--database-url"), "{err}");
+    // A group's shard count cannot change.
+    let (code, _, _) = run(&["migrate"], url);
+    assert_eq!(code, 0);
+    let mut first = WorkerProcess::spawn("first", &db.url, "g", 4, "3s", "1s");
+    wait_for("the first worker", Duration::from_secs(20), || {
+        first.owned().len() == 4
+    });
+    let (code, out, err) = run(&["worker", "--group", "g", "--shards", "5"], url);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--shards") && err.contains("4 shards"),
+        "{err}"
+    );
+    assert!(out.is_empty(), "a refused worker announced itself: {out}");
+    first.signal("TERM");
+    assert!(first.wait(Duration::from_secs(10)).success());
+}
+
+#[test]
+fn runtime_failures_exit_1_with_what_to_do() {
+    let (code, _, err) = run(
+        &["status", "--group", "g"],
+        Some("host=/nonexistent-socket-dir user=nobody dbname=none"),
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("unreachable"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmigrated_database_says_to_run_migrate() {
+    let url = lease_testdb::empty_database().await.url;
+    let (code, _, err) = run(&["worker", "--group", "g", "--shards", "4"], Some(&url));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("leasectl migrate"), "{err}");
+    let (code, out, _) = run(&["migrate"], Some(&url));
+    assert_eq!(code, 0);
+    assert!(out.contains("applied"), "{out}");
+    let (code, out, _) = run(&["migrate"], Some(&url));
+    assert_eq!(code, 0);
+    assert!(out.contains("up to date"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_prints_json_serves_metrics_and_stops_on_sigterm() {
+    let db = lease_testdb::database().await;
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        listener.local_addr().expect("addr").port()
+    };
+    let mut child = leasectl()
+        .args([
+            "worker",
+            "--json",
+            "--group",
+            "orders",
+            "--shards",
+            "4",
+            "--ttl",
+            "3s",
+            "--renew",
+            "1s",
+            "--metrics-addr",
+        ])
+        .arg(format!("127.0.0.1:{port}"))
+        .env("DATABASE_URL", &db.url)
+        .env("LEASE_LOG", "off")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            sink.lock().expect("lines").push(line);
+        }
+    });
+    let count = |lines: &std::sync::Mutex<Vec<String>>, what: &str| {
+        lines
+            .lock()
+            .expect("lines")
+            .iter()
+            .filter(|l| l.contains(what))
+            .count()
+    };
+    wait_for("four assignments", Duration::from_secs(20), || {
+        count(&lines, "\"assigned\"") == 4
+    });
+    // Prometheus metrics over plain HTTP.
+    let mut body = String::new();
+    wait_for("the metrics endpoint", Duration::from_secs(10), || {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        body.clear();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").is_ok()
+            && s.read_to_string(&mut body).is_ok()
+            && body.contains("lease_owned_buckets")
+    });
+    assert!(
+        body.contains("lease_owned_buckets{group=\"orders\"} 4"),
+        "{body}"
+    );
+    assert!(body.contains("lease_claimed_total"), "{body}");
+
+    // status --json while it runs.
+    let (code, out, err) = run(&["status", "--group", "orders", "--json"], Some(&db.url));
+    assert_eq!(code, 0, "{err}");
+    let status: Value = serde_json::from_str(out.trim()).expect("status JSON");
+    let keys: Vec<&str> = status
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        ["group", "shard_count", "observed_at", "members", "buckets"]
+    );
+    assert_eq!(status["shard_count"], 4);
+    assert_eq!(status["members"][0]["owned"], 4);
+    assert_eq!(status["buckets"].as_array().expect("buckets").len(), 4);
+    for b in status["buckets"].as_array().expect("buckets") {
+        assert_eq!(b["state"], "live");
+        assert!(b["owner"].is_string() && b["expires_at"].is_string() && b["token"] == 1);
+    }
+    let (code, out, _) = run(&["status", "--group", "orders"], Some(&db.url));
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("balance: 1 live member(s), 4/4 buckets owned"),
+        "{out}"
+    );
+
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exit = child.wait().expect("wait");
+    reader.join().expect("reader");
+    assert!(exit.success(), "SIGTERM exit: {exit:?}");
+    let lines = lines.lock().expect("lines").clone();
+    let events: Vec<support::Event> = lines
+        .iter()
+        .map(|l| support::parse_event(l).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    assert_eq!(events.first().map(|e| e.event.as_str()), Some("started"));
+    assert_eq!(events.last().map(|e| e.event.as_str()), Some("stopped"));
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("shutdown"))
+            .count(),
+        4
+    );
+    assert!(support::owned_by(&events).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_shows_then_does_and_the_worker_recovers() {
+    let db = lease_testdb::database().await;
+    let mut w = WorkerProcess::spawn("w", &db.url, "orders", 4, "3s", "1s");
+    wait_for("four buckets", Duration::from_secs(20), || {
+        w.owned().len() == 4
+    });
+    let id = w.worker().expect("started").to_string();
+    let (code, out, _) = run(
+        &["release", "--group", "orders", "--worker", &id],
+        Some(&db.url),
+    );
+    assert_eq!(code, 0);
+    assert!(out.contains("would release 4 bucket(s)"), "{out}");
+    assert!(out.contains(&format!("--worker {id} --force")), "{out}");
+    assert_eq!(w.owned().len(), 4, "a dry run released something");
+    let (code, out, _) = run(
+        &["release", "--group", "orders", "--worker", &id, "--force"],
+        Some(&db.url),
+    );
+    assert_eq!(code, 0);
+    assert!(out.contains("released 4 bucket(s)"), "{out}");
+    // The worker's next heartbeat starts a new session: it revokes everything, then claims again.
+    wait_for(
+        "the worker to revoke and reclaim",
+        Duration::from_secs(20),
+        || {
+            let events = w.events();
+            let expired = events
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("expired"))
+                .count();
+            expired == 4 && w.owned().len() == 4
+        },
+    );
+    let tokens: Vec<i64> = w.owned().values().copied().collect();
+    assert!(
+        tokens.iter().all(|&t| t == 2),
+        "tokens after the re-claim: {tokens:?}"
+    );
+    w.signal("TERM");
+    assert!(w.wait(Duration::from_secs(10)).success());
+    assert!(w.bad_lines().is_empty(), "{:?}", w.bad_lines());
+}
+
+#[test]
+fn the_demo_tells_its_story_and_finds_no_overlap() {
+    let (code, out, err) = run(
+        &[
+            "demo",
+            "--workers",
+            "3",
+            "--shards",
+            "12",
+            "--seconds",
+            "10",
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "demo failed: {err}\n{out}");
+    for expected in [
+        "cold start (3 workers, 12 buckets): balanced after",
+        "D joined: balanced after",
+        "A crashed holding",
+        "taken before expiry: 0",
+        "B stopped gracefully",
+        "overlaps found: 0",
+    ] {
+        assert!(
+            out.contains(expected),
+            "the demo did not say {expected:?}:\n{out}"
+        );
+    }
+    let (code, _, err) = run(&["demo", "--workers", "1"], None);
+    assert_eq!(code, 2);
+    assert!(err.contains("--workers"), "{err}");
+}
