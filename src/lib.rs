@@ -1,9 +1,11 @@
-//! `lease`: cooperative shard ownership on renewable leases.
-//!
-//! This facade re-exports the pieces: [`core`] (types, the `LeaseStore` contract, the policy),
-//! [`memory`] (the in-memory backend) and [`diesel`] (the Postgres backend).
-
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
+
+//! ## This crate
+//!
+//! The facade re-exports the pieces: [`core`] (types, the `LeaseStore` contract, the policy,
+//! the worker runtime), [`memory`] (the in-memory backend) and [`diesel`] (the Postgres
+//! backend).
 
 pub use lease_core as core;
 pub use lease_core::*;

@@ -8,7 +8,7 @@
 //! each change of owner raising the bucket's [`FencingToken`].
 //!
 //! The store contract is written on [`LeaseStore`] ("# Contract" sections) and checked by the
-//! conformance suite in [`testing`] (feature `testing`). The policy in [`policy`] is pure: it
+//! conformance suite in the `testing` module (feature `testing`). The policy in [`policy`] is pure: it
 //! turns a heartbeat's view into a [`Plan`].
 //!
 //! A tick of one worker, by hand, on the in-memory backend:
