@@ -110,10 +110,12 @@ pub(crate) struct HeartbeatRow {
 ///
 /// The worker's own member row is locked first (its counter is updated, and a claimer judging
 /// it dead must skip it). Buckets are locked `FOR UPDATE SKIP LOCKED`, so racing claimers
-/// skip each other's picks. The snapshot-based `NOT IN live` filter only narrows the search:
-/// whether an owner is dead is decided by `lease.owner_is_dead` on the latest committed state,
-/// which also share-locks a dead owner's row so that a racing renewal waits and then finds
-/// itself expired.
+/// skip each other's picks. The snapshot-based `NOT IN live` filter only narrows the search
+/// to suspect sessions: whether one is dead is decided once per session by
+/// `lease.owner_is_dead` on the latest committed state, which also share-locks a dead owner's
+/// row so that a racing renewal waits and then finds itself expired. A bucket row that another
+/// session claimed after this statement's snapshot is re-checked by Postgres against its new
+/// version, whose session is not in `dead`: it is skipped.
 pub(crate) const CLAIM: &str = r#"
 WITH me AS (
     SELECT m.session_id, m.expires_at FROM lease.members m
@@ -123,13 +125,20 @@ WITH me AS (
 ), live AS (
     SELECT x.session_id FROM lease.members x
      WHERE x.group_name = $1 AND x.expires_at > COALESCE($4, clock_timestamp())
+), suspects AS (
+    SELECT DISTINCT s.owner_worker, s.owner_session FROM lease.shards s
+     WHERE s.group_name = $1 AND s.owner_session IS NOT NULL
+       AND s.owner_session NOT IN (SELECT session_id FROM live)
+       AND EXISTS (SELECT 1 FROM me)
+), dead AS (
+    SELECT owner_session FROM suspects
+     WHERE lease.owner_is_dead($1, owner_worker, owner_session, $4)
 ), picked AS (
     SELECT s.bucket FROM lease.shards s
      WHERE s.group_name = $1
        AND EXISTS (SELECT 1 FROM me)
        AND (s.owner_session IS NULL
-            OR (s.owner_session NOT IN (SELECT session_id FROM live)
-                AND lease.owner_is_dead($1, s.owner_worker, s.owner_session, $4)))
+            OR s.owner_session IN (SELECT owner_session FROM dead))
      ORDER BY s.bucket
      LIMIT $3
        FOR UPDATE SKIP LOCKED
