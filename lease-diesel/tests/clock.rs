@@ -6,6 +6,10 @@
 //! default mode avoids. The second test is the claim itself: in the default mode, a worker
 //! cannot take another's live lease, whatever its own clock says.
 
+mod support;
+
+use support::tokens;
+
 use std::time::Duration;
 
 use lease_core::{
@@ -22,10 +26,6 @@ fn group() -> GroupName {
 
 fn ttl() -> Ttl {
     Ttl::from_secs(30).expect("a valid ttl")
-}
-
-fn tokens(leases: &[Lease]) -> Vec<(u32, i64)> {
-    leases.iter().map(|l| (l.bucket.0, l.token.0)).collect()
 }
 
 /// A store on `url` that decides expiry by the database server's clock (the default).

@@ -5,6 +5,10 @@
 //! Stopping and restarting the server is in `server_restart.rs`: every test of a file shares
 //! one cluster, so a stopped server would break the other tests here.
 
+mod support;
+
+use support::{expect_backend, ok_or_backend, tokens};
+
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::time::{Duration, Instant};
@@ -13,8 +17,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
-    Bucket, BucketState, ErrorKind, FencingToken, GroupName, Lease, LeaseStore, MemberMetadata,
-    ShardCount, StoreError, Ttl, WorkerId,
+    Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl,
+    WorkerId,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError};
 
@@ -28,25 +32,6 @@ fn shards(n: u32) -> ShardCount {
 
 fn ttl(secs: u64) -> Ttl {
     Ttl::from_secs(secs).expect("a valid ttl")
-}
-
-/// `result` is a `Backend` error; returns its message.
-#[track_caller]
-fn expect_backend<T: Debug>(what: &str, result: Result<T, StoreError>) -> String {
-    match result {
-        Err(e) if e.kind() == ErrorKind::Backend => e.to_string(),
-        other => panic!("{what}: expected a Backend error, got {other:?}"),
-    }
-}
-
-/// `result` is `Ok` or a `Backend` error: what an operation racing a lost connection may give.
-#[track_caller]
-fn ok_or_backend<T: Debug>(what: &str, result: &Result<T, StoreError>) -> bool {
-    match result {
-        Ok(_) => true,
-        Err(e) if e.kind() == ErrorKind::Backend => false,
-        Err(e) => panic!("{what}: expected success or a Backend error, got {e:?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,10 +184,6 @@ async fn other_backends(conn: &mut AsyncPgConnection, db: &str) -> i64 {
     .await
     .expect("counting backends")
     .n
-}
-
-fn tokens(leases: &[Lease]) -> Vec<(u32, i64)> {
-    leases.iter().map(|l| (l.bucket.0, l.token.0)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

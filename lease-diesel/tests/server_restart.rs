@@ -7,12 +7,15 @@
 //! its own with a cluster of its own, and stopping the server would break any other test
 //! running beside this one.
 
-use std::fmt::Debug;
+mod support;
+
+use support::{ok_or_backend, tokens};
+
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    Bucket, ErrorKind, FencingToken, GroupName, Lease, LeaseStore, MemberMetadata, ShardCount,
-    StoreError, Ttl, WorkerId,
+    Bucket, ErrorKind, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl,
+    WorkerId,
 };
 use lease_diesel::PgLeaseStore;
 use lease_testdb::OwnCluster;
@@ -28,20 +31,6 @@ impl Drop for ResumeOnDrop {
         {
             eprintln!("resuming the server after a failure: {e}");
         }
-    }
-}
-
-fn tokens(leases: &[Lease]) -> Vec<(u32, i64)> {
-    leases.iter().map(|l| (l.bucket.0, l.token.0)).collect()
-}
-
-/// `result` is `Ok` or a `Backend` error.
-#[track_caller]
-fn ok_or_backend<T: Debug>(what: &str, result: &Result<T, StoreError>) -> bool {
-    match result {
-        Ok(_) => true,
-        Err(e) if e.kind() == ErrorKind::Backend => false,
-        Err(e) => panic!("{what}: expected success or a Backend error, got {e:?}"),
     }
 }
 
