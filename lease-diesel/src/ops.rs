@@ -134,7 +134,8 @@ pub async fn heartbeat(
     .map_err(|e| from_diesel("heartbeat", e))?;
     let row = row.ok_or_else(|| not_found(group))?;
     let shard_count = shard_count(group, row.shard_count)?;
-    let owned = leases(worker, &row.buckets, &row.tokens, row.expires_at)?;
+    let mut owned = leases(worker, &row.buckets, &row.tokens, row.expires_at)?;
+    owned.sort_by_key(|l| l.bucket);
     if row.other_workers.len() != row.other_owned.len() {
         return Err(corrupt("member and load lists differ in length".into()));
     }

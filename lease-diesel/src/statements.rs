@@ -56,29 +56,36 @@ WITH grp AS (
                    LATERAL (SELECT m.expires_at > c.t AS live) AS l)
     RETURNING m.session_id, m.expires_at, m.heartbeat_at, m.session_id = $3 AS started
 ), gc AS (
+    -- The outer EXISTS gates the whole delete (a one-time filter): a renewal reads nothing here.
     DELETE FROM lease.members d
      USING (SELECT x.worker_id FROM lease.members x
              WHERE x.group_name = $1 AND x.worker_id <> $2
                AND x.expires_at <= (SELECT heartbeat_at FROM me)
-               AND EXISTS (SELECT 1 FROM me WHERE me.started)
                FOR UPDATE SKIP LOCKED) AS dead
-     WHERE d.group_name = $1 AND d.worker_id = dead.worker_id
+     WHERE EXISTS (SELECT 1 FROM me WHERE me.started)
+       AND d.group_name = $1 AND d.worker_id = dead.worker_id
 ), mine AS (
+    -- By session alone: sessions are fresh UUIDs of this group's member row, so a group filter
+    -- would exclude nothing, and it made the planner AND the session index with a scan of all
+    -- the group's primary-key entries, a cost growing with the shard count.
     SELECT s.bucket, s.token FROM lease.shards s
-     WHERE s.owner_session = (SELECT session_id FROM me) AND s.group_name = $1
+     WHERE s.owner_session = (SELECT session_id FROM me)
 ), others AS (
     SELECT x.worker_id, x.owned FROM lease.members x
      WHERE x.group_name = $1 AND x.worker_id <> $2
        AND x.expires_at > (SELECT heartbeat_at FROM me)
 )
 SELECT grp.shard_count, me.session_id, me.started, me.heartbeat_at, me.expires_at,
-       ARRAY(SELECT worker_id FROM others ORDER BY worker_id) AS other_workers,
-       ARRAY(SELECT owned FROM others ORDER BY worker_id) AS other_owned,
-       ARRAY(SELECT bucket FROM mine ORDER BY bucket) AS buckets,
-       ARRAY(SELECT token FROM mine ORDER BY bucket) AS tokens,
+       COALESCE(o.workers, '{}') AS other_workers, COALESCE(o.owned, '{}') AS other_owned,
+       COALESCE(b.buckets, '{}') AS buckets, COALESCE(b.tokens, '{}') AS tokens,
        (SELECT count(pg_notify(lease.channel($1), 'J' || $2::text))
           FROM me WHERE me.started) AS notified
-  FROM grp, me
+  FROM grp, me,
+       -- One pass each, unsorted: the client sorts (the lists are small).
+       LATERAL (SELECT array_agg(worker_id) AS workers, array_agg(owned) AS owned
+                  FROM others) AS o,
+       LATERAL (SELECT array_agg(bucket) AS buckets, array_agg(token) AS tokens
+                  FROM mine) AS b
 "#;
 
 /// Row of [`HEARTBEAT`].
