@@ -34,7 +34,11 @@ use crate::view::{GroupSnapshot, Heartbeat, Lease};
 ///   every claim and never change otherwise (not on renewal, release, leave or expiry).
 /// - **G5 Unknown groups.** Every operation on a group never created with
 ///   [`ensure_group`](Self::ensure_group) fails with [`StoreError::GroupNotFound`], except
-///   [`is_current`](Self::is_current), which answers `false`.
+///   [`is_current`](Self::is_current), which answers `false`, and
+///   [`changes`](Self::changes), which subscribes to any name (a worker may listen before
+///   the group exists).
+/// - **G8 One caller per worker.** Calls for one `(group, worker)` must not overlap; the
+///   worker runtime makes them one at a time. Different workers may call concurrently.
 /// - **G6 Names are data.** Group names and metadata with quotes, unicode or SQL text are
 ///   stored and returned unchanged and never interpreted.
 /// - **G7 Groups are independent.** Nothing done in one group changes another.
@@ -70,7 +74,8 @@ pub trait LeaseStore: Send + Sync {
     ///   sorted by worker id, the worker itself included; `claimable` counts the buckets no
     ///   live session owns; `owned` is exactly the worker's leases under `session`, sorted by
     ///   bucket, each expiring with the session.
-    /// - **H5** It writes only the worker's member row and never changes a bucket or a token.
+    /// - **H5** It never changes a bucket or a token; a renewal writes only the worker's member
+    ///   row (a session start also removes dead rows, H3).
     /// - **H6** Starting a session sends [`Change::Joined`](crate::Change::Joined) to the
     ///   group's change feeds.
     async fn heartbeat(
@@ -110,7 +115,9 @@ pub trait LeaseStore: Send + Sync {
     ///   [`StoreError::BucketOutOfRange`]; nothing is written.
     /// - **R2** Of the listed buckets, those owned by the worker's live session become unowned;
     ///   the others (unowned, another's, repeated, or any when the worker has no live session)
-    ///   are left alone. The released buckets are returned sorted.
+    ///   are left alone. The released buckets are returned sorted. A store may skip, rather
+    ///   than wait for, a bucket another transaction holds locked (an application's fencing
+    ///   check in Postgres); it stays owned and the caller retries it.
     /// - **R3** Tokens do not change: the next claim of a released bucket gets token + 1.
     /// - **R4** A release that released something sends
     ///   [`Change::Released`](crate::Change::Released).
@@ -126,7 +133,9 @@ pub trait LeaseStore: Send + Sync {
     /// # Contract
     ///
     /// - **L1** Every bucket owned by the worker's live session becomes unowned (tokens
-    ///   unchanged) and is returned, sorted; the member row, live or dead, is deleted.
+    ///   unchanged) and is returned, sorted; the member row, live or dead, is deleted. A bucket
+    ///   row another transaction holds locked may be skipped instead: its session is gone with
+    ///   the member row, so it is claimable once that transaction ends.
     /// - **L2** Leaving a group the worker is not a member of succeeds and changes nothing.
     /// - **L3** The worker's next heartbeat starts a new session.
     /// - **L4** Deleting a member row sends [`Change::Left`](crate::Change::Left).

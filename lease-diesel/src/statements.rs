@@ -2,10 +2,12 @@
 //!
 //! Every statement takes the client clock as a nullable parameter and reads time as
 //! `COALESCE(<that>, clock_timestamp())`: one SQL text for both clock modes. Expiry is always
-//! compared with `clock_timestamp()` evaluated where the row lock is held (in an `ON CONFLICT`
-//! assignment, a `RETURNING` of a delete, a `FOR UPDATE` re-check, or the fresh-snapshot
-//! `lease.owner_is_dead`), never with `now()`, which is the transaction's start: a renewal that
-//! began before expiry must not extend a session a claimer has already judged dead.
+//! compared with `clock_timestamp()` evaluated once the row lock is held (in an `ON CONFLICT`
+//! assignment, a `RETURNING` of a delete, a CTE reading the row a `FOR UPDATE` locked, or the
+//! fresh-snapshot `lease.owner_is_dead`), never with `now()`, which is the transaction's start:
+//! a renewal that began before expiry must not extend a session a claimer has already judged
+//! dead. A `FOR UPDATE` condition alone is not enough: Postgres tests it before waiting for
+//! the lock and does not test it again if the row was locked but not changed meanwhile.
 
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
@@ -57,11 +59,13 @@ WITH grp AS (
     RETURNING m.session_id, m.expires_at, m.heartbeat_at, m.session_id = $3 AS started
 ), gc AS (
     -- The outer EXISTS gates the whole delete (a one-time filter): a renewal reads nothing here.
+    -- `me` is joined, not read by a scalar subquery, which a re-check of a row changed
+    -- meanwhile could run twice (see CLAIM).
     DELETE FROM lease.members d
-     USING (SELECT x.worker_id FROM lease.members x
-             WHERE x.group_name = $1 AND x.worker_id <> $2
-               AND x.expires_at <= (SELECT heartbeat_at FROM me)
-               FOR UPDATE SKIP LOCKED) AS dead
+     USING (SELECT x.worker_id FROM lease.members x, me
+             WHERE me.started AND x.group_name = $1 AND x.worker_id <> $2
+               AND x.expires_at <= me.heartbeat_at
+               FOR UPDATE OF x SKIP LOCKED) AS dead
      WHERE EXISTS (SELECT 1 FROM me WHERE me.started)
        AND d.group_name = $1 AND d.worker_id = dead.worker_id
 ), mine AS (
@@ -129,21 +133,33 @@ WITH me AS (
      WHERE m.group_name = $1 AND m.worker_id = $2
        AND m.expires_at > COALESCE($4, clock_timestamp())
        FOR UPDATE
+), mine AS (
+    -- Postgres tests the condition above before waiting for a lock another transaction holds
+    -- (a claimer judging this session dead) and does not test it again if the row did not
+    -- change: judge liveness again, once, now that the row is locked, and use that instant
+    -- for the whole statement.
+    SELECT me.session_id, me.expires_at, c.t
+      FROM me, (SELECT COALESCE($4, clock_timestamp()) AS t) AS c
+     WHERE me.expires_at > c.t
 ), live AS (
-    SELECT x.session_id FROM lease.members x
-     WHERE x.group_name = $1 AND x.expires_at > COALESCE($4, clock_timestamp())
+    -- Set-shaped references to the CTEs only (joins, IN, EXISTS), never scalar subqueries:
+    -- when a row `picked` locks was changed meanwhile, Postgres re-checks it and may run these
+    -- CTEs again, and a scalar subquery over a re-run CTE fails with "more than one row".
+    SELECT x.session_id FROM lease.members x, mine
+     WHERE x.group_name = $1 AND x.expires_at > mine.t
 ), suspects AS (
     SELECT DISTINCT s.owner_worker, s.owner_session FROM lease.shards s
      WHERE s.group_name = $1 AND s.owner_session IS NOT NULL
        AND s.owner_session NOT IN (SELECT session_id FROM live)
-       AND EXISTS (SELECT 1 FROM me)
+       AND s.owner_session NOT IN (SELECT session_id FROM mine)
+       AND EXISTS (SELECT 1 FROM mine)
 ), dead AS (
     SELECT owner_session FROM suspects
      WHERE lease.owner_is_dead($1, owner_worker, owner_session, $4)
 ), picked AS (
     SELECT s.bucket FROM lease.shards s
      WHERE s.group_name = $1
-       AND EXISTS (SELECT 1 FROM me)
+       AND EXISTS (SELECT 1 FROM mine)
        AND (s.owner_session IS NULL
             OR s.owner_session IN (SELECT owner_session FROM dead))
      ORDER BY s.bucket
@@ -151,19 +167,19 @@ WITH me AS (
        FOR UPDATE SKIP LOCKED
 ), won AS (
     UPDATE lease.shards s
-       SET owner_worker = $2, owner_session = me.session_id, token = s.token + 1,
-           updated_at = COALESCE($4, clock_timestamp())
-      FROM picked, me
+       SET owner_worker = $2, owner_session = mine.session_id, token = s.token + 1,
+           updated_at = mine.t
+      FROM picked, mine
      WHERE s.group_name = $1 AND s.bucket = picked.bucket
     RETURNING s.bucket, s.token
 ), counted AS (
     UPDATE lease.members m SET owned = m.owned + (SELECT count(*) FROM won)
      WHERE m.group_name = $1 AND m.worker_id = $2 AND EXISTS (SELECT 1 FROM won)
 )
-SELECT g.shard_count, me.session_id, me.expires_at,
+SELECT g.shard_count, mine.session_id, mine.expires_at,
        ARRAY(SELECT bucket FROM won ORDER BY bucket) AS buckets,
        ARRAY(SELECT token FROM won ORDER BY bucket) AS tokens
-  FROM lease.groups g LEFT JOIN me ON true
+  FROM lease.groups g LEFT JOIN mine ON true
  WHERE g.name = $1
 "#;
 
@@ -189,17 +205,26 @@ WITH grp AS (
 ), req AS (
     SELECT max(b) AS max_bucket FROM unnest($3::bigint[]) AS b
 ), me AS (
-    SELECT m.session_id FROM lease.members m
+    SELECT m.session_id, m.expires_at FROM lease.members m
      WHERE m.group_name = $1 AND m.worker_id = $2
        AND m.expires_at > COALESCE($4, clock_timestamp())
        AND (SELECT COALESCE(max_bucket, -1) FROM req) < (SELECT shard_count FROM grp)
        FOR UPDATE
+), mine AS (
+    -- Liveness again once the row is locked (see CLAIM).
+    SELECT session_id FROM me WHERE expires_at > COALESCE($4, clock_timestamp())
 ), freed AS (
+    -- Rows another transaction holds (an application's fencing check) are skipped, not
+    -- waited for: waiting could deadlock with that transaction's next check, and the caller
+    -- retries what was not released.
     UPDATE lease.shards s
        SET owner_worker = NULL, owner_session = NULL,
            updated_at = COALESCE($4, clock_timestamp())
-      FROM me
-     WHERE s.group_name = $1 AND s.owner_session = me.session_id AND s.bucket = ANY ($3::bigint[])
+     WHERE s.group_name = $1
+       AND s.bucket IN (SELECT x.bucket FROM lease.shards x, mine
+                         WHERE x.group_name = $1 AND x.owner_session = mine.session_id
+                           AND x.bucket = ANY ($3::bigint[])
+                           FOR UPDATE OF x SKIP LOCKED)
     RETURNING s.bucket
 ), counted AS (
     UPDATE lease.members m SET owned = m.owned - (SELECT count(*) FROM freed)
@@ -232,11 +257,16 @@ WITH grp AS (
      WHERE m.group_name = $1 AND m.worker_id = $2
     RETURNING m.session_id, m.expires_at > COALESCE($3, clock_timestamp()) AS live
 ), freed AS (
+    -- Rows another transaction holds are skipped (see RELEASE): their session is gone with
+    -- the member row, so they are claimable as soon as that transaction ends.
     UPDATE lease.shards s
        SET owner_worker = NULL, owner_session = NULL,
            updated_at = COALESCE($3, clock_timestamp())
-      FROM gone
-     WHERE gone.live AND s.group_name = $1 AND s.owner_session = gone.session_id
+     WHERE s.group_name = $1
+       AND s.bucket IN (SELECT x.bucket FROM lease.shards x, gone
+                         WHERE gone.live AND x.group_name = $1
+                           AND x.owner_session = gone.session_id
+                           FOR UPDATE OF x SKIP LOCKED)
     RETURNING s.bucket
 )
 SELECT grp.shard_count,

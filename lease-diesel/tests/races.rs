@@ -253,7 +253,6 @@ async fn a_renewal_begun_before_expiry_cannot_revive_the_session() {
     .await
     .expect("a's late renewal");
     exec(&mut renewal, "COMMIT").await;
-    eprintln!("DEBUG first={:?} late={:?}", s.first, late);
     assert!(
         late.new_session,
         "a renewal after expiry extended a dead session"
@@ -476,4 +475,122 @@ async fn a_fenced_transaction_holds_off_a_takeover() {
         vec![lease.bucket]
     );
     assert_sole_owner(&s, s.b).await;
+}
+
+/// A claim that had to wait for its own member row, locked by a claimer judging the session
+/// dead, until after the session expired, claims nothing: liveness is judged again once the
+/// row is locked (a `FOR UPDATE` condition is not re-tested when the row did not change).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waited_past_its_expiry_claims_nothing() {
+    let db = lease_testdb::database().await;
+    let mut conn = connect(&db.url).await;
+    let mut admin = connect(&db.url).await;
+    let mut judge = connect(&db.url).await;
+    let group = GroupName::new("race").expect("name");
+    let b = WorkerId::new();
+    ops::ensure_group(
+        &mut conn,
+        None,
+        &group,
+        ShardCount::new(SHARDS).expect("count"),
+    )
+    .await
+    .expect("ensure");
+    let joined = ops::heartbeat(
+        &mut conn,
+        None,
+        &group,
+        b,
+        short(),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("b joins");
+    exec(
+        &mut judge,
+        &format!("BEGIN; SELECT 1 FROM lease.members WHERE worker_id = '{b}' FOR SHARE"),
+    )
+    .await;
+    let pid = backend_pid(&mut conn).await;
+    let g = group.clone();
+    let claim = tokio::spawn(async move {
+        let result = ops::claim(&mut conn, None, &g, b, SHARDS).await;
+        (result, conn)
+    });
+    wait_blocked_on_lock(&mut admin, pid).await;
+    wait_server_past(&mut admin, joined.expires_at).await;
+    exec(&mut judge, "COMMIT").await;
+    let (result, mut conn) = claim.await.expect("the claim task");
+    match result {
+        Err(e) => assert_eq!(e.kind(), lease_core::ErrorKind::SessionExpired, "{e:?}"),
+        Ok(won) => panic!("a dead session claimed {won:?}"),
+    }
+    let snap = ops::snapshot(&mut conn, None, &group)
+        .await
+        .expect("snapshot");
+    assert!(
+        snap.buckets
+            .iter()
+            .all(|x| x.state == BucketState::Unowned && x.token.0 == 0),
+        "the expired claim wrote: {:?}",
+        snap.buckets
+    );
+}
+
+/// An application's fencing checks and the owner's release never deadlock: the release skips
+/// a bucket row the application's transaction holds, releases the rest at once, and releases
+/// the skipped one on a later call, after that transaction ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_skips_buckets_a_fenced_transaction_holds() {
+    let s = setup(long()).await;
+    let (b0, b1) = (s.leases[0], s.leases[1]);
+    let mut app = connect(&s.url).await;
+    let mut worker = connect(&s.url).await;
+    exec(&mut app, "BEGIN").await;
+    assert!(
+        ops::is_current(&mut app, None, &s.group, b1.bucket, s.a, b1.token)
+            .await
+            .expect("is_current")
+    );
+    let released = tokio::time::timeout(
+        Duration::from_secs(5),
+        ops::release(&mut worker, None, &s.group, s.a, &[b0.bucket, b1.bucket]),
+    )
+    .await
+    .expect("the release waited for the application's transaction")
+    .expect("release");
+    assert_eq!(
+        released,
+        vec![b0.bucket],
+        "only the unheld bucket is released"
+    );
+    // The application's next check in the same transaction does not deadlock either.
+    assert!(
+        !ops::is_current(&mut app, None, &s.group, b0.bucket, s.a, b0.token)
+            .await
+            .expect("is_current"),
+        "a released bucket passed the fencing check"
+    );
+    exec(&mut app, "COMMIT").await;
+    let released = ops::release(&mut worker, None, &s.group, s.a, &[b1.bucket])
+        .await
+        .expect("release again");
+    assert_eq!(released, vec![b1.bucket]);
+    let beat = ops::heartbeat(
+        &mut worker,
+        None,
+        &s.group,
+        s.a,
+        long(),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("heartbeat");
+    assert_eq!(beat.owned.len(), SHARDS as usize - 2);
+    // The store's per-session counter (what others see as a's load) followed both releases.
+    let snap = ops::snapshot(&mut worker, None, &s.group)
+        .await
+        .expect("snapshot");
+    let me = snap.members.iter().find(|m| m.worker == s.a).expect("a");
+    assert_eq!(me.owned, SHARDS - 2, "the owned counter drifted");
 }

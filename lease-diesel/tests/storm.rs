@@ -62,6 +62,7 @@ struct Counters {
     won: AtomicU64,
     releases: AtomicU64,
     released: AtomicU64,
+    partial_releases: AtomicU64,
     fencing_checks: AtomicU64,
     leaves: AtomicU64,
     errors: AtomicU64,
@@ -220,21 +221,34 @@ async fn worker(shared: Arc<Shared>, index: usize, seed: u64, rounds: u32) {
                     }
                 }
             }
-            let asked: Vec<Bucket> = to_release.iter().map(|&b| Bucket(b)).collect();
-            counters.releases.fetch_add(1, Ordering::Relaxed);
-            let released = match store.release(group, me, &asked).await {
-                Ok(released) => released,
-                Err(e) => return shared.error("release", me, &e),
-            };
-            if released != asked {
-                shared.violation(format!(
-                    "{me} released {asked:?}, all of them its own, but the store released \
-                     {released:?}"
-                ));
+            // The store may skip a bucket row another transaction holds for an instant (a
+            // claimer re-checking a row it saw unowned before this worker claimed it): it stays
+            // this worker's, and a retry releases it. Never anything not asked for.
+            let mut left: Vec<Bucket> = to_release.iter().map(|&b| Bucket(b)).collect();
+            for attempt in 0.. {
+                counters.releases.fetch_add(1, Ordering::Relaxed);
+                let released = match store.release(group, me, &left).await {
+                    Ok(released) => released,
+                    Err(e) => return shared.error("release", me, &e),
+                };
+                if released.iter().any(|b| !left.contains(b)) {
+                    shared.violation(format!(
+                        "{me} released {left:?} but the store released {released:?}"
+                    ));
+                }
+                counters
+                    .released
+                    .fetch_add(released.len() as u64, Ordering::Relaxed);
+                left.retain(|b| !released.contains(b));
+                if left.is_empty() {
+                    break;
+                }
+                counters.partial_releases.fetch_add(1, Ordering::Relaxed);
+                if attempt == 100 {
+                    shared.violation(format!("{me} could not release {left:?} in 100 tries"));
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            counters
-                .released
-                .fetch_add(released.len() as u64, Ordering::Relaxed);
             for b in &to_release {
                 held.remove(b);
             }
@@ -300,8 +314,10 @@ async fn worker(shared: Arc<Shared>, index: usize, seed: u64, rounds: u32) {
         Ok(left) => left,
         Err(e) => return shared.error("leave", me, &e),
     };
+    // Leave may skip a row held for an instant by another transaction (see release): its
+    // session is gone with the member row, so it is claimable anyway. Never anything else.
     let expected: Vec<Bucket> = held.keys().map(|&b| Bucket(b)).collect();
-    if left != expected {
+    if left.iter().any(|b| !expected.contains(b)) {
         shared.violation(format!(
             "{me} left holding {expected:?} but the store released {left:?}"
         ));
@@ -385,9 +401,10 @@ async fn storm_of_claims_and_releases_never_overlaps() {
     let releases = c.releases.load(Ordering::Relaxed);
     eprintln!(
         "storm: {TASKS} tasks x {rounds} rounds, {claims} claims, {won} buckets won, \
-         {releases} releases ({} buckets), {} heartbeats, {} fencing checks, {ops} ops in \
-         {:.2?}, {:.0} ops/s, 0 errors",
+         {releases} releases ({} buckets; {} partial, retried), {} heartbeats, {} fencing \
+         checks, {ops} ops in {:.2?}, {:.0} ops/s, 0 errors",
         c.released.load(Ordering::Relaxed),
+        c.partial_releases.load(Ordering::Relaxed),
         c.heartbeats.load(Ordering::Relaxed),
         c.fencing_checks.load(Ordering::Relaxed),
         elapsed,
@@ -416,12 +433,12 @@ async fn storm_of_claims_and_releases_never_overlaps() {
     assert_eq!(snap.buckets.len(), SHARDS as usize);
     let mut token_sum = 0;
     for b in &snap.buckets {
-        assert_eq!(
-            b.state,
-            BucketState::Unowned,
+        // Unowned, or (a row a leave skipped) recorded under a session that is gone: nobody's.
+        assert_ne!(b.state, BucketState::Live, "bucket after the storm: {b:?}");
+        assert!(
+            b.owner.is_none() || b.expires_at.is_none(),
             "bucket after the storm: {b:?}"
         );
-        assert_eq!(b.owner, None, "bucket after the storm: {b:?}");
         let highest = highest.get(&b.bucket.0).copied().unwrap_or(FencingToken(0));
         assert_eq!(
             b.token, highest,

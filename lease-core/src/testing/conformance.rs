@@ -315,6 +315,10 @@ pub async fn unknown_group_fails_every_operation<S: LeaseStore>(store: S, _clock
             .await
             .expect("is_current on an unknown group answers")
     );
+    assert!(
+        store.changes(&g).await.is_ok(),
+        "subscribing to a group not created yet is allowed"
+    );
 }
 
 /// G7: groups are independent: same worker, same bucket numbers, separate state.
