@@ -538,3 +538,120 @@ async fn a_shard_count_mismatch_refuses_to_start() {
         .expect_err("a mismatched worker started");
     assert_eq!(err.kind(), lease::ErrorKind::ShardCountMismatch);
 }
+
+/// A handler that takes its time, or panics on one bucket, then records like the others.
+#[derive(Clone)]
+struct SlowHandler {
+    inner: RecordingHandler,
+    assign_delay: Duration,
+    panic_on: Option<u32>,
+}
+
+#[async_trait::async_trait]
+impl lease::OwnershipHandler for SlowHandler {
+    async fn on_assigned(&self, bucket: lease::Bucket, token: lease::FencingToken) {
+        tokio::time::sleep(self.assign_delay).await;
+        assert_ne!(
+            Some(bucket.get()),
+            self.panic_on,
+            "the application's handler failed"
+        );
+        self.inner.on_assigned(bucket, token).await;
+    }
+
+    async fn on_revoked(
+        &self,
+        bucket: lease::Bucket,
+        token: lease::FencingToken,
+        reason: RevokeReason,
+    ) {
+        self.inner.on_revoked(bucket, token, reason).await;
+    }
+}
+
+impl Pool {
+    async fn start_with(&mut self, assign_delay: Duration, panic_on: Option<u32>) -> WorkerId {
+        let config =
+            LeaseWorker::builder(self.group.clone(), ShardCount::new(self.shards).expect("n"))
+                .ttl(TTL)
+                .renew_interval(RENEW)
+                .build()
+                .expect("config");
+        let id = config.worker_id();
+        let store = FaultyStore::new(self.store.clone());
+        let faults = store.faults();
+        faults.no_feed.store(!self.wakeups, Ordering::SeqCst);
+        let handler = SlowHandler {
+            inner: RecordingHandler::new(id, self.log.clone(), Arc::new(self.clock.clone())),
+            assign_delay,
+            panic_on,
+        };
+        let handle = config.start(store, handler).await.expect("start");
+        self.workers.insert(id, (handle, faults));
+        id
+    }
+
+    fn revocations(&self, w: WorkerId, reason: RevokeReason) -> usize {
+        self.events_of(w)
+            .iter()
+            .filter(|(_, e)| matches!(e, OwnershipEvent::Revoked { reason: r, .. } if *r == reason))
+            .count()
+    }
+}
+
+/// Slow handlers cannot starve the renewals: a worker assigning 40 buckets at 200 ms each
+/// (8 s, past the 2.5 s trust window) interleaves renewals, never fences, and is never told
+/// it owns a bucket after the store could give it away.
+#[tokio::test(start_paused = true)]
+async fn slow_handlers_do_not_starve_renewals() {
+    let mut pool = Pool::new("orders", 40, true);
+    let a = pool.start_with(Duration::from_millis(200), None).await;
+    run_for(Duration::from_secs(12)).await;
+    assert_eq!(pool.owned()[&a], 40, "a did not get all 40 buckets");
+    assert_eq!(
+        pool.revocations(a, RevokeReason::Expired),
+        0,
+        "a fenced itself"
+    );
+    // A store stall of 2.8 s: a fences once, then recovers without flapping.
+    pool.faults(a).hang.store(true, Ordering::SeqCst);
+    run_for(Duration::from_millis(2_800)).await;
+    pool.faults(a).hang.store(false, Ordering::SeqCst);
+    run_for(Duration::from_secs(20)).await;
+    assert_eq!(pool.owned()[&a], 40);
+    let fenced = pool.revocations(a, RevokeReason::Expired);
+    assert_eq!(fenced, 40, "a fenced more than once ({fenced} revocations)");
+    let b = pool.start().await;
+    assert!(
+        ticks_until_balanced(&pool, 20).await.is_some(),
+        "{:?}",
+        pool.owned()
+    );
+    assert_eq!(pool.owned()[&b], 20);
+    pool.shutdown().await;
+}
+
+/// A panicking handler stops the worker visibly: `wait` reports it and the owned set empties;
+/// its session then expires and the others take over.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_handler_stops_the_worker_visibly() {
+    let mut pool = Pool::new("orders", 4, true);
+    let a = pool.start_with(Duration::ZERO, Some(2)).await;
+    let b = pool.start().await;
+    let (mut handle, _) = pool.workers.remove(&a).expect("a");
+    let owned = handle.owned();
+    let failure = handle
+        .wait()
+        .await
+        .expect_err("the worker survived its handler's panic");
+    assert!(failure.message.contains("panicked"), "{failure}");
+    assert!(
+        owned.borrow().is_empty(),
+        "the owned set kept buckets: {:?}",
+        owned.borrow()
+    );
+    pool.log.lock().expect("log").crashed(a, pool.clock.now());
+    run_for(TTL * 2).await;
+    assert_eq!(pool.owned()[&b], 4);
+    pool.shutdown().await;
+}

@@ -54,7 +54,7 @@ pub use ids::{Bucket, FencingToken, GroupName, MemberMetadata, SessionId, ShardC
 pub use policy::{Plan, plan};
 pub use runtime::{
     ConfigError, EventSender, LeaseWorker, LeaseWorkerBuilder, Owned, OwnershipEvent,
-    OwnershipHandler, RevokeReason, WorkerError, WorkerHandle, event_channel,
+    OwnershipHandler, RevokeReason, WorkerError, WorkerFailed, WorkerHandle, event_channel,
 };
 pub use store::LeaseStore;
 #[cfg(any(test, feature = "mock"))]

@@ -155,7 +155,8 @@ impl<T: Ord + Copy + Debug> OwnershipLog<T> {
 
     /// Check the whole log: per-worker order, no two holders of a bucket at one instant
     /// (a holding ending at `t` and the next starting at `t` is a clean handoff), and tokens
-    /// strictly increasing from one holding of a bucket to the next.
+    /// strictly increasing from one holder of a bucket to the next (the same worker may hold
+    /// it again with the same token after revoking it on its own, e.g. by self-fencing).
     pub fn check(&self) -> Result<Summary, String> {
         let holdings = self.holdings()?;
         let mut summary = Summary::default();
@@ -186,7 +187,11 @@ impl<T: Ord + Copy + Debug> OwnershipLog<T> {
                         ));
                     }
                 }
-                if next.token <= prev.token {
+                // A worker that fenced itself and then found its session still alive is
+                // assigned the same bucket again with the same token: legal. Any other holder
+                // must hold a higher token.
+                let same_lease = next.worker == prev.worker && next.token == prev.token;
+                if next.token < prev.token || (next.token == prev.token && !same_lease) {
                     return Err(format!(
                         "bucket {bucket}: token went from {} ({}) to {} ({})",
                         prev.token, prev.worker, next.token, next.worker
@@ -314,6 +319,17 @@ mod tests {
         log.record(w(1), revoked(0, 2), 1);
         log.record(w(2), assigned(0, 2), 2);
         assert!(log.check().unwrap_err().contains("token went"));
+        let mut log = OwnershipLog::new();
+        log.record(w(1), assigned(0, 3), 0);
+        log.record(w(1), revoked(0, 3), 1);
+        log.record(w(2), assigned(0, 2), 2);
+        assert!(log.check().unwrap_err().contains("token went"));
+        // Self-fenced, then the session turned out alive: the same lease again.
+        let mut log = OwnershipLog::new();
+        log.record(w(1), assigned(0, 2), 0);
+        log.record(w(1), revoked(0, 2), 1);
+        log.record(w(1), assigned(0, 2), 2);
+        assert!(log.check().is_ok());
         let mut log = OwnershipLog::new();
         log.record(w(1), assigned(0, 2), 0);
         log.record(w(1), assigned(0, 3), 1);

@@ -25,16 +25,31 @@ pub enum ConfigError {
         /// The renew interval.
         renew_interval: Duration,
     },
-    /// The safety margin must be below `ttl - renew_interval`.
+    /// The safety margin must be below `ttl - 1.5 x renew_interval`: the leases are trusted for
+    /// `ttl - margin` after a heartbeat is sent, which must cover the renew interval and leave
+    /// half an interval for the next heartbeat's round trip.
     #[error(
-        "safety margin {margin:?} must be below ttl - renew interval ({limit:?}), \
+        "safety margin {margin:?} must be below ttl - 1.5 x renew interval ({limit:?}), \
          or the worker would fence itself between two renewals"
     )]
     MarginTooLarge {
         /// The margin.
         margin: Duration,
-        /// `ttl - renew_interval`.
+        /// `ttl - 1.5 x renew_interval`.
         limit: Duration,
+    },
+    /// The safety margin must be positive: it absorbs clock-rate drift and scheduling delays.
+    #[error("safety margin must be positive")]
+    MarginZero,
+    /// The wake-up debounce must be shorter than the renew interval.
+    #[error(
+        "wake-up debounce {debounce:?} must be shorter than the renew interval {renew_interval:?}"
+    )]
+    DebounceTooLong {
+        /// The debounce.
+        debounce: Duration,
+        /// The renew interval.
+        renew_interval: Duration,
     },
     /// The ttl itself is invalid.
     #[error(transparent)]
@@ -154,8 +169,9 @@ impl LeaseWorkerBuilder {
 
     /// How long before the store could expire a lease the worker stops trusting it: a lease
     /// is trusted until `sent + ttl - margin`, `sent` being when the last successful heartbeat
-    /// was sent (default: a sixth of the ttl, capped below `ttl - renew_interval`). It absorbs
-    /// clock-rate drift between this host and the store, and scheduling delays.
+    /// was sent (default: a sixth of the ttl, at most half of `ttl - 1.5 x renew_interval`).
+    /// It absorbs clock-rate drift between this host and the store, scheduling delays and
+    /// handler time; it must be positive and below `ttl - 1.5 x renew_interval`.
     pub fn safety_margin(mut self, margin: Duration) -> Self {
         self.margin = Some(margin);
         self
@@ -199,10 +215,19 @@ impl LeaseWorkerBuilder {
                 renew_interval: self.renew_interval,
             });
         }
-        let limit = ttl_d - self.renew_interval;
+        let limit = ttl_d - self.renew_interval * 3 / 2;
         let margin = self.margin.unwrap_or_else(|| (ttl_d / 6).min(limit / 2));
+        if margin.is_zero() {
+            return Err(ConfigError::MarginZero);
+        }
         if margin >= limit {
             return Err(ConfigError::MarginTooLarge { margin, limit });
+        }
+        if self.wake_debounce >= self.renew_interval {
+            return Err(ConfigError::DebounceTooLong {
+                debounce: self.wake_debounce,
+                renew_interval: self.renew_interval,
+            });
         }
         Ok(LeaseWorker {
             group: self.group,
@@ -256,12 +281,26 @@ mod tests {
         );
         assert_eq!(
             builder()
-                .safety_margin(Duration::from_secs(20))
+                .safety_margin(Duration::from_secs(15))
                 .build()
                 .unwrap_err(),
             ConfigError::MarginTooLarge {
-                margin: Duration::from_secs(20),
-                limit: Duration::from_secs(20)
+                margin: Duration::from_secs(15),
+                limit: Duration::from_secs(15)
+            }
+        );
+        assert_eq!(
+            builder().safety_margin(Duration::ZERO).build().unwrap_err(),
+            ConfigError::MarginZero
+        );
+        assert_eq!(
+            builder()
+                .wake_debounce(Duration::from_secs(10))
+                .build()
+                .unwrap_err(),
+            ConfigError::DebounceTooLong {
+                debounce: Duration::from_secs(10),
+                renew_interval: Duration::from_secs(10)
             }
         );
         assert!(matches!(
@@ -270,7 +309,7 @@ mod tests {
         ));
         assert!(
             builder()
-                .safety_margin(Duration::from_millis(19_999))
+                .safety_margin(Duration::from_millis(14_999))
                 .build()
                 .is_ok()
         );
@@ -283,12 +322,12 @@ mod tests {
             .renew_interval(Duration::from_secs(1))
             .build()
             .unwrap();
-        assert_eq!(w.safety_margin(), Duration::from_millis(350));
+        assert_eq!(w.safety_margin(), Duration::from_millis(300));
         let w = builder()
             .ttl(Duration::from_secs(3))
             .renew_interval(Duration::from_millis(1_400))
             .build()
             .unwrap();
-        assert!(w.safety_margin() < Duration::from_millis(1_600));
+        assert!(w.safety_margin() < Duration::from_millis(900));
     }
 }

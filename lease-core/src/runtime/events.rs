@@ -79,9 +79,20 @@ pub enum WorkerError {
     },
 }
 
+/// Why a worker task ended without being asked to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the lease worker stopped: {message}")]
+pub struct WorkerFailed {
+    /// What happened.
+    pub message: String,
+}
+
 /// The application side of a worker. Calls are awaited one at a time, in order; for each
 /// bucket an assignment always comes before its revocation, and a shed bucket is released
-/// only after `on_revoked` returns. Keep them short: the worker cannot renew while waiting.
+/// only after `on_revoked` returns. Keep them short: the worker cannot renew while waiting,
+/// and a handler call that outlasts the trust deadline (`ttl - margin` after the last
+/// heartbeat was sent) makes the worker revoke everything once it returns. A panicking
+/// handler stops the worker ([`WorkerHandle::wait`](crate::WorkerHandle::wait) reports it).
 #[async_trait]
 pub trait OwnershipHandler: Send + Sync + 'static {
     /// The worker now owns `bucket` with `token`: start working on it.

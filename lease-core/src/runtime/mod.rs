@@ -47,6 +47,7 @@ mod worker;
 
 pub use config::{ConfigError, LeaseWorker, LeaseWorkerBuilder};
 pub use events::{
-    EventSender, OwnershipEvent, OwnershipHandler, RevokeReason, WorkerError, event_channel,
+    EventSender, OwnershipEvent, OwnershipHandler, RevokeReason, WorkerError, WorkerFailed,
+    event_channel,
 };
 pub use worker::{Owned, WorkerHandle};

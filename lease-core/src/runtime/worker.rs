@@ -17,7 +17,7 @@ use crate::error::StoreError;
 use crate::ids::{Bucket, FencingToken, WorkerId};
 use crate::policy;
 use crate::runtime::config::LeaseWorker;
-use crate::runtime::events::{OwnershipHandler, RevokeReason, WorkerError};
+use crate::runtime::events::{OwnershipHandler, RevokeReason, WorkerError, WorkerFailed};
 use crate::runtime::metrics::Metrics;
 use crate::store::LeaseStore;
 
@@ -63,6 +63,24 @@ impl WorkerHandle {
         {
             tracing::error!(error = %e, "the lease worker task failed");
         }
+    }
+
+    /// Wait until the worker task ends, without asking it to: after its token is cancelled,
+    /// or because it failed (a handler panicked). A failure is an error; the owned set is
+    /// empty either way, and a failed worker did not leave the group, so its leases expire.
+    pub async fn wait(&mut self) -> Result<(), WorkerFailed> {
+        let Some(task) = self.task.as_mut() else {
+            return Ok(());
+        };
+        let result = task.await;
+        self.task = None;
+        result.map_err(|e| WorkerFailed {
+            message: if e.is_panic() {
+                "a handler panicked".to_owned()
+            } else {
+                e.to_string()
+            },
+        })
     }
 
     /// Stop the task at once, without revoking or leaving: what a crash looks like to the
@@ -112,7 +130,8 @@ impl LeaseWorker {
             owned: Owned::new(),
             unreleased: BTreeSet::new(),
             trusted_until: None,
-            published: tx,
+            last_sent: None,
+            published: Published(tx),
         };
         let task = tokio::spawn(task.run().instrument(span));
         Ok(WorkerHandle {
@@ -135,9 +154,21 @@ struct Task<S, H> {
     unreleased: BTreeSet<Bucket>,
     /// The local instant until which the leases are trusted.
     trusted_until: Option<Instant>,
-    published: watch::Sender<Owned>,
+    /// When the last successful heartbeat was sent.
+    last_sent: Option<Instant>,
+    published: Published,
     call_timeout: Duration,
     metrics: Metrics,
+}
+
+/// The owned-set sender. However the task ends, a normal stop or a panicking handler, the
+/// application's view is emptied: a worker that is gone owns nothing it can vouch for.
+struct Published(watch::Sender<Owned>);
+
+impl Drop for Published {
+    fn drop(&mut self) {
+        self.0.send_replace(Owned::new());
+    }
 }
 
 /// Sleep until `at`, or forever if there is nothing to wait for.
@@ -191,7 +222,11 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
             match result {
                 Ok(()) => {
                     failures = 0;
-                    next_tick = Instant::now() + self.cfg.renew_interval;
+                    // Renew on a cadence counted from when the last heartbeat was sent, the
+                    // instant trust is counted from: a slow tick does not push the next
+                    // renewal past the trust deadline.
+                    next_tick =
+                        self.last_sent.unwrap_or_else(Instant::now) + self.cfg.renew_interval;
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
@@ -231,7 +266,7 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
 
     fn publish(&self) {
         self.metrics.owned(self.owned.len());
-        self.published.send_if_modified(|current| {
+        self.published.0.send_if_modified(|current| {
             if *current == self.owned {
                 false
             } else {
@@ -241,10 +276,28 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
         });
     }
 
-    async fn assign(&mut self, bucket: Bucket, token: FencingToken) {
+    /// Whether a renewal is due: assigning more now would delay it.
+    fn renewal_due(&self) -> bool {
+        self.last_sent
+            .is_some_and(|sent| Instant::now() >= sent + self.cfg.renew_interval)
+    }
+
+    /// Tell the application it owns `bucket`, unless the leases are no longer trusted or a
+    /// renewal is due (slow handlers must not starve the heartbeat). Returns whether it did;
+    /// false means stop assigning: the next tick, which starts at once, renews and resumes.
+    async fn assign(&mut self, bucket: Bucket, token: FencingToken) -> bool {
+        if !self.trusted() || self.renewal_due() {
+            return false;
+        }
         self.handler.on_assigned(bucket, token).await;
         self.owned.insert(bucket, token);
         self.publish();
+        if !self.trusted() {
+            // The handler outlasted the trust deadline: nothing held can be trusted now.
+            self.fence().await;
+            return false;
+        }
+        true
     }
 
     async fn revoke(&mut self, bucket: Bucket, reason: RevokeReason) {
@@ -293,22 +346,40 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
         }
     }
 
-    async fn release(&mut self) -> Result<(), WorkerError> {
-        if self.unreleased.is_empty() {
-            return Ok(());
+    /// Release the shed buckets not released yet; returns how many were. The store may skip a
+    /// bucket another transaction holds: a claim re-checking a row holds it for an instant, so
+    /// a few quick retries release it; an application's fencing transaction may hold it
+    /// longer, so after those it stays here for the next tick (dropped if the heartbeat shows
+    /// it is not held any more).
+    async fn release(&mut self) -> Result<u32, WorkerError> {
+        const QUICK_RETRIES: u32 = 3;
+        let mut total = 0u32;
+        for attempt in 0..=QUICK_RETRIES {
+            if self.unreleased.is_empty() {
+                break;
+            }
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let (store, group, me) = (self.store.clone(), self.cfg.group.clone(), self.cfg.worker);
+            let buckets: Vec<Bucket> = self.unreleased.iter().copied().collect();
+            let released = self
+                .call("release", async move {
+                    store.release(&group, me, &buckets).await
+                })
+                .await?;
+            for bucket in &released {
+                self.unreleased.remove(bucket);
+            }
+            total = total.saturating_add(u32::try_from(released.len()).unwrap_or(u32::MAX));
         }
-        let (store, group, me) = (self.store.clone(), self.cfg.group.clone(), self.cfg.worker);
-        let buckets: Vec<Bucket> = self.unreleased.iter().copied().collect();
-        let released = self
-            .call("release", async move {
-                store.release(&group, me, &buckets).await
-            })
-            .await?;
-        tracing::debug!(released = released.len(), "released shed buckets");
-        // Whatever was not released is not ours any more either (the session ended): either
-        // way nothing is left to release.
-        self.unreleased.clear();
-        Ok(())
+        if !self.unreleased.is_empty() {
+            tracing::debug!(
+                left = self.unreleased.len(),
+                "some shed buckets are held by another transaction; retrying next tick"
+            );
+        }
+        Ok(total)
     }
 
     async fn tick(&mut self) -> Result<(), WorkerError> {
@@ -321,6 +392,7 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
                 store.heartbeat(&group, me, ttl, &metadata).await
             })
             .await?;
+        self.last_sent = Some(sent_at);
         self.trusted_until = Some(sent_at + self.cfg.ttl.as_duration() - self.cfg.safety_margin());
 
         if beat.new_session {
@@ -342,12 +414,14 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
         // Buckets the store says are ours that the application was not told of (a claim whose
         // answer was lost, or leases revoked by self-fencing that the store kept alive).
         for (&bucket, &token) in &held {
-            if !self.owned.contains_key(&bucket) && !self.unreleased.contains(&bucket) {
-                self.assign(bucket, token).await;
+            if !self.owned.contains_key(&bucket)
+                && !self.unreleased.contains(&bucket)
+                && !self.assign(bucket, token).await
+            {
+                break;
             }
         }
-        let retried = self.unreleased.len() as u32;
-        self.release().await?;
+        let retried = self.release().await?;
 
         let mine: Vec<Bucket> = self.owned.keys().copied().collect();
         let mut view = beat.view;
@@ -379,10 +453,11 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
                 .await?;
             self.metrics.claimed(won.len());
             for lease in won {
-                if self.trusted() {
-                    self.assign(lease.bucket, lease.token).await;
+                if !self.assign(lease.bucket, lease.token).await {
+                    // No longer trusted: the next heartbeat finds the rest held and assigns
+                    // them then, or starts a new session.
+                    break;
                 }
-                // Otherwise the next heartbeat finds it held and assigns it then.
             }
         }
         Ok(())
