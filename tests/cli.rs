@@ -249,6 +249,10 @@ async fn release_shows_then_does_and_the_worker_recovers() {
     assert_eq!(code, 0);
     assert!(out.contains("would release 4 bucket(s)"), "{out}");
     assert!(out.contains(&format!("--worker {id} --force")), "{out}");
+    assert!(
+        out.contains("warning: this worker's session is live"),
+        "{out}"
+    );
     assert_eq!(w.owned().len(), 4, "a dry run released something");
     let (code, out, _) = run(
         &["release", "--group", "orders", "--worker", &id, "--force"],

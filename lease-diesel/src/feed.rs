@@ -160,6 +160,7 @@ async fn listen_loop(
             if let Err(e) = conn.batch_execute(&listen_sql(channel)).await {
                 tracing::warn!(error = %e, "change feed: LISTEN failed; reconnecting");
                 tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue 'connect;
             }
         }

@@ -78,7 +78,7 @@ struct WorkerArgs {
     #[arg(long, default_value = "10s", value_parser = duration::parse)]
     renew: Duration,
     /// How long before the store could expire its leases the worker stops trusting them
-    /// (default: a sixth of the ttl); must be below ttl - renew.
+    /// (default: a sixth of the ttl); must be positive and below ttl - 1.5 x renew.
     #[arg(long, value_parser = duration::parse)]
     margin: Option<Duration>,
     /// Print one JSON object per line on stdout instead of readable lines.

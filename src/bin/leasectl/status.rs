@@ -243,24 +243,42 @@ pub async fn release(args: ReleaseArgs) -> Result<(), Failure> {
         .map(|b| b.bucket.get())
         .collect();
     let member = snap.members.iter().find(|m| m.worker == worker);
+    let live = member.is_some_and(|m| m.live);
+    // Evicting a live worker hands its buckets to others at once, while it goes on trusting
+    // them until its next heartbeat: only fencing tokens keep its writes out meanwhile.
+    let warning = "warning: this worker's session is live. Others will take its buckets at once, \
+                   while it keeps working on them until its next heartbeat (up to its renew \
+                   interval, longer if it is paused); only fencing tokens stop its writes in \
+                   between. Prefer stopping it (SIGTERM); evict a live worker only if it \
+                   cannot be stopped.";
     if !args.force {
         match member {
             None => println!(
                 "worker {worker} is not a member of group {:?}",
                 group.as_str()
             ),
-            Some(m) => println!(
-                "would release {} bucket(s) {held:?} of worker {worker} ({}) in group {:?} and \
-                 remove its membership; its next heartbeat would start a new session and \
-                 revoke everything it held. To do it, run:\n  leasectl release --group {} \
-                 --worker {worker} --force",
-                held.len(),
-                if m.live { "live" } else { "expired" },
-                group.as_str(),
-                shell_quote(group.as_str())
-            ),
+            Some(m) => {
+                println!(
+                    "would release {} bucket(s) {held:?} of worker {worker} ({}) in group {:?} \
+                     and remove its membership; its next heartbeat would start a new session \
+                     and revoke everything it held.",
+                    held.len(),
+                    if m.live { "live" } else { "expired" },
+                    group.as_str()
+                );
+                if live {
+                    println!("{warning}");
+                }
+                println!(
+                    "To do it, run:\n  leasectl release --group {} --worker {worker} --force",
+                    shell_quote(group.as_str())
+                );
+            }
         }
         return Ok(());
+    }
+    if live {
+        eprintln!("{warning}");
     }
     let released = store.leave(&group, worker).await.map_err(store_failure)?;
     let released: Vec<u32> = released.iter().map(|b| b.get()).collect();

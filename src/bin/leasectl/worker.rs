@@ -85,10 +85,12 @@ fn config_failure(e: ConfigError, args: &WorkerArgs) -> Failure {
             show(args.renew)
         ),
         ConfigError::MarginTooLarge { margin, limit } => format!(
-            "--margin {} must be below --ttl minus --renew ({})",
+            "--margin {} must be below --ttl minus 1.5 x --renew ({}), so the leases stay \
+             trusted until the next renewal is answered",
             show(margin),
             show(limit)
         ),
+        ConfigError::MarginZero => "--margin must be positive".to_owned(),
         ConfigError::Ttl(e) => format!("--ttl: {e}"),
         other => other.to_string(),
     })
@@ -164,9 +166,30 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
             show(args.renew)
         ),
     );
-    let handle = config.start(store, printer).await.map_err(store_failure)?;
-    cancel.cancelled().await;
-    handle.shutdown().await;
-    announce.emit("stopped", json!({}), format!("worker {worker} stopped"));
-    Ok(())
+    let mut handle = config.start(store, printer).await.map_err(store_failure)?;
+    let failed = tokio::select! {
+        () = cancel.cancelled() => None,
+        result = handle.wait() => Some(result),
+    };
+    match failed {
+        None => {
+            handle.shutdown().await;
+            announce.emit("stopped", json!({}), format!("worker {worker} stopped"));
+            Ok(())
+        }
+        // The task ended without being asked to: say so and exit, rather than wait for a
+        // signal with nothing running.
+        Some(result) => {
+            let message = match result {
+                Ok(()) => "the worker stopped unexpectedly".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            announce.emit(
+                "error",
+                json!({ "message": message }),
+                format!("error: {message}"),
+            );
+            Err(Failure::Runtime(message))
+        }
+    }
 }
