@@ -47,7 +47,7 @@ impl Pool {
     fn beside(other: &Pool, group: &str, shards: u32) -> Self {
         Self {
             store: other.store.clone(),
-            clock: other.clone_clock(),
+            clock: other.clock.clone(),
             // Bucket numbers repeat across groups: each group is checked on a log of its own.
             log: Arc::new(Mutex::new(OwnershipLog::new())),
             group: GroupName::new(group).expect("name"),
@@ -57,25 +57,8 @@ impl Pool {
         }
     }
 
-    fn clone_clock(&self) -> TokioClock {
-        self.clock.clone()
-    }
-
     async fn start(&mut self) -> WorkerId {
-        let config =
-            LeaseWorker::builder(self.group.clone(), ShardCount::new(self.shards).expect("n"))
-                .ttl(TTL)
-                .renew_interval(RENEW)
-                .build()
-                .expect("config");
-        let id = config.worker_id();
-        let store = FaultyStore::new(self.store.clone());
-        let faults = store.faults();
-        faults.no_feed.store(!self.wakeups, Ordering::SeqCst);
-        let handler = RecordingHandler::new(id, self.log.clone(), Arc::new(self.clock.clone()));
-        let handle = config.start(store, handler).await.expect("start");
-        self.workers.insert(id, (handle, faults));
-        id
+        self.start_with(Duration::ZERO, None).await
     }
 
     fn faults(&self, w: WorkerId) -> Arc<Faults> {
