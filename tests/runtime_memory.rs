@@ -92,6 +92,32 @@ impl Pool {
         total == self.shards as usize && matches!((min, max), (Some(a), Some(b)) if b - a <= 1)
     }
 
+    /// When `w`'s application heard each revocation with `reason`.
+    fn revoked_at(&self, w: WorkerId, reason: RevokeReason) -> Vec<Timestamp> {
+        self.events_of(w)
+            .into_iter()
+            .filter(|(_, e)| matches!(e, OwnershipEvent::Revoked { reason: r, .. } if *r == reason))
+            .map(|(t, _)| t)
+            .collect()
+    }
+
+    fn revocations(&self, w: WorkerId, reason: RevokeReason) -> usize {
+        self.revoked_at(w, reason).len()
+    }
+
+    /// The expiry of `w`'s session as the store holds it now.
+    async fn session_expiry(&self, w: WorkerId) -> Timestamp {
+        self.store
+            .snapshot(&self.group)
+            .await
+            .expect("snapshot")
+            .members
+            .iter()
+            .find(|m| m.worker == w)
+            .expect("the worker's member row")
+            .expires_at
+    }
+
     fn check(&self) -> Summary {
         self.log
             .lock()
@@ -279,13 +305,8 @@ async fn a_crashed_workers_buckets_move_only_after_its_lease_expires() {
     }
     assert!(ticks_until_balanced(&pool, 5).await.is_some());
     let victim = ids[0];
+    let expires = pool.session_expiry(victim).await;
     let snap = pool.store.snapshot(&pool.group).await.expect("snapshot");
-    let expires = snap
-        .members
-        .iter()
-        .find(|m| m.worker == victim)
-        .expect("victim's row")
-        .expires_at;
     let held: Vec<_> = snap
         .buckets
         .iter()
@@ -326,41 +347,19 @@ async fn a_worker_that_cannot_renew_fences_itself_before_anyone_takes_over() {
     let a = pool.start().await;
     let b = pool.start().await;
     assert!(ticks_until_balanced(&pool, 5).await.is_some());
-    let snap = pool.store.snapshot(&pool.group).await.expect("snapshot");
-    let a_row = snap.members.iter().find(|m| m.worker == a).expect("a");
     // a's renewals start failing; the store keeps a's session until it expires.
     pool.faults(a).fail_heartbeats.store(true, Ordering::SeqCst);
     run_for(TTL * 3).await;
-    let a_events = pool.events_of(a);
-    let fenced: Vec<Timestamp> = a_events
-        .iter()
-        .filter(|(_, e)| {
-            matches!(
-                e,
-                OwnershipEvent::Revoked {
-                    reason: RevokeReason::Expired,
-                    ..
-                }
-            )
-        })
-        .map(|(t, _)| *t)
-        .collect();
+    let fenced = pool.revoked_at(a, RevokeReason::Expired);
     assert_eq!(
         fenced.len(),
         4,
-        "a did not revoke its four buckets: {a_events:?}"
+        "a did not revoke its four buckets: {:?}",
+        pool.events_of(a)
     );
-    // The last successful heartbeat extended a's session past a_row.expires_at at most by one
-    // interval; a fences before the store's expiry of that session.
-    let latest_expiry = pool
-        .store
-        .snapshot(&pool.group)
-        .await
-        .expect("snapshot")
-        .members
-        .iter()
-        .find(|m| m.worker == a)
-        .map_or(a_row.expires_at, |m| m.expires_at);
+    // No heartbeat succeeded since: the store's expiry is that of the last renewal, and a
+    // fenced before it.
+    let latest_expiry = pool.session_expiry(a).await;
     for t in &fenced {
         assert!(
             *t < latest_expiry,
@@ -389,20 +388,7 @@ async fn a_worker_cut_off_mid_call_fences_while_the_call_hangs() {
     assert!(ticks_until_balanced(&pool, 5).await.is_some());
     pool.faults(a).hang.store(true, Ordering::SeqCst);
     run_for(TTL).await;
-    let fenced: Vec<Timestamp> = pool
-        .events_of(a)
-        .into_iter()
-        .filter(|(_, e)| {
-            matches!(
-                e,
-                OwnershipEvent::Revoked {
-                    reason: RevokeReason::Expired,
-                    ..
-                }
-            )
-        })
-        .map(|(t, _)| t)
-        .collect();
+    let fenced = pool.revoked_at(a, RevokeReason::Expired);
     assert_eq!(
         fenced.len(),
         4,
@@ -415,16 +401,7 @@ async fn a_worker_cut_off_mid_call_fences_while_the_call_hangs() {
     );
     // Every call hung, so the session the store holds is the last one renewed: a fenced
     // before the store could hand its buckets to anyone.
-    let expiry = pool
-        .store
-        .snapshot(&pool.group)
-        .await
-        .expect("snapshot")
-        .members
-        .iter()
-        .find(|m| m.worker == a)
-        .expect("a's row")
-        .expires_at;
+    let expiry = pool.session_expiry(a).await;
     assert!(
         fenced.iter().all(|t| *t < expiry),
         "fenced at {fenced:?}, expiry {expiry}"
@@ -572,13 +549,6 @@ impl Pool {
         let handle = config.start(store, handler).await.expect("start");
         self.workers.insert(id, (handle, faults));
         id
-    }
-
-    fn revocations(&self, w: WorkerId, reason: RevokeReason) -> usize {
-        self.events_of(w)
-            .iter()
-            .filter(|(_, e)| matches!(e, OwnershipEvent::Revoked { reason: r, .. } if *r == reason))
-            .count()
     }
 }
 

@@ -85,6 +85,19 @@ async fn wait_server_past(admin: &mut AsyncPgConnection, t: Timestamp) {
     .await;
 }
 
+/// A heartbeat on `conn`, on the server clock; panics with `what` on failure.
+async fn beat(
+    conn: &mut AsyncPgConnection,
+    group: &GroupName,
+    worker: WorkerId,
+    ttl: Ttl,
+    what: &str,
+) -> Heartbeat {
+    ops::heartbeat(conn, None, group, worker, ttl, &MemberMetadata::empty())
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
 struct Setup {
     url: String,
     group: GroupName,
@@ -121,18 +134,14 @@ where
     )
     .await
     .expect("ensure");
-    let first = ops::heartbeat(&mut conn, None, &group, a, ttl, &MemberMetadata::empty())
-        .await
-        .expect("a joins");
+    let first = beat(&mut conn, &group, a, ttl, "a joins").await;
     let leases = ops::claim(&mut conn, None, &group, a, SHARDS)
         .await
         .expect("a claims");
     assert_eq!(leases.len(), SHARDS as usize);
     // b is a live member before a's session ends, as a claimer racing a renewal is: a member
     // that joins later would, on joining, delete a's dead row (H3) and so skip the race.
-    let b_join = ops::heartbeat(&mut conn, None, &group, b, long(), &MemberMetadata::empty())
-        .await
-        .expect("b joins");
+    let b_join = beat(&mut conn, &group, b, long(), "b joins").await;
     assert!(
         b_join.observed_at < first.expires_at,
         "b joined after a's session ended; the race was not set up"
@@ -242,16 +251,7 @@ async fn a_renewal_begun_before_expiry_cannot_revive_the_session() {
         "the renewal transaction is no longer the one begun before the expiry"
     );
 
-    let late = ops::heartbeat(
-        &mut renewal,
-        None,
-        &s.group,
-        s.a,
-        long(),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("a's late renewal");
+    let late = beat(&mut renewal, &s.group, s.a, long(), "a's late renewal").await;
     exec(&mut renewal, "COMMIT").await;
     assert!(
         late.new_session,
@@ -280,16 +280,7 @@ async fn a_claim_skips_an_owner_whose_renewal_holds_the_lock() {
 
     // a renews in time, but its transaction stays open, holding the row lock...
     exec(&mut renewal, "BEGIN").await;
-    let renewed = ops::heartbeat(
-        &mut renewal,
-        None,
-        &s.group,
-        s.a,
-        long(),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("a renews");
+    let renewed = beat(&mut renewal, &s.group, s.a, long(), "a renews").await;
     assert!(!renewed.new_session);
     // ...past the session's old expiry: to a claimer's snapshot a looks dead.
     wait_server_past(&mut admin, s.first.expires_at).await;
@@ -307,16 +298,7 @@ async fn a_claim_skips_an_owner_whose_renewal_holds_the_lock() {
         .await
         .expect("b claims again");
     assert!(taken.is_empty());
-    let beat = ops::heartbeat(
-        &mut renewal,
-        None,
-        &s.group,
-        s.a,
-        long(),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("a renews again");
+    let beat = beat(&mut renewal, &s.group, s.a, long(), "a renews again").await;
     assert_eq!(beat.session, s.first.session);
     assert_eq!(beat.owned.len(), SHARDS as usize);
     assert_sole_owner(&s, s.a).await;
@@ -341,16 +323,7 @@ async fn a_renewal_waits_for_a_claim_that_judged_it_dead() {
     let renewal_pid = backend_pid(&mut renewal).await;
     let (group, a) = (s.group.clone(), s.a);
     let late = tokio::spawn(async move {
-        let beat = ops::heartbeat(
-            &mut renewal,
-            None,
-            &group,
-            a,
-            long(),
-            &MemberMetadata::empty(),
-        )
-        .await
-        .expect("a's renewal");
+        let beat = beat(&mut renewal, &group, a, long(), "a's renewal").await;
         (beat, renewal)
     });
     wait_blocked_on_lock(&mut admin, renewal_pid).await;
@@ -398,16 +371,7 @@ async fn a_claim_never_takes_a_bucket_claimed_after_its_snapshot() {
     wait_blocked_on_lock(&mut admin, b_pid).await;
 
     // Meanwhile c joins (a session b's snapshot cannot see) and takes every bucket.
-    ops::heartbeat(
-        &mut other,
-        None,
-        &s.group,
-        c,
-        long(),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("c joins");
+    beat(&mut other, &s.group, c, long(), "c joins").await;
     let c_won = ops::claim(&mut other, None, &s.group, c, SHARDS)
         .await
         .expect("c claims");
@@ -496,16 +460,7 @@ async fn a_claim_that_waited_past_its_expiry_claims_nothing() {
     )
     .await
     .expect("ensure");
-    let joined = ops::heartbeat(
-        &mut conn,
-        None,
-        &group,
-        b,
-        short(),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("b joins");
+    let joined = beat(&mut conn, &group, b, short(), "b joins").await;
     exec(
         &mut judge,
         &format!("BEGIN; SELECT 1 FROM lease.members WHERE worker_id = '{b}' FOR SHARE"),
@@ -576,16 +531,7 @@ async fn a_release_skips_buckets_a_fenced_transaction_holds() {
         .await
         .expect("release again");
     assert_eq!(released, vec![b1.bucket]);
-    let beat = ops::heartbeat(
-        &mut worker,
-        None,
-        &s.group,
-        s.a,
-        long(),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("heartbeat");
+    let beat = beat(&mut worker, &s.group, s.a, long(), "heartbeat").await;
     assert_eq!(beat.owned.len(), SHARDS as usize - 2);
     // The store's per-session counter (what others see as a's load) followed both releases.
     let snap = ops::snapshot(&mut worker, None, &s.group)
