@@ -28,7 +28,8 @@
 use lease::memory::MemoryLeaseStore;
 use lease::policy;
 use lease::{
-    GroupName, LeaseStore, ManualClock, MemberLoad, MemberMetadata, ShardCount, Ttl, WorkerId,
+    GroupName, Incarnation, LeaseStore, ManualClock, MemberLoad, MemberMetadata, ShardCount, Ttl,
+    WorkerId,
 };
 use std::collections::BTreeSet;
 use uuid::Uuid;
@@ -110,10 +111,19 @@ impl Policy for Ours {
             let me = worker_id(i);
             self.rt
                 .block_on(async {
-                    self.store
-                        .heartbeat(&self.group, me, self.ttl, &MemberMetadata::empty())
+                    let beat = self
+                        .store
+                        .heartbeat(
+                            &self.group,
+                            me,
+                            Incarnation::from_uuid(me.as_uuid()),
+                            self.ttl,
+                            &MemberMetadata::empty(),
+                        )
                         .await?;
-                    self.store.claim(&self.group, me, target.target).await
+                    self.store
+                        .claim(&self.group, me, beat.session, target.target)
+                        .await
                 })
                 .expect("setup claim");
         }
@@ -126,15 +136,27 @@ impl Policy for Ours {
             .block_on(async {
                 let beat = self
                     .store
-                    .heartbeat(&self.group, me, self.ttl, &MemberMetadata::empty())
+                    .heartbeat(
+                        &self.group,
+                        me,
+                        Incarnation::from_uuid(me.as_uuid()),
+                        self.ttl,
+                        &MemberMetadata::empty(),
+                    )
                     .await?;
                 let plan = policy::plan(&beat.view, me, &beat.owned_buckets());
                 let mut claimed = 0;
                 if plan.claim > 0 {
-                    claimed = self.store.claim(&self.group, me, plan.claim).await?.len() as u32;
+                    claimed = self
+                        .store
+                        .claim(&self.group, me, beat.session, plan.claim)
+                        .await?
+                        .len() as u32;
                 }
                 if !plan.shed.is_empty() {
-                    self.store.release(&self.group, me, &plan.shed).await?;
+                    self.store
+                        .release(&self.group, me, beat.session, &plan.shed)
+                        .await?;
                 }
                 Ok::<_, lease::StoreError>(claimed)
             })
@@ -144,7 +166,7 @@ impl Policy for Ours {
     fn leave(&mut self, index: usize, t: u32) {
         self.at(t);
         self.rt
-            .block_on(self.store.leave(&self.group, worker_id(index)))
+            .block_on(self.store.leave(&self.group, worker_id(index), None))
             .expect("leave");
     }
 

@@ -8,14 +8,16 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lease::memory::MemoryLeaseStore;
-use lease::{GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId};
+use lease::{
+    GroupName, Incarnation, LeaseStore, MemberMetadata, SessionId, ShardCount, Ttl, WorkerId,
+};
 
 /// `(N, W)`: a small group and a large one.
 const SIZES: [(u32, u32); 3] = [(64, 8), (1_024, 8), (10_000, 500)];
 
 /// A store with one group of `n` buckets split evenly by `w` live members (all but the last,
 /// which stays one bucket short, so it has something to claim); returns that last member.
-async fn settled(n: u32, w: u32) -> (MemoryLeaseStore, GroupName, WorkerId) {
+async fn settled(n: u32, w: u32) -> (MemoryLeaseStore, GroupName, WorkerId, SessionId) {
     let store = MemoryLeaseStore::new();
     let group = GroupName::new("bench").expect("group name");
     store
@@ -24,16 +26,27 @@ async fn settled(n: u32, w: u32) -> (MemoryLeaseStore, GroupName, WorkerId) {
         .expect("ensure_group");
     let ttl = Ttl::from_secs(3_600).expect("ttl");
     let mut last = WorkerId::new();
+    let mut session = SessionId::new();
     for i in 0..w {
         last = WorkerId::new();
-        store
-            .heartbeat(&group, last, ttl, &MemberMetadata::empty())
+        let beat = store
+            .heartbeat(
+                &group,
+                last,
+                Incarnation::from_uuid(last.as_uuid()),
+                ttl,
+                &MemberMetadata::empty(),
+            )
             .await
             .expect("heartbeat");
+        session = beat.session;
         let share = n / w - u32::from(i == w - 1);
-        store.claim(&group, last, share).await.expect("claim");
+        store
+            .claim(&group, last, session, share)
+            .await
+            .expect("claim");
     }
-    (store, group, last)
+    (store, group, last, session)
 }
 
 fn bench(c: &mut Criterion) {
@@ -46,11 +59,11 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("memory");
     group.throughput(Throughput::Elements(1));
     for (n, w) in SIZES {
-        let (store, name, me) = rt.block_on(settled(n, w));
+        let (store, name, me, session) = rt.block_on(settled(n, w));
         group.bench_function(BenchmarkId::new("heartbeat", format!("N={n},W={w}")), |b| {
             b.to_async(&rt).iter(|| async {
                 store
-                    .heartbeat(&name, me, ttl, &meta)
+                    .heartbeat(&name, me, Incarnation::from_uuid(me.as_uuid()), ttl, &meta)
                     .await
                     .expect("heartbeat")
             });
@@ -61,10 +74,10 @@ fn bench(c: &mut Criterion) {
             BenchmarkId::new("claim+release", format!("N={n},W={w}")),
             |b| {
                 b.to_async(&rt).iter(|| async {
-                    let won = store.claim(&name, me, 1).await.expect("claim");
+                    let won = store.claim(&name, me, session, 1).await.expect("claim");
                     assert_eq!(won.len(), 1, "one bucket was claimable");
                     store
-                        .release(&name, me, &[won[0].bucket])
+                        .release(&name, me, session, &[won[0].bucket])
                         .await
                         .expect("release")
                 });

@@ -42,7 +42,9 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease::diesel::{PgLeaseStore, ops};
-use lease::{GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId, policy};
+use lease::{
+    GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId, policy,
+};
 use uuid::Uuid;
 
 /// The seed's schema and its 100 x 64 population, as the peer ships it.
@@ -309,7 +311,13 @@ impl Bench {
                 let (group, worker) = &self.ours[i];
                 let beat = self
                     .store
-                    .heartbeat(group, *worker, self.ttl, &MemberMetadata::empty())
+                    .heartbeat(
+                        group,
+                        *worker,
+                        Incarnation::from_uuid(worker.as_uuid()),
+                        self.ttl,
+                        &MemberMetadata::empty(),
+                    )
                     .await
                     .expect("heartbeat");
                 let plan = policy::plan(&beat.view, *worker, &beat.owned_buckets());
@@ -486,11 +494,20 @@ async fn setup(shape: Shape, pool_size: usize) -> (Arc<Bench>, AsyncPgConnection
         store.ensure_group(&group, shards).await.expect("ensure");
         for _ in 0..WORKERS_PER_GROUP {
             let worker = WorkerId::new();
-            store
-                .heartbeat(&group, worker, ttl, &MemberMetadata::empty())
+            let joined = store
+                .heartbeat(
+                    &group,
+                    worker,
+                    Incarnation::from_uuid(worker.as_uuid()),
+                    ttl,
+                    &MemberMetadata::empty(),
+                )
                 .await
                 .expect("join");
-            let won = store.claim(&group, worker, share).await.expect("claim");
+            let won = store
+                .claim(&group, worker, joined.session, share)
+                .await
+                .expect("claim");
             assert_eq!(won.len() as u32, share, "setup claim");
             ours.push((group.clone(), worker));
         }
@@ -610,6 +627,7 @@ async fn rows_written(bench: &Bench, admin: &mut AsyncPgConnection, kind: Kind) 
                     None,
                     group,
                     *worker,
+                    Incarnation::from_uuid(worker.as_uuid()),
                     bench.ttl,
                     &MemberMetadata::empty(),
                 )
@@ -763,12 +781,22 @@ async fn scale(heartbeats: usize) {
     let mut workers = Vec::new();
     for _ in 0..members {
         let w = WorkerId::new();
-        store
-            .heartbeat(&group, w, ttl, &MemberMetadata::empty())
+        let joined = store
+            .heartbeat(
+                &group,
+                w,
+                Incarnation::from_uuid(w.as_uuid()),
+                ttl,
+                &MemberMetadata::empty(),
+            )
             .await
             .expect("join");
         assert_eq!(
-            store.claim(&group, w, share).await.expect("claim").len(),
+            store
+                .claim(&group, w, joined.session, share)
+                .await
+                .expect("claim")
+                .len(),
             share as usize
         );
         workers.push(w);
@@ -778,7 +806,13 @@ async fn scale(heartbeats: usize) {
     for _ in 0..8 {
         let w = workers[rng.below(members)];
         store
-            .heartbeat(&group, w, ttl, &MemberMetadata::empty())
+            .heartbeat(
+                &group,
+                w,
+                Incarnation::from_uuid(w.as_uuid()),
+                ttl,
+                &MemberMetadata::empty(),
+            )
             .await
             .expect("heartbeat");
     }
@@ -788,7 +822,13 @@ async fn scale(heartbeats: usize) {
         let w = workers[rng.below(members)];
         let t0 = Instant::now();
         let beat = store
-            .heartbeat(&group, w, ttl, &MemberMetadata::empty())
+            .heartbeat(
+                &group,
+                w,
+                Incarnation::from_uuid(w.as_uuid()),
+                ttl,
+                &MemberMetadata::empty(),
+            )
             .await
             .expect("heartbeat");
         let plan = policy::plan(&beat.view, w, &beat.owned_buckets());

@@ -56,6 +56,18 @@ async fn bad_input_exits_2_and_names_the_flag() {
             &["release", "--group", "g", "--worker", "not-a-uuid"],
             "--worker",
         ),
+        (
+            &[
+                "worker",
+                "--group",
+                "g",
+                "--shards",
+                "4",
+                "--worker-id",
+                "not-a-uuid",
+            ],
+            "--worker-id",
+        ),
     ];
     for (args, flag) in cases {
         let (code, _, err) = run(args, url);
@@ -314,4 +326,62 @@ fn the_demo_tells_its_story_and_finds_no_overlap() {
     let (code, _, err) = run(&["demo", "--workers", "1"], None);
     assert_eq!(code, 2);
     assert!(err.contains("--workers"), "{err}");
+}
+
+/// Two `leasectl worker` processes given one `--worker-id` (a stateful-set pod restarted while
+/// the old one still terminates): the second is refused while the first runs, with an error
+/// event saying the id is in use, and owns nothing; once the first stops it takes every bucket.
+/// The merged event log, each process under a label of its own, shows no bucket held by both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_given_one_worker_id_never_share_its_session() {
+    let db = lease_testdb::database().await;
+    let id = lease::WorkerId::new().to_string();
+    let flags = ["--worker-id", id.as_str()];
+    let mut first = WorkerProcess::spawn_with("first", &db.url, "orders", 4, "3s", "1s", &flags);
+    wait_for(
+        "the first worker's buckets",
+        Duration::from_secs(20),
+        || first.owned().len() == 4,
+    );
+    let mut second = WorkerProcess::spawn_with("second", &db.url, "orders", 4, "3s", "1s", &flags);
+    let refusals = |w: &WorkerProcess| {
+        w.events()
+            .iter()
+            .filter(|e| e.event == "error")
+            .filter(|e| {
+                e.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("is in use"))
+            })
+            .count()
+    };
+    wait_for(
+        "three refusals of the second worker",
+        Duration::from_secs(20),
+        || refusals(&second) >= 3,
+    );
+    assert_eq!(second.worker().map(|w| w.to_string()), Some(id.clone()));
+    assert!(
+        second.owned().is_empty(),
+        "the second worker shares the first one's buckets"
+    );
+    assert_eq!(first.owned().len(), 4);
+
+    first.signal("TERM");
+    assert!(first.wait(Duration::from_secs(10)).success());
+    wait_for(
+        "the second worker to take over",
+        Duration::from_secs(20),
+        || second.owned().len() == 4,
+    );
+    second.signal("TERM");
+    assert!(second.wait(Duration::from_secs(10)).success());
+    let mut log = lease::ownership_log::OwnershipLog::new();
+    support::record(&mut log, lease::WorkerId::new(), &first.events());
+    support::record(&mut log, lease::WorkerId::new(), &second.events());
+    let summary = log
+        .check()
+        .unwrap_or_else(|e| panic!("two processes with one worker id overlapped: {e}"));
+    assert_eq!(summary.handoffs, 4);
+    assert!(first.bad_lines().is_empty() && second.bad_lines().is_empty());
 }

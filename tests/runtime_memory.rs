@@ -11,8 +11,8 @@ use std::time::Duration;
 use lease::memory::MemoryLeaseStore;
 use lease::testing::{Faults, FaultyStore, OwnershipLog, RecordingHandler, Summary, TokioClock};
 use lease::{
-    BucketState, Clock, GroupName, LeaseStore, LeaseWorker, OwnershipEvent, RevokeReason,
-    ShardCount, Timestamp, WorkerHandle, WorkerId,
+    BucketState, Clock, ErrorKind, GroupName, LeaseStore, LeaseWorker, OwnershipEvent,
+    RevokeReason, ShardCount, Timestamp, WorkerError, WorkerHandle, WorkerId,
 };
 
 const RENEW: Duration = Duration::from_secs(1);
@@ -27,6 +27,7 @@ struct Pool {
     shards: u32,
     wakeups: bool,
     workers: BTreeMap<WorkerId, (WorkerHandle, Arc<Faults>)>,
+    errors: BTreeMap<WorkerId, Arc<Mutex<Vec<Option<ErrorKind>>>>>,
 }
 
 impl Pool {
@@ -40,6 +41,7 @@ impl Pool {
             shards,
             wakeups,
             workers: BTreeMap::new(),
+            errors: BTreeMap::new(),
         }
     }
 
@@ -54,6 +56,7 @@ impl Pool {
             shards,
             wakeups: other.wakeups,
             workers: BTreeMap::new(),
+            errors: BTreeMap::new(),
         }
     }
 
@@ -67,7 +70,7 @@ impl Pool {
 
     async fn stop(&mut self, w: WorkerId) {
         let (handle, _) = self.workers.remove(&w).expect("a running worker");
-        handle.shutdown().await;
+        handle.shutdown().await.expect("a clean stop");
     }
 
     fn crash(&mut self, w: WorkerId) {
@@ -347,8 +350,11 @@ async fn a_worker_that_cannot_renew_fences_itself_before_anyone_takes_over() {
     let a = pool.start().await;
     let b = pool.start().await;
     assert!(ticks_until_balanced(&pool, 5).await.is_some());
-    // a's renewals start failing; the store keeps a's session until it expires.
+    // a's renewals start failing; the store keeps a's session until it expires. No heartbeat
+    // of a succeeds from here on, so the expiry the store holds now is its last. (Once dead,
+    // a's member row goes at b's next heartbeat.)
     pool.faults(a).fail_heartbeats.store(true, Ordering::SeqCst);
+    let latest_expiry = pool.session_expiry(a).await;
     run_for(TTL * 3).await;
     let fenced = pool.revoked_at(a, RevokeReason::Expired);
     assert_eq!(
@@ -357,9 +363,7 @@ async fn a_worker_that_cannot_renew_fences_itself_before_anyone_takes_over() {
         "a did not revoke its four buckets: {:?}",
         pool.events_of(a)
     );
-    // No heartbeat succeeded since: the store's expiry is that of the last renewal, and a
-    // fenced before it.
-    let latest_expiry = pool.session_expiry(a).await;
+    // a fenced before the store could hand its buckets to anyone.
     for t in &fenced {
         assert!(
             *t < latest_expiry,
@@ -418,7 +422,7 @@ async fn a_new_session_revokes_everything_before_claiming_again() {
     assert!(ticks_until_balanced(&pool, 5).await.is_some());
     // An operator force-releases a (what `leasectl release --force` does): a's next heartbeat
     // starts a new session.
-    pool.store.leave(&pool.group, a).await.expect("leave");
+    pool.store.leave(&pool.group, a, None).await.expect("leave");
     run_for(RENEW).await;
     let events = pool.events_of(a);
     let expired = events
@@ -499,12 +503,14 @@ async fn a_shard_count_mismatch_refuses_to_start() {
     assert_eq!(err.kind(), lease::ErrorKind::ShardCountMismatch);
 }
 
-/// A handler that takes its time, or panics on one bucket, then records like the others.
+/// A handler that takes its time, or panics on one bucket, then records like the others; it
+/// also keeps the kinds of the errors the worker reported.
 #[derive(Clone)]
 struct SlowHandler {
     inner: RecordingHandler,
     assign_delay: Duration,
     panic_on: Option<u32>,
+    errors: Arc<Mutex<Vec<Option<ErrorKind>>>>,
 }
 
 #[async_trait::async_trait]
@@ -527,28 +533,66 @@ impl lease::OwnershipHandler for SlowHandler {
     ) {
         self.inner.on_revoked(bucket, token, reason).await;
     }
+
+    async fn on_error(&self, error: &WorkerError) {
+        let kind = match error {
+            WorkerError::Store { source, .. } => Some(source.kind()),
+            _ => None,
+        };
+        self.errors.lock().expect("errors").push(kind);
+    }
 }
 
 impl Pool {
     async fn start_with(&mut self, assign_delay: Duration, panic_on: Option<u32>) -> WorkerId {
-        let config =
+        self.launch(None, assign_delay, panic_on).await
+    }
+
+    /// Start a worker that uses the worker id `id` in the store, as a second process started
+    /// with the id of another would; it is told apart in this pool (and in the ownership log)
+    /// by the id returned.
+    async fn start_as(&mut self, id: WorkerId) -> WorkerId {
+        self.launch(Some(id), Duration::ZERO, None).await
+    }
+
+    async fn launch(
+        &mut self,
+        id: Option<WorkerId>,
+        assign_delay: Duration,
+        panic_on: Option<u32>,
+    ) -> WorkerId {
+        let mut builder =
             LeaseWorker::builder(self.group.clone(), ShardCount::new(self.shards).expect("n"))
                 .ttl(TTL)
-                .renew_interval(RENEW)
-                .build()
-                .expect("config");
-        let id = config.worker_id();
+                .renew_interval(RENEW);
+        if let Some(id) = id {
+            builder = builder.worker_id(id);
+        }
+        let config = builder.build().expect("config");
+        let label = if id.is_some() {
+            WorkerId::new()
+        } else {
+            config.worker_id()
+        };
         let store = FaultyStore::new(self.store.clone());
         let faults = store.faults();
         faults.no_feed.store(!self.wakeups, Ordering::SeqCst);
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        self.errors.insert(label, errors.clone());
         let handler = SlowHandler {
-            inner: RecordingHandler::new(id, self.log.clone(), Arc::new(self.clock.clone())),
+            inner: RecordingHandler::new(label, self.log.clone(), Arc::new(self.clock.clone())),
             assign_delay,
             panic_on,
+            errors,
         };
         let handle = config.start(store, handler).await.expect("start");
-        self.workers.insert(id, (handle, faults));
-        id
+        self.workers.insert(label, (handle, faults));
+        label
+    }
+
+    /// The kinds of the errors `w` reported, in order (`None`: a timeout).
+    fn errors_of(&self, w: WorkerId) -> Vec<Option<ErrorKind>> {
+        self.errors[&w].lock().expect("errors").clone()
     }
 }
 
@@ -597,7 +641,11 @@ async fn a_panicking_handler_stops_the_worker_visibly() {
         .wait()
         .await
         .expect_err("the worker survived its handler's panic");
-    assert!(failure.message.contains("panicked"), "{failure}");
+    assert!(
+        matches!(&failure, lease::WorkerFailed::HandlerPanicked { message }
+            if message.contains("the application's handler failed")),
+        "{failure}"
+    );
     assert!(
         owned.borrow().is_empty(),
         "the owned set kept buckets: {:?}",
@@ -607,4 +655,45 @@ async fn a_panicking_handler_stops_the_worker_visibly() {
     run_for(TTL * 2).await;
     assert_eq!(pool.owned()[&b], 4);
     pool.shutdown().await;
+}
+
+/// Two processes started with one worker id never share its session: the second is refused
+/// (`WorkerIdInUse`, reported as an error) and owns nothing while the first runs; once the first
+/// stops gracefully the second starts a session of its own and takes every bucket, and the
+/// ownership log shows no bucket held by both.
+#[tokio::test(start_paused = true)]
+async fn two_processes_with_one_worker_id_never_share_a_session() {
+    let mut pool = Pool::new("orders", 8, true);
+    let first = pool.start().await;
+    assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    let second = pool.start_as(first).await;
+    run_for(RENEW * 5).await;
+    assert_eq!(pool.owned()[&first], 8, "the first process lost buckets");
+    assert_eq!(
+        pool.owned()[&second],
+        0,
+        "the second process was given buckets of the first one's session"
+    );
+    let refused = pool.errors_of(second);
+    assert!(
+        refused.len() >= 5 && refused.iter().all(|k| *k == Some(ErrorKind::WorkerIdInUse)),
+        "the second process did not report the id in use at each attempt: {refused:?}"
+    );
+    let stopped_at = pool.clock.now();
+    pool.stop(first).await;
+    run_for(RENEW * 2).await;
+    assert_eq!(
+        pool.owned()[&second],
+        8,
+        "the second process did not take over"
+    );
+    let taken: Vec<Timestamp> = pool
+        .events_of(second)
+        .iter()
+        .filter(|(_, e)| matches!(e, OwnershipEvent::Assigned { .. }))
+        .map(|(t, _)| *t)
+        .collect();
+    assert!(taken.iter().all(|t| *t >= stopped_at));
+    let summary = pool.shutdown().await;
+    assert_eq!(summary.handoffs, 8);
 }

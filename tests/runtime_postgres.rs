@@ -7,11 +7,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease::diesel::PgLeaseStore;
 use lease::testing::{Faults, FaultyStore, OwnershipLog, RecordingHandler};
 use lease::{
-    GroupName, LeaseWorker, OwnershipEvent, RevokeReason, ShardCount, SystemClock, Timestamp,
-    WorkerHandle, WorkerId,
+    Clock, GroupName, LeaseStore, LeaseWorker, OwnershipEvent, RevokeReason, ShardCount,
+    StoreError, SystemClock, Timestamp, WorkerFailed, WorkerHandle, WorkerId,
 };
 
 const SHARDS: u32 = 64;
@@ -84,7 +85,7 @@ impl Pool {
         let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
         for w in ids {
             let (h, _) = self.workers.remove(&w).expect("worker");
-            h.shutdown().await;
+            h.shutdown().await.expect("a clean stop");
         }
         let summary = self
             .log
@@ -122,7 +123,7 @@ async fn wake_ups_serve_a_joiner_and_a_graceful_stop_within_250_ms() {
         .expect("a worker");
     let (handle, _) = pool.workers.remove(&victim).expect("victim");
     let stopped_at = Instant::now();
-    handle.shutdown().await;
+    handle.shutdown().await.expect("a clean stop");
     pool.until_balanced(Duration::from_secs(20)).await;
     let handoff = stopped_at.elapsed();
     eprintln!("a graceful stop: re-owned by the other 3 in {handoff:?}");
@@ -177,4 +178,76 @@ async fn a_worker_cut_off_from_postgres_fences_before_its_buckets_move() {
     // leave cleanly.
     faults.hang.store(false, Ordering::SeqCst);
     pool.shutdown().await;
+}
+
+/// A running worker whose group is deleted and created again with another shard count stops
+/// with the typed mismatch error (checked on every heartbeat) instead of being assigned
+/// buckets of a group it routes by another count; the worker of the new group owns them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stops_when_its_group_returns_with_another_shard_count() {
+    let db = lease_testdb::database().await;
+    let store = PgLeaseStore::builder(db.url.clone())
+        .max_connections(4)
+        .build()
+        .expect("store");
+    let group = GroupName::new("del").expect("name");
+    let log = Arc::new(Mutex::new(OwnershipLog::new()));
+    let start = |shards: u32| {
+        let config = LeaseWorker::builder(group.clone(), ShardCount::new(shards).expect("n"))
+            .ttl(Duration::from_secs(3))
+            .renew_interval(Duration::from_millis(500))
+            .build()
+            .expect("config");
+        let id = config.worker_id();
+        let handler = RecordingHandler::new(id, log.clone(), Arc::new(SystemClock));
+        (config, id, handler)
+    };
+    let (config, first_id, handler) = start(4);
+    let mut first = config.start(store.clone(), handler).await.expect("start");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while first.owned().borrow().len() < 4 {
+        assert!(Instant::now() < deadline, "the first worker never owned 4");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let mut admin = AsyncPgConnection::establish(&db.url).await.expect("admin");
+    admin
+        .batch_execute("DELETE FROM lease.groups WHERE name = 'del'")
+        .await
+        .expect("delete the group");
+    let deleted_at = SystemClock.now();
+    let (config, second_id, handler) = start(2);
+    let second = config.start(store.clone(), handler).await.expect("start");
+
+    let ended = tokio::time::timeout(Duration::from_secs(20), first.wait())
+        .await
+        .expect("the first worker kept running on a group of another shard count");
+    match ended {
+        Err(WorkerFailed::Store(StoreError::ShardCountMismatch {
+            configured, found, ..
+        })) => assert_eq!((configured.get(), found.get()), (4, 2)),
+        other => panic!("the first worker ended with {other:?}"),
+    }
+    assert!(first.owned().borrow().is_empty());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while second.owned().borrow().len() < 2 {
+        assert!(Instant::now() < deadline, "the second worker never owned 2");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let log = log.lock().expect("log").clone();
+    let late: Vec<_> = log
+        .entries()
+        .iter()
+        .filter(|e| e.worker == first_id && e.at >= deleted_at)
+        .filter(|e| matches!(e.event, OwnershipEvent::Assigned { .. }))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the first worker was assigned buckets of the new group: {late:?}"
+    );
+    // It left the new group on its way out: only the second worker is a member.
+    let snap = store.snapshot(&group).await.expect("snapshot");
+    let members: Vec<WorkerId> = snap.members.iter().map(|m| m.worker).collect();
+    assert_eq!(members, vec![second_id]);
+    second.shutdown().await.expect("a clean stop");
 }

@@ -81,14 +81,30 @@ pub enum StoreError {
         /// The count the store holds.
         found: ShardCount,
     },
-    /// The worker has no live session in the group (it never sent a heartbeat, or its session
-    /// expired); it must heartbeat to start a new one.
+    /// The session the caller named is not the worker's live session in the group (it never
+    /// sent a heartbeat, its session expired, or it was evicted); it must heartbeat to start a
+    /// new one.
     #[error("worker {worker} has no live session in group {group:?}; heartbeat to start one")]
     SessionExpired {
         /// The group.
         group: GroupName,
         /// The worker.
         worker: WorkerId,
+    },
+    /// Another process holds the worker id's live session: two processes were given the same
+    /// [`WorkerId`]. Nothing was written. Retrying helps once that session ends (its process
+    /// stops gracefully or its session expires at `expires_at`); the two never share it.
+    #[error(
+        "worker id {worker} is in use in group {group:?}: another process holds its live \
+         session, which expires at {expires_at} unless renewed"
+    )]
+    WorkerIdInUse {
+        /// The group.
+        group: GroupName,
+        /// The worker id both processes use.
+        worker: WorkerId,
+        /// When the other process's session expires unless it renews it (store clock).
+        expires_at: chrono::DateTime<chrono::Utc>,
     },
     /// A bucket number outside the group's `0..n`. Nothing was written.
     #[error("bucket {bucket} is out of range for group {group:?} with {shard_count} shards")]
@@ -135,6 +151,7 @@ impl StoreError {
             Self::GroupNotFound { .. } => ErrorKind::GroupNotFound,
             Self::ShardCountMismatch { .. } => ErrorKind::ShardCountMismatch,
             Self::SessionExpired { .. } => ErrorKind::SessionExpired,
+            Self::WorkerIdInUse { .. } => ErrorKind::WorkerIdInUse,
             Self::BucketOutOfRange { .. } => ErrorKind::BucketOutOfRange,
             Self::InvalidInput(_) => ErrorKind::InvalidInput,
             Self::Backend { .. } => ErrorKind::Backend,
@@ -152,6 +169,8 @@ pub enum ErrorKind {
     ShardCountMismatch,
     /// See [`StoreError::SessionExpired`].
     SessionExpired,
+    /// See [`StoreError::WorkerIdInUse`].
+    WorkerIdInUse,
     /// See [`StoreError::BucketOutOfRange`].
     BucketOutOfRange,
     /// See [`StoreError::InvalidInput`].

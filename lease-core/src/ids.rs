@@ -259,6 +259,44 @@ impl fmt::Display for SessionId {
     }
 }
 
+/// One start of a worker: minted afresh each time a worker starts, and sent with every
+/// heartbeat. A session belongs to the incarnation that started it: only that incarnation can
+/// extend it, so two processes given the same [`WorkerId`] (a restarted pod whose predecessor
+/// is still terminating, a copied configuration) never share a session; the second is refused
+/// with [`StoreError::WorkerIdInUse`](crate::StoreError::WorkerIdInUse) until the first one's
+/// session ends.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct Incarnation(Uuid);
+
+impl Incarnation {
+    /// A fresh random incarnation.
+    pub fn new() -> Self {
+        Self(Uuid::new_v4())
+    }
+
+    /// Wrap an existing UUID.
+    pub fn from_uuid(id: Uuid) -> Self {
+        Self(id)
+    }
+
+    /// The UUID.
+    pub fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl Default for Incarnation {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for Incarnation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
 /// A per-bucket number that strictly increases on every change of ownership and never on a
 /// renewal or a release. A bucket never owned has token 0; its first owner holds token 1.
 ///

@@ -14,7 +14,9 @@
 //! A tick of one worker, by hand, on the in-memory backend:
 //!
 //! ```
-//! use lease_core::{policy, GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId};
+//! use lease_core::{
+//!     policy, GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId,
+//! };
 //! use lease_memory::MemoryLeaseStore;
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -22,11 +24,12 @@
 //! let group = GroupName::new("orders")?;
 //! store.ensure_group(&group, ShardCount::new(8)?).await?;
 //!
-//! let me = WorkerId::new();
-//! let beat = store.heartbeat(&group, me, Ttl::from_secs(30)?, &MemberMetadata::empty()).await?;
+//! let (me, process) = (WorkerId::new(), Incarnation::new());
+//! let ttl = Ttl::from_secs(30)?;
+//! let beat = store.heartbeat(&group, me, process, ttl, &MemberMetadata::empty()).await?;
 //! let plan = policy::plan(&beat.view, me, &beat.owned_buckets());
 //! assert_eq!(plan.claim, 8); // alone in the group: everything is mine
-//! let won = store.claim(&group, me, plan.claim).await?;
+//! let won = store.claim(&group, me, beat.session, plan.claim).await?;
 //! assert_eq!(won.len(), 8);
 //! assert!(store.is_current(&group, won[0].bucket, me, won[0].token).await?);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -50,7 +53,9 @@ pub mod testing;
 
 pub use change::{Change, ChangeFeed};
 pub use error::{ErrorKind, InvalidInput, StoreError};
-pub use ids::{Bucket, FencingToken, GroupName, MemberMetadata, SessionId, ShardCount, WorkerId};
+pub use ids::{
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
+};
 pub use policy::{Plan, plan};
 pub use runtime::{
     ConfigError, EventSender, LeaseWorker, LeaseWorkerBuilder, Owned, OwnershipEvent,

@@ -6,17 +6,22 @@ use async_trait::async_trait;
 
 use crate::change::ChangeFeed;
 use crate::error::StoreError;
-use crate::ids::{Bucket, FencingToken, GroupName, MemberMetadata, ShardCount, WorkerId};
+use crate::ids::{
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
+};
 use crate::time::Ttl;
 use crate::view::{GroupSnapshot, Heartbeat, Lease};
 
 /// Where leases live: the shared state a pool of workers agrees through.
 ///
 /// Ownership hangs on **sessions**. Each worker has at most one member row per group holding
-/// its session (id and expiry); each bucket row records its owner worker and the session it
-/// was claimed under, and a fencing token. A bucket is owned if and only if its recorded
-/// session is the owner's current session and that session is live. Renewing is extending the
-/// session: one row per worker per heartbeat, whatever it holds.
+/// its session (id, expiry and the [`Incarnation`] that started it); each bucket row records
+/// its owner worker and the session it was claimed under, and a fencing token. A bucket is
+/// owned if and only if its recorded session is the owner's current session and that session
+/// is live. Renewing is extending the session: one row per worker per heartbeat, whatever it
+/// holds. A session belongs to the incarnation that started it: only that incarnation extends
+/// it, and the operations that change ownership name the session they act under, so two
+/// processes given one worker id never share a session.
 ///
 /// # Contract
 ///
@@ -37,8 +42,9 @@ use crate::view::{GroupSnapshot, Heartbeat, Lease};
 ///   [`is_current`](Self::is_current), which answers `false`, and
 ///   [`changes`](Self::changes), which subscribes to any name (a worker may listen before
 ///   the group exists).
-/// - **G8 One caller per worker.** Calls for one `(group, worker)` must not overlap; the
-///   worker runtime makes them one at a time. Different workers may call concurrently.
+/// - **G8 One caller per incarnation.** Calls for one `(group, worker, incarnation)` must not
+///   overlap; the worker runtime makes them one at a time. Different workers, and different
+///   incarnations of one worker id (H7 keeps them apart), may call concurrently.
 /// - **G6 Names are data.** Group names and metadata with quotes, unicode or SQL text are
 ///   stored and returned unchanged and never interpreted.
 /// - **G7 Groups are independent.** Nothing done in one group changes another.
@@ -57,40 +63,45 @@ pub trait LeaseStore: Send + Sync {
     ///   count) and writes nothing.
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError>;
 
-    /// Extend `worker`'s live session in `group`, or start a new one, and return the view the
-    /// policy needs, in one round trip.
+    /// Extend `worker`'s live session in `group`, or start a new one for `incarnation`, and
+    /// return the view the policy needs, in one round trip.
     ///
     /// # Contract
     ///
-    /// - **H1** If the worker has a live session, it is extended: same session id,
-    ///   `new_session == false`, `expires_at = now + ttl`, metadata replaced.
-    /// - **H2** Otherwise (first heartbeat, after [`leave`](Self::leave), or at or after the
-    ///   session's expiry) a new session starts with a never-used id and
-    ///   `new_session == true`. Buckets held under the old session are not owned any more:
-    ///   they are claimable by anyone, the worker itself included, with a new token.
-    /// - **H3** Starting a session removes the group's member rows whose sessions are dead
-    ///   (their buckets stay claimable).
+    /// - **H1** If the worker has a live session started by `incarnation`, it is extended: same
+    ///   session id, `new_session == false`, `expires_at = now + ttl`, metadata replaced.
+    /// - **H2** If the worker has no live session (first heartbeat, after
+    ///   [`leave`](Self::leave), or at or after the session's expiry) a new session starts for
+    ///   `incarnation`, with a never-used id and `new_session == true`. Buckets held under the
+    ///   old session are not owned any more: they are claimable by anyone, the worker itself
+    ///   included, with a new token.
+    /// - **H7** If the worker has a live session started by another incarnation (a second
+    ///   process with the same worker id), the call fails with [`StoreError::WorkerIdInUse`]
+    ///   naming when that session expires, and writes nothing: the session is never shared.
+    /// - **H3** Every heartbeat removes the group's other member rows whose sessions are dead
+    ///   (their buckets stay claimable), so dead members do not linger in snapshots.
     /// - **H4** The view lists every live member, idle ones with 0, with the buckets it owns,
     ///   sorted by worker id, the worker itself included; `claimable` counts the buckets no
     ///   live session owns; `owned` is exactly the worker's leases under `session`, sorted by
     ///   bucket, each expiring with the session.
     /// - **H5** It never changes a bucket or a token; a renewal writes only the worker's member
-    ///   row (a session start also removes dead rows, H3).
+    ///   row, and the rows of members found dead (H3).
     /// - **H6** Starting a session sends [`Change::Joined`](crate::Change::Joined) to the
     ///   group's change feeds.
     async fn heartbeat(
         &self,
         group: &GroupName,
         worker: WorkerId,
+        incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
     ) -> Result<Heartbeat, StoreError>;
 
-    /// Claim up to `want` claimable buckets of `group` for `worker`'s live session.
+    /// Claim up to `want` claimable buckets of `group` for `worker`'s live session `session`.
     ///
     /// # Contract
     ///
-    /// - **C1** The worker needs a live session, or the call fails with
+    /// - **C1** `session` must be the worker's live session, or the call fails with
     ///   [`StoreError::SessionExpired`] and writes nothing.
     /// - **C2** A bucket is claimable if it has no owner or its recorded session is not live.
     ///   A bucket of a live session, the caller's included, is never taken.
@@ -104,18 +115,20 @@ pub trait LeaseStore: Send + Sync {
         &self,
         group: &GroupName,
         worker: WorkerId,
+        session: SessionId,
         want: u32,
     ) -> Result<Vec<Lease>, StoreError>;
 
-    /// Give up those of `buckets` that `worker` owns, so others can claim them at once.
+    /// Give up those of `buckets` that `worker` owns under `session`, so others can claim them
+    /// at once.
     ///
     /// # Contract
     ///
     /// - **R1** A bucket outside `0..shards` fails the call with
     ///   [`StoreError::BucketOutOfRange`]; nothing is written.
-    /// - **R2** Of the listed buckets, those owned by the worker's live session become unowned;
-    ///   the others (unowned, another's, repeated, or any when the worker has no live session)
-    ///   are left alone. The released buckets are returned sorted. A store may skip, rather
+    /// - **R2** Of the listed buckets, those owned by `session` while it is the worker's live
+    ///   session become unowned; the others (unowned, another's, repeated, or any when `session`
+    ///   is not live) are left alone. The released buckets are returned sorted. A store may skip, rather
     ///   than wait for, a bucket another transaction holds locked (an application's fencing
     ///   check in Postgres); it stays owned and the caller retries it.
     /// - **R3** Tokens do not change: the next claim of a released bucket gets token + 1.
@@ -125,21 +138,31 @@ pub trait LeaseStore: Send + Sync {
         &self,
         group: &GroupName,
         worker: WorkerId,
+        session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError>;
 
-    /// Stop gracefully: release every bucket of `worker` and delete its member row.
+    /// Stop gracefully: release every bucket of `worker` and delete its member row. With
+    /// `Some(session)` only if the member row holds that session (a worker leaving); with
+    /// `None` whatever session it holds (an operator evicting a worker).
     ///
     /// # Contract
     ///
-    /// - **L1** Every bucket owned by the worker's live session becomes unowned (tokens
-    ///   unchanged) and is returned, sorted; the member row, live or dead, is deleted. A bucket
-    ///   row another transaction holds locked may be skipped instead: its session is gone with
-    ///   the member row, so it is claimable once that transaction ends.
-    /// - **L2** Leaving a group the worker is not a member of succeeds and changes nothing.
+    /// - **L1** If the member row holds `session` (or `session` is `None`), every bucket owned
+    ///   by the row's session while live becomes unowned (tokens unchanged) and is returned,
+    ///   sorted; the member row, live or dead, is deleted. A bucket row another transaction
+    ///   holds locked may be skipped instead: its session is gone with the member row, so it is
+    ///   claimable once that transaction ends.
+    /// - **L2** Leaving a group the worker is not a member of, or naming a session the member
+    ///   row does not hold, succeeds and changes nothing.
     /// - **L3** The worker's next heartbeat starts a new session.
     /// - **L4** Deleting a member row sends [`Change::Left`](crate::Change::Left).
-    async fn leave(&self, group: &GroupName, worker: WorkerId) -> Result<Vec<Bucket>, StoreError>;
+    async fn leave(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        session: Option<SessionId>,
+    ) -> Result<Vec<Bucket>, StoreError>;
 
     /// Everything the store knows about `group`: for status displays and tests.
     ///
@@ -190,32 +213,42 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
         &self,
         group: &GroupName,
         worker: WorkerId,
+        incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
     ) -> Result<Heartbeat, StoreError> {
-        (**self).heartbeat(group, worker, ttl, metadata).await
+        (**self)
+            .heartbeat(group, worker, incarnation, ttl, metadata)
+            .await
     }
 
     async fn claim(
         &self,
         group: &GroupName,
         worker: WorkerId,
+        session: SessionId,
         want: u32,
     ) -> Result<Vec<Lease>, StoreError> {
-        (**self).claim(group, worker, want).await
+        (**self).claim(group, worker, session, want).await
     }
 
     async fn release(
         &self,
         group: &GroupName,
         worker: WorkerId,
+        session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
-        (**self).release(group, worker, buckets).await
+        (**self).release(group, worker, session, buckets).await
     }
 
-    async fn leave(&self, group: &GroupName, worker: WorkerId) -> Result<Vec<Bucket>, StoreError> {
-        (**self).leave(group, worker).await
+    async fn leave(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        session: Option<SessionId>,
+    ) -> Result<Vec<Bucket>, StoreError> {
+        (**self).leave(group, worker, session).await
     }
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {

@@ -8,7 +8,7 @@
 //! created by the embedded migrations ([`PgLeaseStore::migrate`] or `leasectl migrate`).
 //!
 //! ```no_run
-//! use lease_core::{GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId};
+//! use lease_core::{GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId};
 //! use lease_diesel::PgLeaseStore;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -16,9 +16,10 @@
 //! store.migrate().await?;
 //! let group = GroupName::new("orders")?;
 //! store.ensure_group(&group, ShardCount::new(64)?).await?;
-//! let me = WorkerId::new();
-//! let beat = store.heartbeat(&group, me, Ttl::from_secs(30)?, &MemberMetadata::empty()).await?;
-//! let won = store.claim(&group, me, beat.view.claimable.min(8)).await?;
+//! let (me, process) = (WorkerId::new(), Incarnation::new());
+//! let ttl = Ttl::from_secs(30)?;
+//! let beat = store.heartbeat(&group, me, process, ttl, &MemberMetadata::empty()).await?;
+//! let won = store.claim(&group, me, beat.session, beat.view.claimable.min(8)).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -48,8 +49,9 @@ use diesel_async::pooled_connection::{
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 use lease_core::{
-    Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat, Lease,
-    LeaseStore, MemberMetadata, ShardCount, StoreError, Ttl, WorkerId, store_precision,
+    Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat, Incarnation,
+    Lease, LeaseStore, MemberMetadata, SessionId, ShardCount, StoreError, Ttl, WorkerId,
+    store_precision,
 };
 
 pub use error::PgSetupError;
@@ -288,6 +290,7 @@ impl LeaseStore for PgLeaseStore {
         &self,
         group: &GroupName,
         worker: WorkerId,
+        incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
     ) -> Result<Heartbeat, StoreError> {
@@ -296,6 +299,7 @@ impl LeaseStore for PgLeaseStore {
             self.at(),
             group,
             worker,
+            incarnation,
             ttl,
             metadata,
         )
@@ -306,22 +310,31 @@ impl LeaseStore for PgLeaseStore {
         &self,
         group: &GroupName,
         worker: WorkerId,
+        session: SessionId,
         want: u32,
     ) -> Result<Vec<Lease>, StoreError> {
-        ops::claim(&mut *self.conn().await?, self.at(), group, worker, want).await
+        let mut conn = self.conn().await?;
+        ops::claim(&mut conn, self.at(), group, worker, session, want).await
     }
 
     async fn release(
         &self,
         group: &GroupName,
         worker: WorkerId,
+        session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
-        ops::release(&mut *self.conn().await?, self.at(), group, worker, buckets).await
+        let mut conn = self.conn().await?;
+        ops::release(&mut conn, self.at(), group, worker, session, buckets).await
     }
 
-    async fn leave(&self, group: &GroupName, worker: WorkerId) -> Result<Vec<Bucket>, StoreError> {
-        ops::leave(&mut *self.conn().await?, self.at(), group, worker).await
+    async fn leave(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        session: Option<SessionId>,
+    ) -> Result<Vec<Bucket>, StoreError> {
+        ops::leave(&mut *self.conn().await?, self.at(), group, worker, session).await
     }
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {

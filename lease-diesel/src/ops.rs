@@ -14,8 +14,8 @@ use diesel::sql_types::{
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use lease_core::{
     Bucket, BucketInfo, BucketState, FencingToken, GroupName, GroupSnapshot, GroupView, Heartbeat,
-    Lease, MemberInfo, MemberLoad, MemberMetadata, SessionId, ShardCount, StoreError, Timestamp,
-    Ttl, WorkerId,
+    Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata, SessionId, ShardCount, StoreError,
+    Timestamp, Ttl, WorkerId,
 };
 use uuid::Uuid;
 
@@ -116,6 +116,7 @@ pub async fn heartbeat(
     at: Option<Timestamp>,
     group: &GroupName,
     worker: WorkerId,
+    incarnation: Incarnation,
     ttl: Ttl,
     metadata: &MemberMetadata,
 ) -> Result<Heartbeat, StoreError> {
@@ -126,13 +127,21 @@ pub async fn heartbeat(
             .bind::<SqlUuid, _>(SessionId::new().as_uuid())
             .bind::<Interval, _>(PgInterval::from_microseconds(ttl.as_micros()))
             .bind::<Text, _>(metadata.as_str())
-            .bind::<Nullable<Timestamptz>, _>(at),
+            .bind::<Nullable<Timestamptz>, _>(at)
+            .bind::<SqlUuid, _>(incarnation.as_uuid()),
     )
     .get_result(conn)
     .await
     .optional()
     .map_err(|e| from_diesel("heartbeat", e))?;
     let row = row.ok_or_else(|| not_found(group))?;
+    if !row.mine {
+        return Err(StoreError::WorkerIdInUse {
+            group: group.clone(),
+            worker,
+            expires_at: row.expires_at,
+        });
+    }
     let shard_count = shard_count(group, row.shard_count)?;
     let mut owned = leases(worker, &row.buckets, &row.tokens, row.expires_at)?;
     owned.sort_by_key(|l| l.bucket);
@@ -171,6 +180,7 @@ pub async fn claim(
     at: Option<Timestamp>,
     group: &GroupName,
     worker: WorkerId,
+    session: SessionId,
     want: u32,
 ) -> Result<Vec<Lease>, StoreError> {
     let row: Option<sql::ClaimRow> = Prepared(
@@ -178,7 +188,8 @@ pub async fn claim(
             .bind::<Text, _>(group.as_str())
             .bind::<SqlUuid, _>(worker.as_uuid())
             .bind::<BigInt, _>(i64::from(want))
-            .bind::<Nullable<Timestamptz>, _>(at),
+            .bind::<Nullable<Timestamptz>, _>(at)
+            .bind::<SqlUuid, _>(session.as_uuid()),
     )
     .get_result(conn)
     .await
@@ -200,6 +211,7 @@ pub async fn release(
     at: Option<Timestamp>,
     group: &GroupName,
     worker: WorkerId,
+    session: SessionId,
     buckets: &[Bucket],
 ) -> Result<Vec<Bucket>, StoreError> {
     let requested: Vec<i64> = buckets.iter().map(|b| i64::from(b.0)).collect();
@@ -208,7 +220,8 @@ pub async fn release(
             .bind::<Text, _>(group.as_str())
             .bind::<SqlUuid, _>(worker.as_uuid())
             .bind::<Array<BigInt>, _>(&requested)
-            .bind::<Nullable<Timestamptz>, _>(at),
+            .bind::<Nullable<Timestamptz>, _>(at)
+            .bind::<SqlUuid, _>(session.as_uuid()),
     )
     .get_result(conn)
     .await
@@ -232,12 +245,14 @@ pub async fn leave(
     at: Option<Timestamp>,
     group: &GroupName,
     worker: WorkerId,
+    session: Option<SessionId>,
 ) -> Result<Vec<Bucket>, StoreError> {
     let row: Option<sql::ReleasedRow> = Prepared(
         diesel::sql_query(sql::LEAVE)
             .bind::<Text, _>(group.as_str())
             .bind::<SqlUuid, _>(worker.as_uuid())
-            .bind::<Nullable<Timestamptz>, _>(at),
+            .bind::<Nullable<Timestamptz>, _>(at)
+            .bind::<Nullable<SqlUuid>, _>(session.map(|s| s.as_uuid())),
     )
     .get_result(conn)
     .await

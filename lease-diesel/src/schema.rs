@@ -18,6 +18,7 @@ diesel::table! {
         heartbeat_at -> Timestamptz,
         owned -> Integer,
         metadata -> Text,
+        incarnation -> Nullable<Uuid>,
     }
 }
 

@@ -33,53 +33,65 @@ SELECT shard_count FROM ins
 /// The stored shard count of a group. `$1` name.
 pub(crate) const GROUP_SHARD_COUNT: &str = "SELECT shard_count FROM lease.groups WHERE name = $1";
 
-/// Extend the worker's live session or start a new one (`$3` becomes its id), remove the
-/// group's dead member rows when a session starts, and return the policy's view. Writes one
-/// row in steady state. `$1` group, `$2` worker, `$3` candidate session id, `$4` ttl,
-/// `$5` metadata, `$6` client time. No row: the group does not exist.
+/// Extend the worker's live session if this incarnation began it, or start a new one (`$3`
+/// becomes its id, `$7` its incarnation), remove the group's dead member rows, and return the
+/// policy's view. Writes one row in steady state. `$1` group, `$2` worker, `$3` candidate
+/// session id, `$4` ttl, `$5` metadata, `$6` client time, `$7` incarnation. No row: the group
+/// does not exist; `mine` false: another incarnation holds the live session (the row is left
+/// as it was and `expires_at` is that session's).
 ///
 /// The assignment's sub-select evaluates the clock once, after `ON CONFLICT` has locked the
-/// row: liveness and the new expiry come from the same instant, under the lock.
+/// row: liveness, ownership by this incarnation and the new expiry all come from the same
+/// instant, under the lock. (A `WHERE` on the `DO UPDATE` would read the clock a second time.)
 pub(crate) const HEARTBEAT: &str = r#"
 WITH grp AS (
     SELECT shard_count FROM lease.groups WHERE name = $1
 ), me AS (
     INSERT INTO lease.members AS m
-           (group_name, worker_id, session_id, expires_at, joined_at, heartbeat_at, owned, metadata)
-    SELECT $1, $2, $3, c.t + $4, c.t, c.t, 0, $5
+           (group_name, worker_id, session_id, incarnation, expires_at, joined_at, heartbeat_at,
+            owned, metadata)
+    SELECT $1, $2, $3, $7, c.t + $4, c.t, c.t, 0, $5
       FROM grp, (SELECT COALESCE($6, clock_timestamp()) AS t) AS c
     ON CONFLICT (group_name, worker_id) DO UPDATE SET
-        (session_id, joined_at, owned, expires_at, heartbeat_at, metadata) = (
+        (session_id, incarnation, joined_at, owned, expires_at, heartbeat_at, metadata) = (
             SELECT CASE WHEN l.live THEN m.session_id ELSE excluded.session_id END,
+                   CASE WHEN l.live THEN m.incarnation ELSE excluded.incarnation END,
                    CASE WHEN l.live THEN m.joined_at ELSE c.t END,
                    CASE WHEN l.live THEN m.owned ELSE 0 END,
-                   c.t + $4, c.t, excluded.metadata
+                   CASE WHEN l.foreign THEN m.expires_at ELSE c.t + $4 END,
+                   CASE WHEN l.foreign THEN m.heartbeat_at ELSE c.t END,
+                   CASE WHEN l.foreign THEN m.metadata ELSE excluded.metadata END
               FROM (SELECT COALESCE($6, clock_timestamp()) AS t) AS c,
-                   LATERAL (SELECT m.expires_at > c.t AS live) AS l)
-    RETURNING m.session_id, m.expires_at, m.heartbeat_at, m.session_id = $3 AS started
+                   LATERAL (SELECT m.expires_at > c.t AS live,
+                                   m.expires_at > c.t
+                                   AND m.incarnation IS DISTINCT FROM excluded.incarnation
+                                   AS foreign) AS l)
+    RETURNING m.session_id, m.expires_at, m.heartbeat_at, m.session_id = $3 AS started,
+              m.incarnation IS NOT DISTINCT FROM $7 AS mine
 ), gc AS (
-    -- The outer EXISTS gates the whole delete (a one-time filter): a renewal reads nothing here.
-    -- `me` is joined, not read by a scalar subquery, which a re-check of a row changed
-    -- meanwhile could run twice (see CLAIM).
+    -- Dead member rows go on any heartbeat of the group, so they do not linger in a stable
+    -- pool. Rows another transaction holds are skipped: a renewal in flight, or a claimer
+    -- judging the member dead (it holds the row until it commits). `me` is joined, not read by
+    -- a scalar subquery, which a re-check of a row changed meanwhile could run twice (see
+    -- CLAIM).
     DELETE FROM lease.members d
      USING (SELECT x.worker_id FROM lease.members x, me
-             WHERE me.started AND x.group_name = $1 AND x.worker_id <> $2
+             WHERE me.mine AND x.group_name = $1 AND x.worker_id <> $2
                AND x.expires_at <= me.heartbeat_at
                FOR UPDATE OF x SKIP LOCKED) AS dead
-     WHERE EXISTS (SELECT 1 FROM me WHERE me.started)
-       AND d.group_name = $1 AND d.worker_id = dead.worker_id
+     WHERE d.group_name = $1 AND d.worker_id = dead.worker_id
 ), mine AS (
     -- By session alone: sessions are fresh UUIDs of this group's member row, so a group filter
     -- would exclude nothing, and it made the planner AND the session index with a scan of all
     -- the group's primary-key entries, a cost growing with the shard count.
     SELECT s.bucket, s.token FROM lease.shards s
-     WHERE s.owner_session = (SELECT session_id FROM me)
+     WHERE s.owner_session = (SELECT session_id FROM me WHERE me.mine)
 ), others AS (
     SELECT x.worker_id, x.owned FROM lease.members x
      WHERE x.group_name = $1 AND x.worker_id <> $2
-       AND x.expires_at > (SELECT heartbeat_at FROM me)
+       AND x.expires_at > (SELECT heartbeat_at FROM me WHERE me.mine)
 )
-SELECT grp.shard_count, me.session_id, me.started, me.heartbeat_at, me.expires_at,
+SELECT grp.shard_count, me.session_id, me.started, me.mine, me.heartbeat_at, me.expires_at,
        COALESCE(o.workers, '{}') AS other_workers, COALESCE(o.owned, '{}') AS other_owned,
        COALESCE(b.buckets, '{}') AS buckets, COALESCE(b.tokens, '{}') AS tokens,
        (SELECT count(pg_notify(lease.channel($1), 'J' || $2::text))
@@ -101,6 +113,8 @@ pub(crate) struct HeartbeatRow {
     pub session_id: Uuid,
     #[diesel(sql_type = Bool)]
     pub started: bool,
+    #[diesel(sql_type = Bool)]
+    pub mine: bool,
     #[diesel(sql_type = Timestamptz)]
     pub heartbeat_at: DateTime<Utc>,
     #[diesel(sql_type = Timestamptz)]
@@ -115,9 +129,10 @@ pub(crate) struct HeartbeatRow {
     pub tokens: Vec<i64>,
 }
 
-/// Claim up to `$3` claimable buckets, lowest first, for the worker's live session, raising
-/// each one's token. `$1` group, `$2` worker, `$3` how many, `$4` client time. No row: the
-/// group does not exist; a null session: the worker has no live session.
+/// Claim up to `$3` claimable buckets, lowest first, for the worker's live session `$5`,
+/// raising each one's token. `$1` group, `$2` worker, `$3` how many, `$4` client time, `$5`
+/// session. No row: the group does not exist; a null session: `$5` is not the worker's live
+/// session.
 ///
 /// The worker's own member row is locked first (its counter is updated, and a claimer judging
 /// it dead must skip it). Buckets are locked `FOR UPDATE SKIP LOCKED`, so racing claimers
@@ -130,7 +145,7 @@ pub(crate) struct HeartbeatRow {
 pub(crate) const CLAIM: &str = r#"
 WITH me AS (
     SELECT m.session_id, m.expires_at FROM lease.members m
-     WHERE m.group_name = $1 AND m.worker_id = $2
+     WHERE m.group_name = $1 AND m.worker_id = $2 AND m.session_id = $5
        AND m.expires_at > COALESCE($4, clock_timestamp())
        FOR UPDATE
 ), mine AS (
@@ -196,9 +211,10 @@ pub(crate) struct ClaimRow {
     pub tokens: Vec<i64>,
 }
 
-/// Release those of `$3` that the worker's live session owns, unless a bucket is out of range
-/// (then nothing is written and `max_bucket >= shard_count` tells why). `$1` group, `$2`
-/// worker, `$3` buckets (bigint[], any u32 fits), `$4` client time. No row: no such group.
+/// Release those of `$3` that the worker's live session `$5` owns, unless a bucket is out of
+/// range (then nothing is written and `max_bucket >= shard_count` tells why). `$1` group, `$2`
+/// worker, `$3` buckets (bigint[], any u32 fits), `$4` client time, `$5` session. No row: no
+/// such group.
 pub(crate) const RELEASE: &str = r#"
 WITH grp AS (
     SELECT shard_count FROM lease.groups WHERE name = $1
@@ -206,7 +222,7 @@ WITH grp AS (
     SELECT max(b) AS max_bucket FROM unnest($3::bigint[]) AS b
 ), me AS (
     SELECT m.session_id, m.expires_at FROM lease.members m
-     WHERE m.group_name = $1 AND m.worker_id = $2
+     WHERE m.group_name = $1 AND m.worker_id = $2 AND m.session_id = $5
        AND m.expires_at > COALESCE($4, clock_timestamp())
        AND (SELECT COALESCE(max_bucket, -1) FROM req) < (SELECT shard_count FROM grp)
        FOR UPDATE
@@ -246,15 +262,16 @@ pub(crate) struct ReleasedRow {
     pub buckets: Vec<i32>,
 }
 
-/// Delete the worker's member row and, if its session was live (judged under the delete's
-/// lock), release its buckets. `$1` group, `$2` worker, `$3` client time. No row: no such
-/// group.
+/// Delete the worker's member row if it holds session `$4` (any session when `$4` is null)
+/// and, if that session was live (judged under the delete's lock), release its buckets. `$1`
+/// group, `$2` worker, `$3` client time, `$4` session or null. No row: no such group.
 pub(crate) const LEAVE: &str = r#"
 WITH grp AS (
     SELECT shard_count FROM lease.groups WHERE name = $1
 ), gone AS (
     DELETE FROM lease.members m
      WHERE m.group_name = $1 AND m.worker_id = $2
+       AND ($4::uuid IS NULL OR m.session_id = $4::uuid)
     RETURNING m.session_id, m.expires_at > COALESCE($3, clock_timestamp()) AS live
 ), freed AS (
     -- Rows another transaction holds are skipped (see RELEASE): their session is gone with

@@ -8,7 +8,7 @@
 
 mod support;
 
-use support::tokens;
+use support::{process, tokens};
 
 use std::time::Duration;
 
@@ -45,11 +45,14 @@ async fn a_owns_everything(store: &PgLeaseStore, a: WorkerId) -> Vec<Lease> {
         .await
         .expect("ensure_group");
     let beat = store
-        .heartbeat(&g, a, ttl(), &MemberMetadata::empty())
+        .heartbeat(&g, a, process(a), ttl(), &MemberMetadata::empty())
         .await
         .expect("A's heartbeat");
     assert!(beat.new_session);
-    let won = store.claim(&g, a, SHARDS).await.expect("A's claim");
+    let won = store
+        .claim(&g, a, beat.session, SHARDS)
+        .await
+        .expect("A's claim");
     let expected: Vec<(u32, i64)> = (0..SHARDS).map(|b| (b, 1)).collect();
     assert_eq!(tokens(&won), expected, "A owns every bucket with token 1");
     won
@@ -73,7 +76,7 @@ async fn a_trusted_client_clock_an_hour_ahead_steals_live_leases() {
         .expect("a store on the test database")
         .with_client_clock(ManualClock::starting_at(chrono::Utc::now() + skew));
     let beat_b = store_b
-        .heartbeat(&g, b, ttl(), &MemberMetadata::empty())
+        .heartbeat(&g, b, process(b), ttl(), &MemberMetadata::empty())
         .await
         .expect("B's heartbeat");
     // The skew is real: B's session was stamped with B's clock, an hour ahead of A's.
@@ -84,7 +87,10 @@ async fn a_trusted_client_clock_an_hour_ahead_steals_live_leases() {
         beat_b.expires_at
     );
     assert_eq!(beat_b.view.claimable, SHARDS, "to B, A's leases look dead");
-    let stolen = store_b.claim(&g, b, SHARDS).await.expect("B's claim");
+    let stolen = store_b
+        .claim(&g, b, beat_b.session, SHARDS)
+        .await
+        .expect("B's claim");
     let expected: Vec<(u32, i64)> = (0..SHARDS).map(|b| (b, 2)).collect();
     assert_eq!(
         tokens(&stolen),
@@ -106,7 +112,7 @@ async fn a_trusted_client_clock_an_hour_ahead_steals_live_leases() {
         snap.buckets
     );
     let beat_a = store_a
-        .heartbeat(&g, a, ttl(), &MemberMetadata::empty())
+        .heartbeat(&g, a, process(a), ttl(), &MemberMetadata::empty())
         .await
         .expect("A's renewal");
     assert!(beat_a.new_session, "A's live session was lost");
@@ -141,7 +147,7 @@ async fn on_the_database_clock_a_worker_cannot_take_a_live_lease() {
     // B: another process, another pool, the server's clock.
     let store_b = server_clock_store(&db.url);
     let beat_b = store_b
-        .heartbeat(&g, b, ttl(), &MemberMetadata::empty())
+        .heartbeat(&g, b, process(b), ttl(), &MemberMetadata::empty())
         .await
         .expect("B's heartbeat");
     assert!(beat_b.new_session);
@@ -159,7 +165,10 @@ async fn on_the_database_clock_a_worker_cannot_take_a_live_lease() {
     expected_load.sort();
     assert_eq!(a_load, expected_load, "B sees A owning everything");
 
-    let taken = store_b.claim(&g, b, SHARDS).await.expect("B's claim");
+    let taken = store_b
+        .claim(&g, b, beat_b.session, SHARDS)
+        .await
+        .expect("B's claim");
     assert!(taken.is_empty(), "B took live leases: {taken:?}");
 
     for lease in &a_leases {
@@ -182,7 +191,7 @@ async fn on_the_database_clock_a_worker_cannot_take_a_live_lease() {
         }
     }
     let beat_a = store_a
-        .heartbeat(&g, a, ttl(), &MemberMetadata::empty())
+        .heartbeat(&g, a, process(a), ttl(), &MemberMetadata::empty())
         .await
         .expect("A's renewal");
     assert!(!beat_a.new_session);

@@ -7,7 +7,7 @@
 
 mod support;
 
-use support::{expect_backend, ok_or_backend, tokens};
+use support::{expect_backend, ok_or_backend, process, tokens};
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -17,8 +17,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
-    Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl,
-    WorkerId,
+    Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, SessionId,
+    ShardCount, Ttl, WorkerId,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError};
 
@@ -62,11 +62,14 @@ async fn unreachable_server_gives_backend_errors() {
     fails_fast!("ensure_group", store.ensure_group(&g, shards(4)));
     fails_fast!(
         "heartbeat",
-        store.heartbeat(&g, me, ttl(30), &MemberMetadata::empty())
+        store.heartbeat(&g, me, process(me), ttl(30), &MemberMetadata::empty())
     );
-    fails_fast!("claim", store.claim(&g, me, 4));
-    fails_fast!("release", store.release(&g, me, &[Bucket(0)]));
-    fails_fast!("leave", store.leave(&g, me));
+    fails_fast!("claim", store.claim(&g, me, SessionId::new(), 4));
+    fails_fast!(
+        "release",
+        store.release(&g, me, SessionId::new(), &[Bucket(0)])
+    );
+    fails_fast!("leave", store.leave(&g, me, None));
     fails_fast!("snapshot", store.snapshot(&g));
     fails_fast!(
         "is_current",
@@ -76,7 +79,7 @@ async fn unreachable_server_gives_backend_errors() {
     // Asking again fails the same way: nothing is cached in a broken state.
     fails_fast!(
         "heartbeat (again)",
-        store.heartbeat(&g, me, ttl(30), &MemberMetadata::empty())
+        store.heartbeat(&g, me, process(me), ttl(30), &MemberMetadata::empty())
     );
 
     let started = Instant::now();
@@ -124,13 +127,13 @@ async fn hostile_group_names_are_plain_data_on_the_server_clock() {
             .await
             .expect("ensure_group again");
         let beat = store
-            .heartbeat(&g, me, ttl(30), &metadata)
+            .heartbeat(&g, me, process(me), ttl(30), &metadata)
             .await
             .expect("heartbeat");
         assert!(beat.new_session);
         assert_eq!(beat.view.shard_count.get(), n);
         assert_eq!(beat.view.claimable, n);
-        let won = store.claim(&g, me, 2).await.expect("claim");
+        let won = store.claim(&g, me, beat.session, 2).await.expect("claim");
         let won: Vec<(u32, i64)> = won.iter().map(|l| (l.bucket.0, l.token.0)).collect();
         assert_eq!(won, vec![(0, 1), (1, 1)], "claim in group {name:?}");
     }
@@ -203,10 +206,10 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
         .await
         .expect("ensure_group");
     let first = store
-        .heartbeat(&g, me, ttl(30), &meta)
+        .heartbeat(&g, me, process(me), ttl(30), &meta)
         .await
         .expect("heartbeat");
-    let won = store.claim(&g, me, 3).await.expect("claim");
+    let won = store.claim(&g, me, first.session, 3).await.expect("claim");
     assert_eq!(tokens(&won), vec![(0, 1), (1, 1), (2, 1)]);
 
     let mut admin = AsyncPgConnection::establish(&db.url)
@@ -223,10 +226,10 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
         );
         drop(held);
         let (a, b, c, d) = tokio::join!(
-            store.heartbeat(&g, me, ttl(30), &meta),
+            store.heartbeat(&g, me, process(me), ttl(30), &meta),
             store.snapshot(&g),
             store.is_current(&g, Bucket(0), me, FencingToken(1)),
-            store.claim(&g, me, 0),
+            store.claim(&g, me, first.session, 0),
         );
         assert!(a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok());
         assert_eq!(store.pool().status().size, POOL, "the pool is full");
@@ -260,10 +263,10 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
         // Operations now, concurrently, on whatever the pool hands out: each one succeeds
         // or fails with a Backend error.
         let (a, b, c, d) = tokio::join!(
-            store.heartbeat(&g, me, ttl(30), &meta),
+            store.heartbeat(&g, me, process(me), ttl(30), &meta),
             store.snapshot(&g),
             store.is_current(&g, Bucket(0), me, FencingToken(1)),
-            store.claim(&g, me, 0),
+            store.claim(&g, me, first.session, 0),
         );
         let ok = [
             ok_or_backend("heartbeat", &a),
@@ -278,7 +281,7 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
         let mut attempts = 0;
         let beat = loop {
             attempts += 1;
-            let result = store.heartbeat(&g, me, ttl(30), &meta).await;
+            let result = store.heartbeat(&g, me, process(me), ttl(30), &meta).await;
             if ok_or_backend("heartbeat", &result) {
                 break result.expect("checked");
             }
@@ -321,7 +324,10 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
             "nothing else changed: {:?}",
             snap.buckets
         );
-        let again = store.claim(&g, me, 0).await.expect("claim after recovery");
+        let again = store
+            .claim(&g, me, first.session, 0)
+            .await
+            .expect("claim after recovery");
         assert!(again.is_empty());
     }
 }
@@ -342,10 +348,10 @@ async fn a_connection_killed_mid_statement_gives_a_backend_error() {
         .await
         .expect("ensure_group");
     let first = store
-        .heartbeat(&g, me, ttl(30), &meta)
+        .heartbeat(&g, me, process(me), ttl(30), &meta)
         .await
         .expect("heartbeat");
-    let won = store.claim(&g, me, 2).await.expect("claim");
+    let won = store.claim(&g, me, first.session, 2).await.expect("claim");
     assert_eq!(tokens(&won), vec![(0, 1), (1, 1)]);
 
     // Another session locks the worker's member row, so the next heartbeat waits on it.
@@ -363,7 +369,7 @@ async fn a_connection_killed_mid_statement_gives_a_backend_error() {
         let store = store.clone();
         let g = g.clone();
         let meta = meta.clone();
-        async move { store.heartbeat(&g, me, ttl(30), &meta).await }
+        async move { store.heartbeat(&g, me, process(me), ttl(30), &meta).await }
     });
 
     // Once the heartbeat's backend is seen waiting for the lock, terminate it.
@@ -405,7 +411,7 @@ async fn a_connection_killed_mid_statement_gives_a_backend_error() {
     let mut attempts = 0;
     let beat = loop {
         attempts += 1;
-        let result = store.heartbeat(&g, me, ttl(30), &meta).await;
+        let result = store.heartbeat(&g, me, process(me), ttl(30), &meta).await;
         if ok_or_backend("heartbeat", &result) {
             break result.expect("checked");
         }
@@ -440,7 +446,7 @@ async fn a_statement_stuck_on_a_lock_times_out() {
     let w = WorkerId::new();
     store.ensure_group(&g, shards(4)).await.expect("ensure");
     store
-        .heartbeat(&g, w, ttl(30), &MemberMetadata::empty())
+        .heartbeat(&g, w, process(w), ttl(30), &MemberMetadata::empty())
         .await
         .expect("join");
     let mut blocker = AsyncPgConnection::establish(&db.url)
@@ -453,7 +459,7 @@ async fn a_statement_stuck_on_a_lock_times_out() {
     let started = Instant::now();
     let stuck = tokio::time::timeout(
         Duration::from_secs(5),
-        store.heartbeat(&g, w, ttl(30), &MemberMetadata::empty()),
+        store.heartbeat(&g, w, process(w), ttl(30), &MemberMetadata::empty()),
     )
     .await
     .expect("the heartbeat hung past the statement timeout");
@@ -465,7 +471,7 @@ async fn a_statement_stuck_on_a_lock_times_out() {
     );
     blocker.batch_execute("ROLLBACK").await.expect("unlock");
     let beat = store
-        .heartbeat(&g, w, ttl(30), &MemberMetadata::empty())
+        .heartbeat(&g, w, process(w), ttl(30), &MemberMetadata::empty())
         .await
         .expect("the heartbeat after the lock is gone");
     assert!(!beat.new_session);

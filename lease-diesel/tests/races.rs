@@ -9,8 +9,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::{Bool, Integer, Timestamptz};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
-    BucketState, FencingToken, GroupName, Heartbeat, Lease, MemberMetadata, ShardCount, Timestamp,
-    Ttl, WorkerId,
+    BucketState, ErrorKind, FencingToken, GroupName, Heartbeat, Incarnation, Lease, MemberMetadata,
+    SessionId, ShardCount, StoreError, Timestamp, Ttl, WorkerId,
 };
 use lease_diesel::ops;
 
@@ -93,9 +93,18 @@ async fn beat(
     ttl: Ttl,
     what: &str,
 ) -> Heartbeat {
-    ops::heartbeat(conn, None, group, worker, ttl, &MemberMetadata::empty())
-        .await
-        .unwrap_or_else(|e| panic!("{what}: {e}"))
+    let process = Incarnation::from_uuid(worker.as_uuid());
+    ops::heartbeat(
+        conn,
+        None,
+        group,
+        worker,
+        process,
+        ttl,
+        &MemberMetadata::empty(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
 struct Setup {
@@ -106,6 +115,8 @@ struct Setup {
     /// a's leases on every bucket.
     leases: Vec<Lease>,
     first: Heartbeat,
+    /// b's session.
+    b_session: SessionId,
 }
 
 /// A fresh database where worker `a` holds every bucket under a session of `ttl`, and worker
@@ -135,7 +146,7 @@ where
     .await
     .expect("ensure");
     let first = beat(&mut conn, &group, a, ttl, "a joins").await;
-    let leases = ops::claim(&mut conn, None, &group, a, SHARDS)
+    let leases = ops::claim(&mut conn, None, &group, a, first.session, SHARDS)
         .await
         .expect("a claims");
     assert_eq!(leases.len(), SHARDS as usize);
@@ -154,6 +165,7 @@ where
         b,
         leases,
         first,
+        b_session: b_join.session,
     }
 }
 
@@ -233,7 +245,7 @@ async fn a_renewal_begun_before_expiry_cannot_revive_the_session() {
     let mut claimer = connect(&s.url).await;
     wait_server_past(&mut admin, s.first.expires_at).await;
 
-    let taken = ops::claim(&mut claimer, None, &s.group, s.b, SHARDS)
+    let taken = ops::claim(&mut claimer, None, &s.group, s.b, s.b_session, SHARDS)
         .await
         .expect("b claims");
     assert_eq!(
@@ -284,7 +296,7 @@ async fn a_claim_skips_an_owner_whose_renewal_holds_the_lock() {
     assert!(!renewed.new_session);
     // ...past the session's old expiry: to a claimer's snapshot a looks dead.
     wait_server_past(&mut admin, s.first.expires_at).await;
-    let taken = ops::claim(&mut claimer, None, &s.group, s.b, SHARDS)
+    let taken = ops::claim(&mut claimer, None, &s.group, s.b, s.b_session, SHARDS)
         .await
         .expect("b claims");
     assert!(
@@ -294,7 +306,7 @@ async fn a_claim_skips_an_owner_whose_renewal_holds_the_lock() {
     exec(&mut renewal, "COMMIT").await;
 
     // Once committed the renewal is visible: still nothing to take.
-    let taken = ops::claim(&mut claimer, None, &s.group, s.b, SHARDS)
+    let taken = ops::claim(&mut claimer, None, &s.group, s.b, s.b_session, SHARDS)
         .await
         .expect("b claims again");
     assert!(taken.is_empty());
@@ -315,7 +327,7 @@ async fn a_renewal_waits_for_a_claim_that_judged_it_dead() {
     wait_server_past(&mut admin, s.first.expires_at).await;
 
     exec(&mut claimer, "BEGIN").await;
-    let taken = ops::claim(&mut claimer, None, &s.group, s.b, SHARDS)
+    let taken = ops::claim(&mut claimer, None, &s.group, s.b, s.b_session, SHARDS)
         .await
         .expect("b claims");
     assert_eq!(taken.len(), SHARDS as usize);
@@ -362,17 +374,19 @@ async fn a_claim_never_takes_a_bucket_claimed_after_its_snapshot() {
     )
     .await;
     let b_pid = backend_pid(&mut late_claimer).await;
-    let (group, b) = (s.group.clone(), s.b);
+    let (group, b, b_session) = (s.group.clone(), s.b, s.b_session);
     let blocked = tokio::spawn(async move {
-        ops::claim(&mut late_claimer, None, &group, b, SHARDS)
+        ops::claim(&mut late_claimer, None, &group, b, b_session, SHARDS)
             .await
             .expect("b's claim")
     });
     wait_blocked_on_lock(&mut admin, b_pid).await;
 
     // Meanwhile c joins (a session b's snapshot cannot see) and takes every bucket.
-    beat(&mut other, &s.group, c, long(), "c joins").await;
-    let c_won = ops::claim(&mut other, None, &s.group, c, SHARDS)
+    let c_session = beat(&mut other, &s.group, c, long(), "c joins")
+        .await
+        .session;
+    let c_won = ops::claim(&mut other, None, &s.group, c, c_session, SHARDS)
         .await
         .expect("c claims");
     assert_eq!(c_won.len(), SHARDS as usize);
@@ -420,7 +434,7 @@ async fn a_fenced_transaction_holds_off_a_takeover() {
         "the owner's own fencing check failed"
     );
     wait_server_past(&mut admin, s.first.expires_at).await;
-    let taken = ops::claim(&mut claimer, None, &s.group, s.b, SHARDS)
+    let taken = ops::claim(&mut claimer, None, &s.group, s.b, s.b_session, SHARDS)
         .await
         .expect("b claims");
     assert_eq!(
@@ -431,7 +445,7 @@ async fn a_fenced_transaction_holds_off_a_takeover() {
     assert!(taken.iter().all(|l| l.bucket != lease.bucket));
     exec(&mut app, "COMMIT").await;
 
-    let taken = ops::claim(&mut claimer, None, &s.group, s.b, SHARDS)
+    let taken = ops::claim(&mut claimer, None, &s.group, s.b, s.b_session, SHARDS)
         .await
         .expect("b claims again");
     assert_eq!(
@@ -467,9 +481,9 @@ async fn a_claim_that_waited_past_its_expiry_claims_nothing() {
     )
     .await;
     let pid = backend_pid(&mut conn).await;
-    let g = group.clone();
+    let (g, session) = (group.clone(), joined.session);
     let claim = tokio::spawn(async move {
-        let result = ops::claim(&mut conn, None, &g, b, SHARDS).await;
+        let result = ops::claim(&mut conn, None, &g, b, session, SHARDS).await;
         (result, conn)
     });
     wait_blocked_on_lock(&mut admin, pid).await;
@@ -509,7 +523,14 @@ async fn a_release_skips_buckets_a_fenced_transaction_holds() {
     );
     let released = tokio::time::timeout(
         Duration::from_secs(5),
-        ops::release(&mut worker, None, &s.group, s.a, &[b0.bucket, b1.bucket]),
+        ops::release(
+            &mut worker,
+            None,
+            &s.group,
+            s.a,
+            s.first.session,
+            &[b0.bucket, b1.bucket],
+        ),
     )
     .await
     .expect("the release waited for the application's transaction")
@@ -527,9 +548,16 @@ async fn a_release_skips_buckets_a_fenced_transaction_holds() {
         "a released bucket passed the fencing check"
     );
     exec(&mut app, "COMMIT").await;
-    let released = ops::release(&mut worker, None, &s.group, s.a, &[b1.bucket])
-        .await
-        .expect("release again");
+    let released = ops::release(
+        &mut worker,
+        None,
+        &s.group,
+        s.a,
+        s.first.session,
+        &[b1.bucket],
+    )
+    .await
+    .expect("release again");
     assert_eq!(released, vec![b1.bucket]);
     let beat = beat(&mut worker, &s.group, s.a, long(), "heartbeat").await;
     assert_eq!(beat.owned.len(), SHARDS as usize - 2);
@@ -539,4 +567,74 @@ async fn a_release_skips_buckets_a_fenced_transaction_holds() {
         .expect("snapshot");
     let me = snap.members.iter().find(|m| m.worker == s.a).expect("a");
     assert_eq!(me.owned, SHARDS - 2, "the owned counter drifted");
+}
+
+/// Two processes started at once with one worker id: the first one's heartbeat holds the new
+/// member row (not committed yet); the second waits for it, then finds a live session of
+/// another incarnation and is refused, writing nothing. Ownership of the session is judged
+/// under the row lock, on the latest committed row, with one reading of the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_with_one_worker_id_waits_then_is_refused() {
+    let db = lease_testdb::database().await;
+    let mut first = connect(&db.url).await;
+    let mut second = connect(&db.url).await;
+    let mut admin = connect(&db.url).await;
+    let group = GroupName::new("race").expect("name");
+    let w = WorkerId::new();
+    ops::ensure_group(
+        &mut first,
+        None,
+        &group,
+        ShardCount::new(SHARDS).expect("count"),
+    )
+    .await
+    .expect("ensure");
+    let meta = MemberMetadata::empty();
+    exec(&mut first, "BEGIN").await;
+    let started = ops::heartbeat(
+        &mut first,
+        None,
+        &group,
+        w,
+        Incarnation::new(),
+        long(),
+        &meta,
+    )
+    .await
+    .expect("the first process starts a session");
+    assert!(started.new_session);
+    let pid = backend_pid(&mut second).await;
+    let g = group.clone();
+    let refused = tokio::spawn(async move {
+        let result =
+            ops::heartbeat(&mut second, None, &g, w, Incarnation::new(), long(), &meta).await;
+        (result, second)
+    });
+    wait_blocked_on_lock(&mut admin, pid).await;
+    exec(&mut first, "COMMIT").await;
+    let (result, mut second) = refused.await.expect("the second heartbeat");
+    match result {
+        Err(StoreError::WorkerIdInUse { expires_at, .. }) => {
+            assert_eq!(expires_at, started.expires_at);
+        }
+        other => panic!("the second process was not refused: {other:?}"),
+    }
+    let snap = ops::snapshot(&mut second, None, &group)
+        .await
+        .expect("snapshot");
+    assert_eq!(snap.members.len(), 1);
+    assert_eq!(
+        snap.members[0].session, started.session,
+        "the session was replaced"
+    );
+    assert_eq!(
+        snap.members[0].expires_at, started.expires_at,
+        "the refusal renewed it"
+    );
+    // The second process cannot act under the session either.
+    let claim = ops::claim(&mut second, None, &group, w, SessionId::new(), SHARDS).await;
+    assert_eq!(
+        claim.map_err(|e| e.kind()).err(),
+        Some(ErrorKind::SessionExpired)
+    );
 }

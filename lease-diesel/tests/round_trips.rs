@@ -13,8 +13,11 @@ use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
 use diesel_async::{AsyncConnection, AsyncPgConnection};
+mod support;
+
 use lease_core::{Bucket, GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId};
 use lease_diesel::PgLeaseStore;
+use support::process;
 
 #[derive(Default)]
 struct Counts {
@@ -96,15 +99,19 @@ async fn a_steady_heartbeat_is_one_statement_writing_one_row() {
     // Eight workers split 1,024 buckets; `me` holds 128 of them.
     let workers: Vec<WorkerId> = (0..8).map(|_| WorkerId::new()).collect();
     for &w in &workers {
-        store.heartbeat(&group, w, ttl, &meta).await.expect("join");
-        assert_eq!(store.claim(&group, w, 128).await.expect("claim").len(), 128);
+        let joined = store
+            .heartbeat(&group, w, process(w), ttl, &meta)
+            .await
+            .expect("join");
+        let won = store.claim(&group, w, joined.session, 128).await;
+        assert_eq!(won.expect("claim").len(), 128);
     }
     let me = workers[0];
 
     // Warm every pooled connection so each has prepared the heartbeat once.
     for _ in 0..8 {
         store
-            .heartbeat(&group, me, ttl, &meta)
+            .heartbeat(&group, me, process(me), ttl, &meta)
             .await
             .expect("warm-up");
     }
@@ -117,7 +124,7 @@ async fn a_steady_heartbeat_is_one_statement_writing_one_row() {
     let heartbeats = 20;
     for _ in 0..heartbeats {
         let beat = store
-            .heartbeat(&group, me, ttl, &meta)
+            .heartbeat(&group, me, process(me), ttl, &meta)
             .await
             .expect("heartbeat");
         assert!(!beat.new_session);
@@ -139,7 +146,7 @@ async fn a_steady_heartbeat_is_one_statement_writing_one_row() {
     // Rows written by one heartbeat: only the worker's member row, though it holds 128 buckets.
     let xid = scalar(&mut admin, "SELECT txid_current() AS n").await;
     store
-        .heartbeat(&group, me, ttl, &meta)
+        .heartbeat(&group, me, process(me), ttl, &meta)
         .await
         .expect("heartbeat");
     let members_written = scalar(
@@ -181,19 +188,25 @@ async fn every_operation_is_one_statement() {
     // Run each operation twice (the first call on a connection prepares), then count a third.
     for round in 0..3 {
         let before = snapshot(&counts);
-        store
-            .heartbeat(&group, me, ttl, &meta)
+        let beat = store
+            .heartbeat(&group, me, process(me), ttl, &meta)
             .await
             .expect("heartbeat");
         let mid = snapshot(&counts);
-        let won = store.claim(&group, me, 4).await.expect("claim");
+        let won = store
+            .claim(&group, me, beat.session, 4)
+            .await
+            .expect("claim");
         let after_claim = snapshot(&counts);
         store
-            .release(&group, me, &[won[0].bucket, Bucket(15)])
+            .release(&group, me, beat.session, &[won[0].bucket, Bucket(15)])
             .await
             .expect("release");
         let after_release = snapshot(&counts);
-        store.leave(&group, me).await.expect("leave");
+        store
+            .leave(&group, me, Some(beat.session))
+            .await
+            .expect("leave");
         let after_leave = snapshot(&counts);
         if round == 0 {
             // Statements are cached: the first use on a connection prepares them (an uncached

@@ -9,7 +9,7 @@
 
 mod support;
 
-use support::{ok_or_backend, tokens};
+use support::{ok_or_backend, process, tokens};
 
 use std::time::{Duration, Instant};
 
@@ -62,16 +62,16 @@ async fn server_stop_and_resume_keeps_ownership() {
         .await
         .expect("ensure_group");
     let first = store
-        .heartbeat(&g, me, ttl, &meta)
+        .heartbeat(&g, me, process(me), ttl, &meta)
         .await
         .expect("heartbeat");
-    let won = store.claim(&g, me, 4).await.expect("claim");
+    let won = store.claim(&g, me, first.session, 4).await.expect("claim");
     assert_eq!(tokens(&won), vec![(0, 1), (1, 1), (2, 1), (3, 1)]);
     // Several pooled connections, all of them open when the server goes away.
     let (a, b, c) = tokio::join!(
         store.snapshot(&g),
         store.is_current(&g, Bucket(0), me, FencingToken(1)),
-        store.heartbeat(&g, me, ttl, &meta),
+        store.heartbeat(&g, me, process(me), ttl, &meta),
     );
     assert!(a.is_ok() && b.is_ok() && c.is_ok());
     assert!(
@@ -110,9 +110,15 @@ async fn server_stop_and_resume_keeps_ownership() {
                 );
             }};
         }
-        fails!("heartbeat", store.heartbeat(&g, me, ttl, &meta));
-        fails!("claim", store.claim(&g, me, 4));
-        fails!("release", store.release(&g, me, &[Bucket(0)]));
+        fails!(
+            "heartbeat",
+            store.heartbeat(&g, me, process(me), ttl, &meta)
+        );
+        fails!("claim", store.claim(&g, me, first.session, 4));
+        fails!(
+            "release",
+            store.release(&g, me, first.session, &[Bucket(0)])
+        );
         fails!("snapshot", store.snapshot(&g));
         fails!(
             "is_current",
@@ -133,7 +139,7 @@ async fn server_stop_and_resume_keeps_ownership() {
     let mut attempts = 0;
     let beat = loop {
         attempts += 1;
-        let result = store.heartbeat(&g, me, ttl, &meta).await;
+        let result = store.heartbeat(&g, me, process(me), ttl, &meta).await;
         if ok_or_backend("heartbeat after resume", &result) {
             break result.expect("checked");
         }
@@ -157,6 +163,9 @@ async fn server_stop_and_resume_keeps_ownership() {
     let snap = store.snapshot(&g).await.expect("snapshot after recovery");
     assert_eq!(tokens(&snap.live_leases()), tokens(&won));
     // And the store works in full again: the remaining buckets can be claimed.
-    let rest = store.claim(&g, me, 8).await.expect("claim after recovery");
+    let rest = store
+        .claim(&g, me, beat.session, 8)
+        .await
+        .expect("claim after recovery");
     assert_eq!(tokens(&rest), vec![(4, 1), (5, 1), (6, 1), (7, 1)]);
 }

@@ -19,6 +19,9 @@ use lease_core::{
     StoreError, Ttl, WorkerId,
 };
 use lease_diesel::PgLeaseStore;
+use support::process;
+
+mod support;
 
 const TASKS: usize = 32;
 const SHARDS: u32 = 64;
@@ -128,7 +131,7 @@ async fn worker(shared: Arc<Shared>, index: usize, seed: u64, rounds: u32) {
     let counters = &shared.counters;
 
     counters.heartbeats.fetch_add(1, Ordering::Relaxed);
-    let first = match store.heartbeat(group, me, ttl, &meta).await {
+    let first = match store.heartbeat(group, me, process(me), ttl, &meta).await {
         Ok(beat) => beat,
         Err(e) => return shared.error("heartbeat", me, &e),
     };
@@ -147,7 +150,7 @@ async fn worker(shared: Arc<Shared>, index: usize, seed: u64, rounds: u32) {
         // Claim.
         let want = 1 + rng.below(8) as u32;
         counters.claims.fetch_add(1, Ordering::Relaxed);
-        let won = match store.claim(group, me, want).await {
+        let won = match store.claim(group, me, session, want).await {
             Ok(won) => won,
             Err(e) => return shared.error("claim", me, &e),
         };
@@ -227,7 +230,7 @@ async fn worker(shared: Arc<Shared>, index: usize, seed: u64, rounds: u32) {
             let mut left: Vec<Bucket> = to_release.iter().map(|&b| Bucket(b)).collect();
             for attempt in 0.. {
                 counters.releases.fetch_add(1, Ordering::Relaxed);
-                let released = match store.release(group, me, &left).await {
+                let released = match store.release(group, me, session, &left).await {
                     Ok(released) => released,
                     Err(e) => return shared.error("release", me, &e),
                 };
@@ -258,7 +261,7 @@ async fn worker(shared: Arc<Shared>, index: usize, seed: u64, rounds: u32) {
         // worker's leases is exactly what it holds.
         if rng.below(16) == 0 {
             counters.heartbeats.fetch_add(1, Ordering::Relaxed);
-            let beat = match store.heartbeat(group, me, ttl, &meta).await {
+            let beat = match store.heartbeat(group, me, process(me), ttl, &meta).await {
                 Ok(beat) => beat,
                 Err(e) => return shared.error("heartbeat", me, &e),
             };
@@ -310,7 +313,7 @@ async fn worker(shared: Arc<Shared>, index: usize, seed: u64, rounds: u32) {
         }
     }
     counters.leaves.fetch_add(1, Ordering::Relaxed);
-    let left = match store.leave(group, me).await {
+    let left = match store.leave(group, me, Some(session)).await {
         Ok(left) => left,
         Err(e) => return shared.error("leave", me, &e),
     };

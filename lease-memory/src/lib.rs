@@ -8,7 +8,9 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use lease_core::{GroupName, LeaseStore, ManualClock, MemberMetadata, ShardCount, Ttl, WorkerId};
+//! use lease_core::{
+//!     GroupName, Incarnation, LeaseStore, ManualClock, MemberMetadata, ShardCount, Ttl, WorkerId,
+//! };
 //! use lease_memory::MemoryLeaseStore;
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -19,18 +21,20 @@
 //!
 //! let (a, b) = (WorkerId::new(), WorkerId::new());
 //! let ttl = Ttl::from_secs(10)?;
-//! store.heartbeat(&group, a, ttl, &MemberMetadata::empty()).await?;
-//! let won = store.claim(&group, a, 4).await?;
+//! let none = MemberMetadata::empty();
+//! let sa = store.heartbeat(&group, a, Incarnation::new(), ttl, &none).await?.session;
+//! let won = store.claim(&group, a, sa, 4).await?;
 //! assert_eq!(won.len(), 4);
 //!
 //! // b cannot take a live lease...
-//! store.heartbeat(&group, b, ttl, &MemberMetadata::empty()).await?;
-//! assert!(store.claim(&group, b, 4).await?.is_empty());
+//! let b_process = Incarnation::new();
+//! let sb = store.heartbeat(&group, b, b_process, ttl, &none).await?.session;
+//! assert!(store.claim(&group, b, sb, 4).await?.is_empty());
 //!
 //! // ...but once a stops renewing and its session expires, b takes over with higher tokens.
 //! clock.advance(Duration::from_secs(10));
-//! store.heartbeat(&group, b, ttl, &MemberMetadata::empty()).await?;
-//! let taken = store.claim(&group, b, 4).await?;
+//! let sb = store.heartbeat(&group, b, b_process, ttl, &none).await?.session;
+//! let taken = store.claim(&group, b, sb, 4).await?;
 //! assert_eq!(taken.len(), 4);
 //! assert!(taken.iter().zip(&won).all(|(new, old)| new.token > old.token));
 //! assert!(!store.is_current(&group, won[0].bucket, a, won[0].token).await?);
@@ -46,8 +50,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use lease_core::{
     Bucket, BucketInfo, BucketState, Change, ChangeFeed, Clock, FencingToken, GroupName,
-    GroupSnapshot, GroupView, Heartbeat, Lease, LeaseStore, MemberInfo, MemberLoad, MemberMetadata,
-    SessionId, ShardCount, StoreError, SystemClock, Timestamp, Ttl, WorkerId, store_precision,
+    GroupSnapshot, GroupView, Heartbeat, Incarnation, Lease, LeaseStore, MemberInfo, MemberLoad,
+    MemberMetadata, SessionId, ShardCount, StoreError, SystemClock, Timestamp, Ttl, WorkerId,
+    store_precision,
 };
 use tokio::sync::broadcast;
 
@@ -63,6 +68,8 @@ struct BucketRow {
 #[derive(Debug)]
 struct MemberRow {
     session: SessionId,
+    /// The worker start that began `session`: the only one that may extend it.
+    incarnation: Incarnation,
     joined_at: Timestamp,
     heartbeat_at: Timestamp,
     expires_at: Timestamp,
@@ -88,6 +95,18 @@ struct GroupState {
 impl GroupState {
     fn live_member(&self, worker: WorkerId, now: Timestamp) -> Option<&MemberRow> {
         self.members.get(&worker).filter(|m| m.is_live(now))
+    }
+
+    /// The member row of `worker`, if `session` is its live session.
+    fn live_session_mut(
+        &mut self,
+        worker: WorkerId,
+        session: SessionId,
+        now: Timestamp,
+    ) -> Option<&mut MemberRow> {
+        self.members
+            .get_mut(&worker)
+            .filter(|m| m.is_live(now) && m.session == session)
     }
 
     fn is_owned_live(&self, row: &BucketRow, now: Timestamp) -> bool {
@@ -208,19 +227,31 @@ impl LeaseStore for MemoryLeaseStore {
         &self,
         group: &GroupName,
         worker: WorkerId,
+        incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
     ) -> Result<Heartbeat, StoreError> {
         let (mut state, now) = self.lock()?;
         let g = state.group_mut(group)?;
+        if let Some(other) = g
+            .live_member(worker, now)
+            .filter(|m| m.incarnation != incarnation)
+        {
+            return Err(StoreError::WorkerIdInUse {
+                group: group.clone(),
+                worker,
+                expires_at: other.expires_at,
+            });
+        }
         let expires_at = now + ttl.as_chrono();
         let new_session = g.live_member(worker, now).is_none();
+        g.members.retain(|&w, m| w == worker || m.is_live(now));
         if new_session {
-            g.members.retain(|_, m| m.is_live(now));
             g.members.insert(
                 worker,
                 MemberRow {
                     session: SessionId::new(),
+                    incarnation,
                     joined_at: now,
                     heartbeat_at: now,
                     expires_at,
@@ -283,13 +314,14 @@ impl LeaseStore for MemoryLeaseStore {
         &self,
         group: &GroupName,
         worker: WorkerId,
+        session: SessionId,
         want: u32,
     ) -> Result<Vec<Lease>, StoreError> {
         let (mut state, now) = self.lock()?;
         let g = state.group_mut(group)?;
-        let (session, expires_at) = g
-            .live_member(worker, now)
-            .map(|m| (m.session, m.expires_at))
+        let expires_at = g
+            .live_session_mut(worker, session, now)
+            .map(|m| m.expires_at)
             .ok_or_else(|| StoreError::SessionExpired {
                 group: group.clone(),
                 worker,
@@ -326,6 +358,7 @@ impl LeaseStore for MemoryLeaseStore {
         &self,
         group: &GroupName,
         worker: WorkerId,
+        session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
         let (mut state, now) = self.lock()?;
@@ -337,7 +370,7 @@ impl LeaseStore for MemoryLeaseStore {
                 shard_count: g.shards,
             });
         }
-        let Some(me) = g.members.get_mut(&worker).filter(|m| m.is_live(now)) else {
+        let Some(me) = g.live_session_mut(worker, session, now) else {
             return Ok(Vec::new());
         };
         let mut released: Vec<Bucket> = buckets
@@ -355,9 +388,18 @@ impl LeaseStore for MemoryLeaseStore {
         Ok(released)
     }
 
-    async fn leave(&self, group: &GroupName, worker: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+    async fn leave(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        session: Option<SessionId>,
+    ) -> Result<Vec<Bucket>, StoreError> {
         let (mut state, now) = self.lock()?;
         let g = state.group_mut(group)?;
+        let holds = |m: &MemberRow| session.is_none_or(|s| s == m.session);
+        if !g.members.get(&worker).is_some_and(holds) {
+            return Ok(Vec::new());
+        }
         let Some(me) = g.members.remove(&worker) else {
             return Ok(Vec::new());
         };

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use lease::WorkerId;
+use lease::ownership_log::OwnershipLog;
+use lease::{Bucket, FencingToken, OwnershipEvent, RevokeReason, WorkerId};
 use serde_json::Value;
 
 /// The binary under test.
@@ -114,6 +115,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl WorkerProcess {
     /// Start `leasectl worker --json` on `url` with the given flags.
     pub fn spawn(name: &str, url: &str, group: &str, shards: u32, ttl: &str, renew: &str) -> Self {
+        Self::spawn_with(name, url, group, shards, ttl, renew, &[])
+    }
+
+    /// [`spawn`](Self::spawn) with more flags.
+    pub fn spawn_with(
+        name: &str,
+        url: &str,
+        group: &str,
+        shards: u32,
+        ttl: &str,
+        renew: &str,
+        extra: &[&str],
+    ) -> Self {
         let mut child = leasectl()
             .args([
                 "worker",
@@ -127,6 +141,7 @@ impl WorkerProcess {
                 "--renew",
                 renew,
             ])
+            .args(extra)
             .env("DATABASE_URL", url)
             .env("LEASE_LOG", "error")
             .stdin(Stdio::null())
@@ -250,4 +265,36 @@ pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> 
         std::thread::sleep(Duration::from_millis(10));
     }
     start.elapsed()
+}
+
+/// Record a process's `assigned` and `revoked` events in `log` under `label` (a process's own
+/// label, so that two processes given one worker id stay apart).
+pub fn record(log: &mut OwnershipLog<DateTime<Utc>>, label: WorkerId, events: &[Event]) {
+    for e in events {
+        let (Some(bucket), Some(token)) = (e.bucket, e.token) else {
+            continue;
+        };
+        let (bucket, token) = (Bucket(bucket), FencingToken(token));
+        let event = match (e.event.as_str(), e.reason.as_deref()) {
+            ("assigned", _) => OwnershipEvent::Assigned { bucket, token },
+            ("revoked", Some(reason)) => OwnershipEvent::Revoked {
+                bucket,
+                token,
+                reason: reason_of(reason),
+            },
+            _ => continue,
+        };
+        log.record(label, event, e.at);
+    }
+}
+
+/// A revocation reason as `leasectl worker --json` prints it.
+pub fn reason_of(text: &str) -> RevokeReason {
+    match text {
+        "shed" => RevokeReason::Shed,
+        "lost" => RevokeReason::Lost,
+        "expired" => RevokeReason::Expired,
+        "shutdown" => RevokeReason::Shutdown,
+        other => panic!("unknown revocation reason {other:?}"),
+    }
 }

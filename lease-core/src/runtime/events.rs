@@ -80,11 +80,24 @@ pub enum WorkerError {
 }
 
 /// Why a worker task ended without being asked to.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the lease worker stopped: {message}")]
-pub struct WorkerFailed {
-    /// What happened.
-    pub message: String,
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerFailed {
+    /// The application's handler panicked; the worker stopped without leaving the group, so
+    /// its leases expire.
+    #[error("a handler panicked: {message}")]
+    HandlerPanicked {
+        /// The panic's message.
+        message: String,
+    },
+    /// The store answered in a way retrying cannot change (the group was re-created with
+    /// another shard count, for one): the worker revoked everything, left the group and
+    /// stopped.
+    #[error(transparent)]
+    Store(StoreError),
+    /// The worker task was cancelled from outside (its runtime shut down).
+    #[error("the lease worker task was cancelled")]
+    Cancelled,
 }
 
 /// The application side of a worker. Calls are awaited one at a time, in order; for each

@@ -35,7 +35,7 @@
 //!     assert!(matches!(events.recv().await, Some(OwnershipEvent::Assigned { .. })));
 //! }
 //! assert_eq!(worker.owned().borrow().len(), 4);
-//! worker.shutdown().await;
+//! worker.shutdown().await?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
 //! ```

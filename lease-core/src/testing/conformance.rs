@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use crate::change::{Change, ChangeFeed};
 use crate::error::{ErrorKind, StoreError};
-use crate::ids::{Bucket, FencingToken, GroupName, MemberMetadata, ShardCount, WorkerId};
+use crate::ids::{
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
+};
 use crate::store::LeaseStore;
 use crate::time::{Clock, ManualClock, Ttl};
 use crate::view::{BucketState, Heartbeat, Lease};
@@ -37,7 +39,9 @@ pub const CASES: &[&str] = &[
     "expired_session_is_never_renewed",
     "old_session_buckets_are_claimable_by_anyone",
     "a_worker_reclaims_its_old_buckets_with_new_tokens",
-    "new_session_removes_dead_members",
+    "heartbeats_remove_dead_members",
+    "a_worker_id_in_use_is_refused",
+    "operations_act_only_under_the_named_session",
     "heartbeat_lists_idle_members_with_zero",
     "heartbeat_omits_expired_members",
     "heartbeat_counts_claimable_buckets",
@@ -89,7 +93,9 @@ macro_rules! conformance_suite {
             expired_session_is_never_renewed,
             old_session_buckets_are_claimable_by_anyone,
             a_worker_reclaims_its_old_buckets_with_new_tokens,
-            new_session_removes_dead_members,
+            heartbeats_remove_dead_members,
+            a_worker_id_in_use_is_refused,
+            operations_act_only_under_the_named_session,
             heartbeat_lists_idle_members_with_zero,
             heartbeat_omits_expired_members,
             heartbeat_counts_claimable_buckets,
@@ -193,15 +199,33 @@ async fn setup<S: LeaseStore>(store: &S, name: &str, n: u32) -> GroupName {
     g
 }
 
+/// The incarnation a test worker heartbeats as, unless a case says otherwise: one per worker,
+/// derived from its id, as if each worker were one process.
+fn inc(w: WorkerId) -> Incarnation {
+    Incarnation::from_uuid(w.as_uuid())
+}
+
 async fn beat<S: LeaseStore>(store: &S, g: &GroupName, w: WorkerId) -> Heartbeat {
     store
-        .heartbeat(g, w, ttl(), &MemberMetadata::empty())
+        .heartbeat(g, w, inc(w), ttl(), &MemberMetadata::empty())
         .await
         .expect("heartbeat succeeds")
 }
 
+/// The session `w`'s member row holds (live or not), as a worker that remembers its last
+/// heartbeat knows it; a never-used id when it has no member row (or there is no such group).
+async fn session<S: LeaseStore + ?Sized>(store: &S, g: &GroupName, w: WorkerId) -> SessionId {
+    store
+        .snapshot(g)
+        .await
+        .ok()
+        .and_then(|snap| snap.members.into_iter().find(|m| m.worker == w))
+        .map_or_else(SessionId::new, |m| m.session)
+}
+
 async fn claim<S: LeaseStore>(store: &S, g: &GroupName, w: WorkerId, want: u32) -> Vec<Lease> {
-    store.claim(g, w, want).await.expect("claim succeeds")
+    let s = session(store, g, w).await;
+    store.claim(g, w, s, want).await.expect("claim succeeds")
 }
 
 /// Every bucket's token, in order.
@@ -296,14 +320,24 @@ pub async fn unknown_group_fails_every_operation<S: LeaseStore>(store: S, _clock
     let nf = ErrorKind::GroupNotFound;
     assert_kind(
         store
-            .heartbeat(&g, a, ttl(), &MemberMetadata::empty())
+            .heartbeat(&g, a, inc(a), ttl(), &MemberMetadata::empty())
             .await,
         nf,
         "heartbeat",
     );
-    assert_kind(store.claim(&g, a, 1).await, nf, "claim");
-    assert_kind(store.release(&g, a, &bs(&[0])).await, nf, "release");
-    assert_kind(store.leave(&g, a).await, nf, "leave");
+    assert_kind(
+        store.claim(&g, a, session(&store, &g, a).await, 1).await,
+        nf,
+        "claim",
+    );
+    assert_kind(
+        store
+            .release(&g, a, session(&store, &g, a).await, &bs(&[0]))
+            .await,
+        nf,
+        "release",
+    );
+    assert_kind(store.leave(&g, a, None).await, nf, "leave");
     assert_kind(store.snapshot(&g).await, nf, "snapshot");
     match store.snapshot(&g).await {
         Err(StoreError::GroupNotFound { group: eg }) => assert_eq!(eg, g),
@@ -332,7 +366,7 @@ pub async fn groups_are_independent<S: LeaseStore>(store: S, clock: ManualClock)
     assert_eq!(nums(&claim(&store, &g1, a, 3).await), vec![0, 1, 2]);
     // a has no session in g2 yet.
     assert_kind(
-        store.claim(&g2, a, 1).await,
+        store.claim(&g2, a, session(&store, &g2, a).await, 1).await,
         ErrorKind::SessionExpired,
         "claim in a group not joined",
     );
@@ -353,7 +387,7 @@ pub async fn groups_are_independent<S: LeaseStore>(store: S, clock: ManualClock)
     assert_eq!(tokens(&store, &g1).await, vec![1, 1, 1]);
     assert_eq!(tokens(&store, &g2).await, vec![1, 1, 1, 1, 1]);
     // Leaving g2 does not release g1.
-    store.leave(&g2, b).await.expect("leave");
+    store.leave(&g2, b, None).await.expect("leave");
     assert_eq!(nums(&claim(&store, &g1, b, 3).await), vec![0, 1, 2]);
     assert_eq!(live_owners(&store, &g1).await.len(), 3);
 }
@@ -374,7 +408,7 @@ pub async fn names_are_plain_data<S: LeaseStore>(store: S, _clock: ManualClock) 
     for (i, name) in names.iter().enumerate() {
         let g = setup(&store, name, i as u32 + 1).await;
         let hb = store
-            .heartbeat(&g, a, ttl(), &metadata)
+            .heartbeat(&g, a, inc(a), ttl(), &metadata)
             .await
             .expect("heartbeat");
         assert_eq!(hb.view.shard_count, shards(i as u32 + 1));
@@ -435,7 +469,7 @@ pub async fn heartbeat_extends_a_live_session<S: LeaseStore>(store: S, clock: Ma
     // A shorter ttl shortens the session.
     let short = Ttl::from_secs(1).expect("valid ttl");
     let third = store
-        .heartbeat(&g, a, short, &MemberMetadata::empty())
+        .heartbeat(&g, a, inc(a), short, &MemberMetadata::empty())
         .await
         .expect("heartbeat");
     assert_eq!(third.session, first.session);
@@ -529,8 +563,9 @@ pub async fn a_worker_reclaims_its_old_buckets_with_new_tokens<S: LeaseStore>(
     );
 }
 
-/// H3: starting a session removes dead member rows; their buckets stay claimable.
-pub async fn new_session_removes_dead_members<S: LeaseStore>(store: S, clock: ManualClock) {
+/// H3: any heartbeat, a renewal included, removes the dead member rows of the group; their
+/// buckets stay claimable.
+pub async fn heartbeats_remove_dead_members<S: LeaseStore>(store: S, clock: ManualClock) {
     let g = setup(&store, "orders", 4).await;
     let [a, b, c] = workers(3)[..] else {
         unreachable!()
@@ -542,11 +577,7 @@ pub async fn new_session_removes_dead_members<S: LeaseStore>(store: S, clock: Ma
     beat(&store, &g, b).await; // b stays live, a does not
     clock.advance(secs(TTL_SECS / 2));
     let snap = store.snapshot(&g).await.expect("snapshot");
-    assert_eq!(
-        snap.members.len(),
-        2,
-        "a dead row stays until a session starts"
-    );
+    assert_eq!(snap.members.len(), 2, "a snapshot removes nothing");
     assert!(
         !snap
             .members
@@ -555,15 +586,14 @@ pub async fn new_session_removes_dead_members<S: LeaseStore>(store: S, clock: Ma
             .expect("a's row")
             .live
     );
-    // A renewal is not a session start: nothing is removed.
-    beat(&store, &g, b).await;
-    assert_eq!(store.snapshot(&g).await.expect("snapshot").members.len(), 2);
-    let hb = beat(&store, &g, c).await;
-    assert!(hb.new_session);
+    // A renewal in a stable pool removes the dead row: dead members do not linger.
+    let renewal = beat(&store, &g, b).await;
+    assert!(!renewal.new_session);
     let snap = store.snapshot(&g).await.expect("snapshot");
     assert_eq!(
         snap.members.iter().map(|m| m.worker).collect::<Vec<_>>(),
-        vec![b, c]
+        vec![b],
+        "a dead member's row outlived a renewal of the group"
     );
     assert_eq!(snap.buckets[0].owner, Some(a));
     assert_eq!(snap.buckets[0].state, BucketState::Expired);
@@ -571,8 +601,153 @@ pub async fn new_session_removes_dead_members<S: LeaseStore>(store: S, clock: Ma
         snap.buckets[0].expires_at, None,
         "the owner's session is gone"
     );
+    assert_eq!(renewal.view.claimable, 4);
+    let hb = beat(&store, &g, c).await;
+    assert!(hb.new_session);
     assert_eq!(hb.view.claimable, 4);
     assert_eq!(nums(&claim(&store, &g, c, 4).await), vec![0, 1, 2, 3]);
+}
+
+/// H7: a second incarnation of a worker id is refused while the first one's session lives,
+/// without writing anything; once that session ends it starts a session of its own, and the
+/// first incarnation is refused in turn and can no longer act under its old session.
+pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 4).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    let (first, second) = (Incarnation::new(), Incarnation::new());
+    let meta = MemberMetadata::new("first").expect("metadata");
+    let hb = store
+        .heartbeat(&g, a, first, ttl(), &meta)
+        .await
+        .expect("first heartbeat");
+    let won = store.claim(&g, a, hb.session, 2).await.expect("claim");
+    assert_eq!(won.len(), 2);
+    clock.advance(secs(1));
+    let before = store.snapshot(&g).await.expect("snapshot");
+    let refused = store
+        .heartbeat(
+            &g,
+            a,
+            second,
+            ttl(),
+            &MemberMetadata::new("second").expect("metadata"),
+        )
+        .await;
+    match refused {
+        Err(StoreError::WorkerIdInUse {
+            group,
+            worker,
+            expires_at,
+        }) => {
+            assert_eq!((group, worker), (g.clone(), a));
+            assert_eq!(expires_at, hb.expires_at, "the live session's expiry");
+        }
+        other => panic!("a second incarnation was not refused: {other:?}"),
+    }
+    let mut after = store.snapshot(&g).await.expect("snapshot");
+    after.observed_at = before.observed_at;
+    assert_eq!(after, before, "a refused heartbeat wrote something");
+    // The first incarnation renews as before: same session, its buckets intact.
+    let renewed = store
+        .heartbeat(&g, a, first, ttl(), &meta)
+        .await
+        .expect("renewal");
+    assert!(!renewed.new_session);
+    assert_eq!(renewed.session, hb.session);
+    assert_eq!(renewed.owned.len(), 2);
+    // Once that session has expired, the second incarnation starts its own.
+    clock.advance(secs(TTL_SECS));
+    let taken = store
+        .heartbeat(&g, a, second, ttl(), &meta)
+        .await
+        .expect("the second incarnation after expiry");
+    assert!(taken.new_session);
+    assert_ne!(taken.session, hb.session);
+    assert!(
+        taken.owned.is_empty(),
+        "the old session's buckets came back"
+    );
+    assert_eq!(taken.view.claimable, 4);
+    // The first incarnation is refused now, and its old session is void everywhere.
+    assert_kind(
+        store.heartbeat(&g, a, first, ttl(), &meta).await,
+        ErrorKind::WorkerIdInUse,
+        "the first incarnation after the second took over",
+    );
+    assert_kind(
+        store.claim(&g, a, hb.session, 4).await,
+        ErrorKind::SessionExpired,
+        "a claim under the replaced session",
+    );
+    assert!(
+        store
+            .release(&g, a, hb.session, &bs(&[0, 1]))
+            .await
+            .expect("release")
+            .is_empty()
+    );
+    assert!(
+        store
+            .leave(&g, a, Some(hb.session))
+            .await
+            .expect("leave")
+            .is_empty()
+    );
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert_eq!(
+        snap.members.len(),
+        1,
+        "a leave under an old session removed the row"
+    );
+    assert_eq!(snap.members[0].session, taken.session);
+    let mine = store.claim(&g, a, taken.session, 4).await.expect("claim");
+    assert_eq!(mine.len(), 4);
+}
+
+/// C1, R2, L1, L2: claim, release and leave act only under the session they name.
+pub async fn operations_act_only_under_the_named_session<S: LeaseStore>(
+    store: S,
+    _clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 4).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    let hb = beat(&store, &g, a).await;
+    let stranger = SessionId::new();
+    assert_kind(
+        store.claim(&g, a, stranger, 2).await,
+        ErrorKind::SessionExpired,
+        "a claim under a session the worker does not hold",
+    );
+    assert_eq!(hb.view.claimable, 4);
+    let won = store.claim(&g, a, hb.session, 2).await.expect("claim");
+    assert_eq!(nums(&won), vec![0, 1]);
+    assert!(
+        store
+            .release(&g, a, stranger, &bs(&[0, 1]))
+            .await
+            .expect("release")
+            .is_empty()
+    );
+    assert!(
+        store
+            .leave(&g, a, Some(stranger))
+            .await
+            .expect("leave")
+            .is_empty()
+    );
+    assert_eq!(
+        live_owners(&store, &g).await.len(),
+        2,
+        "something was released"
+    );
+    // A worker leaving under its own session frees the worker id at once.
+    let left = store.leave(&g, a, Some(hb.session)).await.expect("leave");
+    assert_eq!(bucket_nums(&left), vec![0, 1]);
+    let next = store
+        .heartbeat(&g, a, Incarnation::new(), ttl(), &MemberMetadata::empty())
+        .await
+        .expect("a new incarnation after a graceful leave");
+    assert!(next.new_session);
 }
 
 /// H4: idle members are listed with zero buckets, sorted by worker id.
@@ -640,7 +815,10 @@ pub async fn heartbeat_counts_claimable_buckets<S: LeaseStore>(store: S, clock: 
     clock.advance(secs(TTL_SECS / 2));
     // a died; its 3 are claimable again alongside the 3 never owned.
     assert_eq!(beat(&store, &g, c).await.view.claimable, 6);
-    store.release(&g, b, &bs(&[3])).await.expect("release");
+    store
+        .release(&g, b, session(&store, &g, b).await, &bs(&[3]))
+        .await
+        .expect("release");
     assert_eq!(beat(&store, &g, c).await.view.claimable, 7);
 }
 
@@ -654,7 +832,10 @@ pub async fn heartbeat_returns_exactly_own_leases<S: LeaseStore>(store: S, _cloc
     beat(&store, &g, b).await;
     claim(&store, &g, a, 3).await;
     claim(&store, &g, b, 2).await;
-    store.release(&g, a, &bs(&[1])).await.expect("release");
+    store
+        .release(&g, a, session(&store, &g, a).await, &bs(&[1]))
+        .await
+        .expect("release");
     let again = claim(&store, &g, a, 1).await;
     assert_eq!(nums(&again), vec![1]);
     let hb = beat(&store, &g, a).await;
@@ -725,7 +906,7 @@ pub async fn heartbeat_changes_no_bucket<S: LeaseStore>(store: S, clock: ManualC
 pub async fn claim_needs_a_live_session<S: LeaseStore>(store: S, clock: ManualClock) {
     let g = setup(&store, "orders", 2).await;
     let [a] = workers(1)[..] else { unreachable!() };
-    match store.claim(&g, a, 1).await {
+    match store.claim(&g, a, session(&store, &g, a).await, 1).await {
         Err(StoreError::SessionExpired { group: eg, worker }) => {
             assert_eq!((eg, worker), (g.clone(), a));
         }
@@ -734,7 +915,7 @@ pub async fn claim_needs_a_live_session<S: LeaseStore>(store: S, clock: ManualCl
     beat(&store, &g, a).await;
     clock.advance(secs(TTL_SECS));
     assert_kind(
-        store.claim(&g, a, 1).await,
+        store.claim(&g, a, session(&store, &g, a).await, 1).await,
         ErrorKind::SessionExpired,
         "claim at the instant of expiry",
     );
@@ -768,7 +949,10 @@ pub async fn claim_takes_lowest_claimable_first<S: LeaseStore>(store: S, _clock:
     beat(&store, &g, a).await;
     beat(&store, &g, b).await;
     assert_eq!(nums(&claim(&store, &g, a, 5).await), vec![0, 1, 2, 3, 4]);
-    store.release(&g, a, &bs(&[3, 1])).await.expect("release");
+    store
+        .release(&g, a, session(&store, &g, a).await, &bs(&[3, 1]))
+        .await
+        .expect("release");
     assert_eq!(nums(&claim(&store, &g, b, 3).await), vec![1, 3, 5]);
 }
 
@@ -838,7 +1022,12 @@ pub async fn concurrent_claims_never_overlap<S: LeaseStore + 'static>(
         let mut tasks = tokio::task::JoinSet::new();
         for &w in &ws {
             let (store, g) = (store.clone(), g.clone());
-            tasks.spawn(async move { (w, store.claim(&g, w, 64).await) });
+            tasks.spawn(async move {
+                (
+                    w,
+                    store.claim(&g, w, session(&store, &g, w).await, 64).await,
+                )
+            });
         }
         let mut seen: BTreeMap<u32, WorkerId> = BTreeMap::new();
         while let Some(joined) = tasks.join_next().await {
@@ -861,7 +1050,10 @@ pub async fn concurrent_claims_never_overlap<S: LeaseStore + 'static>(
                 .filter(|(_, o)| **o == w)
                 .map(|(&b, _)| Bucket(b))
                 .collect();
-            let released = store.release(&g, w, &mine).await.expect("release");
+            let released = store
+                .release(&g, w, session(&store, &g, w).await, &mine)
+                .await
+                .expect("release");
             assert_eq!(released, mine);
         }
     }
@@ -882,7 +1074,10 @@ pub async fn claim_increments_tokens<S: LeaseStore>(store: S, _clock: ManualCloc
         assert_eq!(nums(&won), vec![0]);
         assert_eq!(won[0].token, FencingToken(expected));
         assert_eq!(won[0].owner, w);
-        store.release(&g, w, &bs(&[0])).await.expect("release");
+        store
+            .release(&g, w, session(&store, &g, w).await, &bs(&[0]))
+            .await
+            .expect("release");
     }
     assert_eq!(tokens(&store, &g).await, vec![5, 0]);
 }
@@ -933,7 +1128,12 @@ pub async fn release_only_touches_own_buckets<S: LeaseStore>(store: S, _clock: M
     claim(&store, &g, a, 2).await; // 0, 1
     claim(&store, &g, b, 2).await; // 2, 3
     let released = store
-        .release(&g, a, &bs(&[3, 1, 2, 4, 1, 0]))
+        .release(
+            &g,
+            a,
+            session(&store, &g, a).await,
+            &bs(&[3, 1, 2, 4, 1, 0]),
+        )
         .await
         .expect("release");
     assert_eq!(bucket_nums(&released), vec![0, 1]);
@@ -941,14 +1141,14 @@ pub async fn release_only_touches_own_buckets<S: LeaseStore>(store: S, _clock: M
     assert_eq!(owners, BTreeMap::from([(2, b), (3, b)]));
     assert!(
         store
-            .release(&g, a, &[])
+            .release(&g, a, session(&store, &g, a).await, &[])
             .await
             .expect("empty release")
             .is_empty()
     );
     assert!(
         store
-            .release(&g, a, &bs(&[0, 1]))
+            .release(&g, a, session(&store, &g, a).await, &bs(&[0, 1]))
             .await
             .expect("again")
             .is_empty()
@@ -964,7 +1164,10 @@ pub async fn release_keeps_tokens<S: LeaseStore>(store: S, _clock: ManualClock) 
     beat(&store, &g, a).await;
     beat(&store, &g, b).await;
     claim(&store, &g, a, 2).await;
-    store.release(&g, a, &bs(&[0, 1])).await.expect("release");
+    store
+        .release(&g, a, session(&store, &g, a).await, &bs(&[0, 1]))
+        .await
+        .expect("release");
     let snap = store.snapshot(&g).await.expect("snapshot");
     assert!(
         snap.buckets
@@ -981,7 +1184,10 @@ pub async fn release_out_of_range_writes_nothing<S: LeaseStore>(store: S, _clock
     let [a] = workers(1)[..] else { unreachable!() };
     beat(&store, &g, a).await;
     claim(&store, &g, a, 4).await;
-    match store.release(&g, a, &bs(&[0, 4])).await {
+    match store
+        .release(&g, a, session(&store, &g, a).await, &bs(&[0, 4]))
+        .await
+    {
         Err(StoreError::BucketOutOfRange {
             group: eg,
             bucket,
@@ -992,7 +1198,9 @@ pub async fn release_out_of_range_writes_nothing<S: LeaseStore>(store: S, _clock
         other => panic!("expected BucketOutOfRange, got {other:?}"),
     }
     assert_kind(
-        store.release(&g, a, &bs(&[u32::MAX])).await,
+        store
+            .release(&g, a, session(&store, &g, a).await, &bs(&[u32::MAX]))
+            .await,
         ErrorKind::BucketOutOfRange,
         "release of bucket u32::MAX",
     );
@@ -1012,7 +1220,7 @@ pub async fn release_without_live_session_releases_nothing<S: LeaseStore>(
     let [a] = workers(1)[..] else { unreachable!() };
     assert!(
         store
-            .release(&g, a, &bs(&[0]))
+            .release(&g, a, session(&store, &g, a).await, &bs(&[0]))
             .await
             .expect("release")
             .is_empty()
@@ -1022,7 +1230,7 @@ pub async fn release_without_live_session_releases_nothing<S: LeaseStore>(
     clock.advance(secs(TTL_SECS));
     assert!(
         store
-            .release(&g, a, &bs(&[0, 1, 2]))
+            .release(&g, a, session(&store, &g, a).await, &bs(&[0, 1, 2]))
             .await
             .expect("release")
             .is_empty()
@@ -1050,7 +1258,7 @@ pub async fn leave_releases_everything_and_removes_membership<S: LeaseStore>(
     beat(&store, &g, b).await;
     claim(&store, &g, a, 3).await;
     claim(&store, &g, b, 1).await;
-    let released = store.leave(&g, a).await.expect("leave");
+    let released = store.leave(&g, a, None).await.expect("leave");
     assert_eq!(bucket_nums(&released), vec![0, 1, 2]);
     let snap = store.snapshot(&g).await.expect("snapshot");
     assert_eq!(
@@ -1070,15 +1278,21 @@ pub async fn leave_is_idempotent<S: LeaseStore>(store: S, clock: ManualClock) {
     let [a, b] = workers(2)[..] else {
         unreachable!()
     };
-    assert!(store.leave(&g, a).await.expect("leave").is_empty());
+    assert!(store.leave(&g, a, None).await.expect("leave").is_empty());
     beat(&store, &g, a).await;
     beat(&store, &g, b).await;
     claim(&store, &g, b, 2).await;
-    assert!(store.leave(&g, a).await.expect("leave").is_empty());
-    assert!(store.leave(&g, a).await.expect("leave again").is_empty());
+    assert!(store.leave(&g, a, None).await.expect("leave").is_empty());
+    assert!(
+        store
+            .leave(&g, a, None)
+            .await
+            .expect("leave again")
+            .is_empty()
+    );
     // b dies; leaving removes its dead row but releases nothing (it owned nothing live).
     clock.advance(secs(TTL_SECS));
-    assert!(store.leave(&g, b).await.expect("leave").is_empty());
+    assert!(store.leave(&g, b, None).await.expect("leave").is_empty());
     let snap = store.snapshot(&g).await.expect("snapshot");
     assert!(snap.members.is_empty());
     assert!(snap.buckets.iter().all(|x| x.state == BucketState::Expired));
@@ -1093,9 +1307,9 @@ pub async fn heartbeat_after_leave_starts_a_new_session<S: LeaseStore>(
     let [a] = workers(1)[..] else { unreachable!() };
     let first = beat(&store, &g, a).await;
     claim(&store, &g, a, 2).await;
-    store.leave(&g, a).await.expect("leave");
+    store.leave(&g, a, None).await.expect("leave");
     assert_kind(
-        store.claim(&g, a, 1).await,
+        store.claim(&g, a, session(&store, &g, a).await, 1).await,
         ErrorKind::SessionExpired,
         "claim after leave",
     );
@@ -1120,11 +1334,14 @@ pub async fn tokens_strictly_increase_across_owners<S: LeaseStore>(store: S, clo
         assert_eq!(won.len(), 1, "step {step}: bucket 0 was claimable");
         seen.push(won[0].token.0);
         if step % 3 == 0 {
-            store.release(&g, w, &bs(&[0])).await.expect("release");
+            store
+                .release(&g, w, session(&store, &g, w).await, &bs(&[0]))
+                .await
+                .expect("release");
         } else if step % 3 == 1 {
             clock.advance(secs(TTL_SECS));
         } else {
-            store.leave(&g, w).await.expect("leave");
+            store.leave(&g, w, None).await.expect("leave");
         }
     }
     assert_eq!(seen, vec![1, 2, 3, 4, 5, 6]);
@@ -1160,7 +1377,7 @@ pub async fn is_current_rejects_stale_tokens_and_other_owners<S: LeaseStore>(
     beat(&store, &g, b).await;
     let first = claim(&store, &g, a, 1).await[0];
     store
-        .release(&g, a, &[first.bucket])
+        .release(&g, a, session(&store, &g, a).await, &[first.bucket])
         .await
         .expect("release");
     let second = claim(&store, &g, b, 1).await[0];
@@ -1205,7 +1422,7 @@ pub async fn is_current_rejects_dead_sessions_and_released_buckets<S: LeaseStore
     beat(&store, &g, a).await;
     let won = claim(&store, &g, a, 2).await;
     store
-        .release(&g, a, &[won[1].bucket])
+        .release(&g, a, session(&store, &g, a).await, &[won[1].bucket])
         .await
         .expect("release");
     assert!(
@@ -1283,21 +1500,21 @@ pub async fn snapshot_lists_every_member<S: LeaseStore>(store: S, clock: ManualC
     let meta_a = MemberMetadata::new("host=a pid=1").expect("valid");
     let meta_b = MemberMetadata::new("host=b pid=2").expect("valid");
     store
-        .heartbeat(&g, a, ttl(), &meta_a)
+        .heartbeat(&g, a, inc(a), ttl(), &meta_a)
         .await
         .expect("heartbeat");
     claim(&store, &g, a, 3).await;
     clock.advance(secs(2));
     let t_b = clock.now();
     let hb = store
-        .heartbeat(&g, b, ttl(), &meta_b)
+        .heartbeat(&g, b, inc(b), ttl(), &meta_b)
         .await
         .expect("heartbeat");
     claim(&store, &g, b, 1).await;
     clock.advance(secs(3));
     let renewed_at = clock.now();
     store
-        .heartbeat(&g, b, ttl(), &meta_a)
+        .heartbeat(&g, b, inc(b), ttl(), &meta_a)
         .await
         .expect("heartbeat");
     clock.advance(secs(TTL_SECS - 2 - 3));
@@ -1347,11 +1564,17 @@ pub async fn changes_report_joins_releases_and_leaves<S: LeaseStore>(
     assert_eq!(next_change(&mut feed, "join").await, Change::Joined(a));
     beat(&store, &g, a).await; // renewal: nothing
     claim(&store, &g, a, 2).await; // claim: nothing
-    store.release(&g, a, &bs(&[3])).await.expect("release"); // releases nothing: nothing
+    store
+        .release(&g, a, session(&store, &g, a).await, &bs(&[3]))
+        .await
+        .expect("release"); // releases nothing: nothing
     beat(&store, &other, b).await; // another group: nothing here
-    store.release(&g, a, &bs(&[1])).await.expect("release");
+    store
+        .release(&g, a, session(&store, &g, a).await, &bs(&[1]))
+        .await
+        .expect("release");
     assert_eq!(next_change(&mut feed, "release").await, Change::Released(a));
-    store.leave(&g, a).await.expect("leave");
+    store.leave(&g, a, None).await.expect("leave");
     assert_eq!(next_change(&mut feed, "leave").await, Change::Left(a));
     beat(&store, &g, b).await;
     assert_eq!(

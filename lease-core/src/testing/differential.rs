@@ -18,12 +18,24 @@
 //! }
 //! ```
 //!
+//! The generator aims at the states where stores go wrong: both groups exist from the start
+//! (with a generated shard count each), buckets are drawn below the shard count (now and then
+//! one past it), tokens among those already issued, and a [`Op::Tick`] (a heartbeat, then a
+//! claim under the session it returned, as the worker runtime does) is the most frequent
+//! operation. Each worker id is run by up to [`PROCESSES`] processes ([`Incarnation`]s), so a
+//! second process with the same worker id is exercised too. [`Reach`] counts how often a
+//! sequence gets to each risky state; `the_generator_reaches_the_risky_states` in
+//! `lease-memory` holds it to a floor.
+//!
 //! Checked after every step, on every store:
-//! - every result equals the model's (session ids compared by order of appearance);
-//! - no bucket is believed held by two workers at once: each worker's leases, as the results
-//!   of its own calls told it, are disjoint from every other worker's until they expire;
+//! - every result equals the model's, errors included with all their fields (session ids
+//!   compared by order of appearance);
+//! - no bucket is believed held by two processes at once: each process's leases, as the
+//!   results of its own calls told it, are disjoint from every other process's until they
+//!   expire;
 //! - fencing tokens never decrease, and each claim returns a token above every one seen;
-//! - every recorded owner is one of the workers of the test.
+//! - every recorded owner is one of the workers of the test, and every live lease is known to
+//!   exactly the process that holds it, with its token.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -36,20 +48,27 @@ use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tokio::runtime::Runtime;
 use uuid::Uuid;
 
-use crate::error::ErrorKind;
+use crate::error::StoreError;
 use crate::ids::{
-    Bucket, FencingToken, GroupName, MemberMetadata, SessionId, ShardCount, WorkerId,
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
 use crate::store::LeaseStore;
 use crate::testing::model::Model;
 use crate::time::{Clock, ManualClock, Timestamp, Ttl};
-use crate::view::{GroupSnapshot, Heartbeat, Lease};
+use crate::view::{BucketState, GroupSnapshot, Heartbeat, Lease};
 
 /// The groups operations pick from: a plain name and one full of quotes and SQL.
 pub const GROUPS: [&str; 2] = ["orders", "it's \"odd\"; DROP TABLE lease.shards; --"];
 
 /// How many workers operations pick from.
 pub const WORKERS: usize = 3;
+
+/// How many processes may run each worker id (process 0 is the usual one; process 1 is a
+/// second process started with the same id).
+pub const PROCESSES: usize = 2;
+
+/// The shard counts groups are created with.
+const SHARD_COUNTS: [u32; 5] = [1, 2, 3, 5, 8];
 
 /// The group named by index `i` of [`GROUPS`].
 pub fn group(i: usize) -> GroupName {
@@ -61,49 +80,79 @@ pub fn worker(i: usize) -> WorkerId {
     WorkerId::from_uuid(Uuid::from_u128(0xA000 + i as u128))
 }
 
-/// One operation of a sequence.
+/// Process `p` of worker `w`: fixed ids, so runs are repeatable.
+pub fn incarnation(w: usize, p: usize) -> Incarnation {
+    Incarnation::from_uuid(Uuid::from_u128(0xB000 + (w * PROCESSES + p) as u128))
+}
+
+/// One operation of a sequence. `process` picks which process of the worker id acts; claims,
+/// releases and leaves name the session that process last got from a heartbeat (a never-used
+/// id if it has none), as a real process would.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// `ensure_group(group, shards)`.
+    /// `ensure_group(group, shards)`: both groups exist already, so this checks E2 or E3.
     Ensure {
         /// Index into [`GROUPS`].
         group: usize,
         /// Shard count.
         shards: u32,
     },
-    /// `heartbeat(group, worker, ttl)`.
+    /// `heartbeat(group, worker, incarnation, ttl)`.
     Heartbeat {
         /// Index into [`GROUPS`].
         group: usize,
         /// Worker index.
         worker: usize,
+        /// Process index.
+        process: usize,
         /// Ttl in milliseconds.
         ttl_ms: u64,
     },
-    /// `claim(group, worker, want)`.
+    /// A worker's tick: a heartbeat, then, if it succeeded, a claim of `want` under the
+    /// session it returned.
+    Tick {
+        /// Index into [`GROUPS`].
+        group: usize,
+        /// Worker index.
+        worker: usize,
+        /// Process index.
+        process: usize,
+        /// Ttl in milliseconds.
+        ttl_ms: u64,
+        /// How many to claim.
+        want: u32,
+    },
+    /// `claim(group, worker, session, want)`.
     Claim {
         /// Index into [`GROUPS`].
         group: usize,
         /// Worker index.
         worker: usize,
+        /// Process index.
+        process: usize,
         /// How many to claim.
         want: u32,
     },
-    /// `release(group, worker, buckets)`.
+    /// `release(group, worker, session, buckets)`.
     Release {
         /// Index into [`GROUPS`].
         group: usize,
         /// Worker index.
         worker: usize,
+        /// Process index.
+        process: usize,
         /// Buckets (some may be out of range).
         buckets: Vec<u32>,
     },
-    /// `leave(group, worker)`.
+    /// `leave(group, worker, session)`: the session of `process`, or any session (an
+    /// operator's eviction) when `None`.
     Leave {
         /// Index into [`GROUPS`].
         group: usize,
         /// Worker index.
         worker: usize,
+        /// Process index, `None` for an eviction.
+        process: Option<usize>,
     },
     /// `snapshot(group)`.
     Snapshot {
@@ -135,6 +184,8 @@ pub enum Outcome {
     Done,
     /// A heartbeat's result.
     Heartbeat(Heartbeat),
+    /// A tick: the heartbeat's outcome and, if it succeeded, the claim's.
+    Tick(Box<Outcome>, Option<Box<Outcome>>),
     /// A claim's leases.
     Leases(Vec<Lease>),
     /// Released buckets.
@@ -143,8 +194,9 @@ pub enum Outcome {
     Snapshot(GroupSnapshot),
     /// A fencing check.
     Bool(bool),
-    /// A failure, by kind.
-    Failed(ErrorKind),
+    /// A failure, with every field: the error as it displays (a contract error shows all its
+    /// fields, so two stores agree on it only if they agree on each).
+    Failed(String),
 }
 
 /// Renames session ids to their order of first appearance, so two stores that mint different
@@ -163,6 +215,12 @@ impl SessionNames {
     pub fn normalize(&mut self, outcome: &mut Outcome) {
         match outcome {
             Outcome::Heartbeat(hb) => self.name(&mut hb.session),
+            Outcome::Tick(beat, claim) => {
+                self.normalize(beat);
+                if let Some(claim) = claim {
+                    self.normalize(claim);
+                }
+            }
             Outcome::Snapshot(snap) => {
                 for m in &mut snap.members {
                     self.name(&mut m.session);
@@ -178,6 +236,25 @@ impl SessionNames {
     }
 }
 
+/// The session each process last got from a heartbeat, per group: what it names in claims,
+/// releases and leaves.
+#[derive(Clone, Debug, Default)]
+pub struct Sessions(BTreeMap<(usize, usize, usize), SessionId>);
+
+impl Sessions {
+    /// The session of `process` of `worker` in `group`, or a never-used id if it has none.
+    fn of(&self, group: usize, worker: usize, process: usize) -> SessionId {
+        self.0
+            .get(&(group, worker, process))
+            .copied()
+            .unwrap_or_else(|| SessionId::from_uuid(Uuid::nil()))
+    }
+
+    fn learn(&mut self, group: usize, worker: usize, process: usize, session: SessionId) {
+        self.0.insert((group, worker, process), session);
+    }
+}
+
 fn ttl(ms: u64) -> Ttl {
     Ttl::from_millis(ms).expect("generated ttls are valid")
 }
@@ -186,115 +263,217 @@ fn shards(n: u32) -> ShardCount {
     ShardCount::new(n).expect("generated shard counts are valid")
 }
 
-fn outcome<T>(r: Result<T, crate::StoreError>, ok: impl FnOnce(T) -> Outcome) -> Outcome {
+fn failed(e: &StoreError) -> Outcome {
+    Outcome::Failed(format!("{:?}: {e}", e.kind()))
+}
+
+fn outcome<T>(r: Result<T, StoreError>, ok: impl FnOnce(T) -> Outcome) -> Outcome {
     match r {
         Ok(v) => ok(v),
-        Err(e) => Outcome::Failed(e.kind()),
+        Err(e) => failed(&e),
     }
 }
 
-/// Apply `op` to the model at time `now`.
-pub fn apply_to_model(model: &mut Model, op: &Op, now: Timestamp) -> Outcome {
+/// Apply `op` to the model at time `now`; `sessions` is the processes' memory of their
+/// sessions on the model.
+pub fn apply_to_model(
+    model: &mut Model,
+    sessions: &mut Sessions,
+    op: &Op,
+    now: Timestamp,
+) -> Outcome {
     let meta = MemberMetadata::empty();
-    match op {
+    match *op {
         Op::Ensure {
             group: g,
             shards: n,
-        } => outcome(model.ensure_group(&group(*g), shards(*n)), |_| {
-            Outcome::Done
-        }),
+        } => outcome(model.ensure_group(&group(g), shards(n)), |()| Outcome::Done),
         Op::Heartbeat {
             group: g,
             worker: w,
+            process: p,
             ttl_ms,
-        } => outcome(
-            model.heartbeat(&group(*g), worker(*w), ttl(*ttl_ms), &meta, now),
-            Outcome::Heartbeat,
-        ),
+        } => {
+            let r = model.heartbeat(
+                &group(g),
+                worker(w),
+                incarnation(w, p),
+                ttl(ttl_ms),
+                &meta,
+                now,
+            );
+            if let Ok(hb) = &r {
+                sessions.learn(g, w, p, hb.session);
+            }
+            outcome(r, Outcome::Heartbeat)
+        }
+        Op::Tick {
+            group: g,
+            worker: w,
+            process: p,
+            ttl_ms,
+            want,
+        } => {
+            let beat = apply_to_model(
+                model,
+                sessions,
+                &Op::Heartbeat {
+                    group: g,
+                    worker: w,
+                    process: p,
+                    ttl_ms,
+                },
+                now,
+            );
+            let claim = matches!(beat, Outcome::Heartbeat(_)).then(|| {
+                let session = sessions.of(g, w, p);
+                Box::new(outcome(
+                    model.claim(&group(g), worker(w), session, want, now),
+                    Outcome::Leases,
+                ))
+            });
+            Outcome::Tick(Box::new(beat), claim)
+        }
         Op::Claim {
             group: g,
             worker: w,
+            process: p,
             want,
         } => outcome(
-            model.claim(&group(*g), worker(*w), *want, now),
+            model.claim(&group(g), worker(w), sessions.of(g, w, p), want, now),
             Outcome::Leases,
         ),
         Op::Release {
             group: g,
             worker: w,
-            buckets,
+            process: p,
+            ref buckets,
         } => {
             let bs: Vec<Bucket> = buckets.iter().copied().map(Bucket).collect();
             outcome(
-                model.release(&group(*g), worker(*w), &bs, now),
+                model.release(&group(g), worker(w), sessions.of(g, w, p), &bs, now),
                 Outcome::Buckets,
             )
         }
         Op::Leave {
             group: g,
             worker: w,
-        } => outcome(model.leave(&group(*g), worker(*w), now), Outcome::Buckets),
-        Op::Snapshot { group: g } => outcome(model.snapshot(&group(*g), now), Outcome::Snapshot),
+            process,
+        } => {
+            let session = process.map(|p| sessions.of(g, w, p));
+            outcome(
+                model.leave(&group(g), worker(w), session, now),
+                Outcome::Buckets,
+            )
+        }
+        Op::Snapshot { group: g } => outcome(model.snapshot(&group(g), now), Outcome::Snapshot),
         Op::IsCurrent {
             group: g,
             bucket,
             worker: w,
             token,
         } => Outcome::Bool(model.is_current(
-            &group(*g),
-            Bucket(*bucket),
-            worker(*w),
-            FencingToken(*token),
+            &group(g),
+            Bucket(bucket),
+            worker(w),
+            FencingToken(token),
             now,
         )),
         Op::Advance { .. } => Outcome::Done,
     }
 }
 
-/// Apply `op` to a store (clock moves are the caller's business).
-pub async fn apply_to_store(store: &dyn LeaseStore, op: &Op) -> Outcome {
+/// Apply `op` to a store (clock moves are the caller's business); `sessions` is the processes'
+/// memory of their sessions on this store.
+pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op: &Op) -> Outcome {
     let meta = MemberMetadata::empty();
-    match op {
+    match *op {
         Op::Ensure {
             group: g,
             shards: n,
-        } => outcome(store.ensure_group(&group(*g), shards(*n)).await, |_| {
+        } => outcome(store.ensure_group(&group(g), shards(n)).await, |()| {
             Outcome::Done
         }),
         Op::Heartbeat {
             group: g,
             worker: w,
+            process: p,
             ttl_ms,
-        } => outcome(
-            store
-                .heartbeat(&group(*g), worker(*w), ttl(*ttl_ms), &meta)
-                .await,
-            Outcome::Heartbeat,
-        ),
+        } => {
+            let r = store
+                .heartbeat(&group(g), worker(w), incarnation(w, p), ttl(ttl_ms), &meta)
+                .await;
+            if let Ok(hb) = &r {
+                sessions.learn(g, w, p, hb.session);
+            }
+            outcome(r, Outcome::Heartbeat)
+        }
+        Op::Tick {
+            group: g,
+            worker: w,
+            process: p,
+            ttl_ms,
+            want,
+        } => {
+            let beat = Box::pin(apply_to_store(
+                store,
+                sessions,
+                &Op::Heartbeat {
+                    group: g,
+                    worker: w,
+                    process: p,
+                    ttl_ms,
+                },
+            ))
+            .await;
+            let claim = if matches!(beat, Outcome::Heartbeat(_)) {
+                let session = sessions.of(g, w, p);
+                Some(Box::new(outcome(
+                    store.claim(&group(g), worker(w), session, want).await,
+                    Outcome::Leases,
+                )))
+            } else {
+                None
+            };
+            Outcome::Tick(Box::new(beat), claim)
+        }
         Op::Claim {
             group: g,
             worker: w,
+            process: p,
             want,
         } => outcome(
-            store.claim(&group(*g), worker(*w), *want).await,
+            store
+                .claim(&group(g), worker(w), sessions.of(g, w, p), want)
+                .await,
             Outcome::Leases,
         ),
         Op::Release {
             group: g,
             worker: w,
-            buckets,
+            process: p,
+            ref buckets,
         } => {
             let bs: Vec<Bucket> = buckets.iter().copied().map(Bucket).collect();
             outcome(
-                store.release(&group(*g), worker(*w), &bs).await,
+                store
+                    .release(&group(g), worker(w), sessions.of(g, w, p), &bs)
+                    .await,
                 Outcome::Buckets,
             )
         }
         Op::Leave {
             group: g,
             worker: w,
-        } => outcome(store.leave(&group(*g), worker(*w)).await, Outcome::Buckets),
-        Op::Snapshot { group: g } => outcome(store.snapshot(&group(*g)).await, Outcome::Snapshot),
+            process,
+        } => {
+            let session = process.map(|p| sessions.of(g, w, p));
+            outcome(
+                store.leave(&group(g), worker(w), session).await,
+                Outcome::Buckets,
+            )
+        }
+        Op::Snapshot { group: g } => outcome(store.snapshot(&group(g)).await, Outcome::Snapshot),
         Op::IsCurrent {
             group: g,
             bucket,
@@ -302,12 +481,7 @@ pub async fn apply_to_store(store: &dyn LeaseStore, op: &Op) -> Outcome {
             token,
         } => outcome(
             store
-                .is_current(
-                    &group(*g),
-                    Bucket(*bucket),
-                    worker(*w),
-                    FencingToken(*token),
-                )
+                .is_current(&group(g), Bucket(bucket), worker(w), FencingToken(token))
                 .await,
             Outcome::Bool,
         ),
@@ -315,27 +489,193 @@ pub async fn apply_to_store(store: &dyn LeaseStore, op: &Op) -> Outcome {
     }
 }
 
-/// A strategy for one operation.
-pub fn op_strategy() -> BoxedStrategy<Op> {
+/// A process to act: process 0 four times in five, so most sequences are about sessions that
+/// live and die, and a second process of one worker id shows up in many of them.
+fn process() -> impl Strategy<Value = usize> {
+    prop_oneof![4 => Just(0usize), 1 => Just(1usize)]
+}
+
+/// A strategy for one operation in `state`: buckets below the shard count of the group they
+/// name (now and then one past it), tokens among those issued.
+pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
     let g = 0..GROUPS.len();
     let w = 0..WORKERS;
+    let counts = state.shard_counts;
+    let issued: Vec<(usize, u32, i64)> = state.issued.clone();
+    let ttls = prop::sample::select(vec![1_000u64, 3_000]);
+    let bucket_in = move |group: usize| {
+        let n = counts[group];
+        prop_oneof![9 => 0..n, 1 => Just(n)]
+    };
+    let buckets = (g.clone())
+        .prop_flat_map(move |group| (Just(group), prop::collection::vec(bucket_in(group), 0..4)));
+    let is_current = if issued.is_empty() {
+        (g.clone(), 0u32..9, w.clone(), 0i64..3)
+            .prop_map(|(group, bucket, worker, token)| Op::IsCurrent {
+                group,
+                bucket,
+                worker,
+                token,
+            })
+            .boxed()
+    } else {
+        (prop::sample::select(issued), w.clone(), -1i64..=1)
+            .prop_map(|((group, bucket, token), worker, delta)| Op::IsCurrent {
+                group,
+                bucket,
+                worker,
+                token: token + delta.min(0),
+            })
+            .boxed()
+    };
     prop_oneof![
-        2 => (g.clone(), prop::sample::select(vec![1u32, 2, 3, 5, 8]))
+        1 => (g.clone(), prop::sample::select(SHARD_COUNTS.to_vec()))
             .prop_map(|(group, shards)| Op::Ensure { group, shards }),
-        5 => (g.clone(), w.clone(), prop::sample::select(vec![1_000u64, 3_000]))
-            .prop_map(|(group, worker, ttl_ms)| Op::Heartbeat { group, worker, ttl_ms }),
-        5 => (g.clone(), w.clone(), 0u32..6)
-            .prop_map(|(group, worker, want)| Op::Claim { group, worker, want }),
-        2 => (g.clone(), w.clone(), prop::collection::vec(0u32..9, 0..4))
-            .prop_map(|(group, worker, buckets)| Op::Release { group, worker, buckets }),
-        1 => (g.clone(), w.clone()).prop_map(|(group, worker)| Op::Leave { group, worker }),
-        1 => g.clone().prop_map(|group| Op::Snapshot { group }),
-        1 => (g, 0u32..9, w, 0i64..6)
-            .prop_map(|(group, bucket, worker, token)| Op::IsCurrent { group, bucket, worker, token }),
+        3 => (g.clone(), w.clone(), process(), ttls.clone())
+            .prop_map(|(group, worker, process, ttl_ms)| Op::Heartbeat { group, worker, process, ttl_ms }),
+        8 => (prop_oneof![3 => Just(0usize), 1 => Just(1usize)], w.clone(), process(), ttls, 1u32..6)
+            .prop_map(|(group, worker, process, ttl_ms, want)| Op::Tick { group, worker, process, ttl_ms, want }),
+        2 => (g.clone(), w.clone(), process(), 0u32..6)
+            .prop_map(|(group, worker, process, want)| Op::Claim { group, worker, process, want }),
+        3 => (buckets, w.clone(), process())
+            .prop_map(|((group, buckets), worker, process)| Op::Release { group, worker, process, buckets }),
+        1 => (g.clone(), w.clone(), prop_oneof![3 => process().prop_map(Some), 1 => Just(None)])
+            .prop_map(|(group, worker, process)| Op::Leave { group, worker, process }),
+        1 => g.prop_map(|group| Op::Snapshot { group }),
+        2 => is_current,
         3 => prop::sample::select(vec![1u64, 500, 1_000, 2_999, 3_000, 7_000])
             .prop_map(|ms| Op::Advance { ms }),
     ]
     .boxed()
+}
+
+/// Which risky states a sequence reached: each field counts the operations that got there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reach {
+    /// A claim won a bucket another worker held under a session now dead.
+    pub takeover: u32,
+    /// A claim won back a bucket the same worker held under an older, dead session.
+    pub reclaim: u32,
+    /// A release released something.
+    pub release: u32,
+    /// A fencing check answered true.
+    pub is_current: u32,
+    /// A heartbeat was refused because another process holds the worker id's session.
+    pub in_use: u32,
+    /// A claim named a session that is not live (expired or replaced).
+    pub stale_claim: u32,
+    /// An operator's eviction removed a member.
+    pub evicted: u32,
+}
+
+impl Reach {
+    /// The names and counts, in a fixed order.
+    pub fn fields(&self) -> [(&'static str, u32); 7] {
+        [
+            (
+                "claim takes over another worker's dead lease",
+                self.takeover,
+            ),
+            ("claim takes back its own dead lease", self.reclaim),
+            ("release releases something", self.release),
+            ("is_current answers true", self.is_current),
+            ("heartbeat refused: worker id in use", self.in_use),
+            ("claim under a dead or replaced session", self.stale_claim),
+            ("eviction removes a member", self.evicted),
+        ]
+    }
+
+    fn count(&mut self, before: &Model, op: &Op, out: &Outcome, now: Timestamp) {
+        match (op, out) {
+            (
+                Op::Tick {
+                    group, worker: w, ..
+                },
+                Outcome::Tick(_, Some(claim)),
+            ) => {
+                self.count_claim(before, *group, *w, claim, now);
+            }
+            (
+                Op::Claim {
+                    group, worker: w, ..
+                },
+                claim,
+            ) => {
+                self.count_claim(before, *group, *w, claim, now);
+            }
+            (Op::Release { .. }, Outcome::Buckets(b)) if !b.is_empty() => self.release += 1,
+            (Op::IsCurrent { .. }, Outcome::Bool(true)) => self.is_current += 1,
+            (Op::Leave { process: None, .. }, Outcome::Buckets(_)) => {
+                let member = |m: &Model| {
+                    m.snapshot(&group(op_group(op)), now)
+                        .is_ok_and(|s| s.members.iter().any(|x| x.worker == worker(op_worker(op))))
+                };
+                if member(before) {
+                    self.evicted += 1;
+                }
+            }
+            _ => {}
+        }
+        let refused = match out {
+            Outcome::Failed(e) => Some(e),
+            Outcome::Tick(beat, None) => match &**beat {
+                Outcome::Failed(e) => Some(e),
+                _ => None,
+            },
+            _ => None,
+        };
+        if refused.is_some_and(|e| e.starts_with("WorkerIdInUse")) {
+            self.in_use += 1;
+        }
+    }
+
+    fn count_claim(&mut self, before: &Model, g: usize, w: usize, claim: &Outcome, now: Timestamp) {
+        match claim {
+            Outcome::Leases(won) => {
+                let Ok(snap) = before.snapshot(&group(g), now) else {
+                    return;
+                };
+                for lease in won {
+                    let prior = &snap.buckets[lease.bucket.0 as usize];
+                    match prior.owner {
+                        Some(o) if prior.state != BucketState::Live && o == worker(w) => {
+                            self.reclaim += 1;
+                        }
+                        Some(_) if prior.state != BucketState::Live => self.takeover += 1,
+                        _ => {}
+                    }
+                }
+            }
+            Outcome::Failed(e) if e.starts_with("SessionExpired") => self.stale_claim += 1,
+            _ => {}
+        }
+    }
+}
+
+fn op_group(op: &Op) -> usize {
+    match *op {
+        Op::Ensure { group, .. }
+        | Op::Heartbeat { group, .. }
+        | Op::Tick { group, .. }
+        | Op::Claim { group, .. }
+        | Op::Release { group, .. }
+        | Op::Leave { group, .. }
+        | Op::Snapshot { group }
+        | Op::IsCurrent { group, .. } => group,
+        Op::Advance { .. } => 0,
+    }
+}
+
+fn op_worker(op: &Op) -> usize {
+    match *op {
+        Op::Heartbeat { worker, .. }
+        | Op::Tick { worker, .. }
+        | Op::Claim { worker, .. }
+        | Op::Release { worker, .. }
+        | Op::Leave { worker, .. }
+        | Op::IsCurrent { worker, .. } => worker,
+        _ => 0,
+    }
 }
 
 /// The reference side: the model, its clock and the outcome of the last operation.
@@ -345,15 +685,34 @@ pub struct Reference {
     pub model: Model,
     /// The model's time.
     pub now: Timestamp,
+    /// The shard count of each group of [`GROUPS`], created before the first operation.
+    pub shard_counts: [u32; 2],
     /// The last operation's outcome, normalized.
     pub last: Option<Outcome>,
+    /// The risky states the sequence reached so far.
+    pub reach: Reach,
+    /// Every `(group, bucket, token)` a claim has issued.
+    issued: Vec<(usize, u32, i64)>,
+    sessions: Sessions,
     names: SessionNames,
 }
 
 impl fmt::Debug for Reference {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Shrunk failures print the op sequence; the model's internals would only bury it.
-        f.debug_struct("Reference").field("now", &self.now).finish()
+        f.debug_struct("Reference")
+            .field("now", &self.now)
+            .field("shard_counts", &self.shard_counts)
+            .finish()
+    }
+}
+
+/// The leases an outcome says a claim won.
+fn won(out: &Outcome) -> &[Lease] {
+    match out {
+        Outcome::Leases(won) => won,
+        Outcome::Tick(_, Some(claim)) => won(claim),
+        _ => &[],
     }
 }
 
@@ -365,24 +724,46 @@ impl ReferenceStateMachine for ReferenceModel {
     type Transition = Op;
 
     fn init_state() -> BoxedStrategy<Reference> {
-        Just(Reference {
-            model: Model::new(),
-            now: ManualClock::new().now(),
-            last: None,
-            names: SessionNames::default(),
-        })
-        .boxed()
+        let count = prop::sample::select(SHARD_COUNTS.to_vec());
+        (count.clone(), count)
+            .prop_map(|(a, b)| {
+                let mut model = Model::new();
+                for (i, n) in [a, b].into_iter().enumerate() {
+                    model
+                        .ensure_group(&group(i), shards(n))
+                        .expect("a new group is created");
+                }
+                Reference {
+                    model,
+                    now: ManualClock::new().now(),
+                    shard_counts: [a, b],
+                    last: None,
+                    reach: Reach::default(),
+                    issued: Vec::new(),
+                    sessions: Sessions::default(),
+                    names: SessionNames::default(),
+                }
+            })
+            .boxed()
     }
 
-    fn transitions(_state: &Reference) -> BoxedStrategy<Op> {
-        op_strategy()
+    fn transitions(state: &Reference) -> BoxedStrategy<Op> {
+        op_strategy(state)
     }
 
     fn apply(mut state: Reference, op: &Op) -> Reference {
         if let Op::Advance { ms } = op {
             state.now += chrono::Duration::milliseconds(*ms as i64);
         }
-        let mut out = apply_to_model(&mut state.model, op, state.now);
+        let before = state.model.clone();
+        let mut out = apply_to_model(&mut state.model, &mut state.sessions, op, state.now);
+        state.reach.count(&before, op, &out, state.now);
+        if let Op::Tick { group, .. } | Op::Claim { group, .. } = op {
+            let g = *group;
+            state
+                .issued
+                .extend(won(&out).iter().map(|l| (g, l.bucket.0, l.token.0)));
+        }
         state.names.normalize(&mut out);
         state.last = Some(out);
         state
@@ -396,13 +777,14 @@ pub trait StoreFactory: 'static {
     fn stores(rt: &Runtime, clock: &ManualClock) -> Vec<(String, Box<dyn LeaseStore>)>;
 }
 
-/// One store under test and what its workers have been told.
+/// One store under test and what its processes have been told.
 pub struct Subject {
     name: String,
     store: Box<dyn LeaseStore>,
     names: SessionNames,
-    /// Per (group, worker): the leases its own calls say it holds.
-    beliefs: BTreeMap<(usize, usize), BTreeMap<u32, Lease>>,
+    sessions: Sessions,
+    /// Per (group, worker, process): the leases its own calls say it holds.
+    beliefs: BTreeMap<(usize, usize, usize), BTreeMap<u32, Lease>>,
     /// Per (group, bucket): the highest token seen.
     max_token: BTreeMap<(usize, u32), i64>,
 }
@@ -432,41 +814,95 @@ pub fn config(default_cases: u32) -> Config {
 }
 
 impl Subject {
+    fn believe_claim(&mut self, key: (usize, usize, usize), won: &[Lease]) {
+        for l in won {
+            let seen = self.max_token.entry((key.0, l.bucket.0)).or_insert(0);
+            assert!(
+                l.token.0 > *seen,
+                "{}: claim of bucket {} returned token {} but {} was seen before",
+                self.name,
+                l.bucket,
+                l.token,
+                seen
+            );
+            *seen = l.token.0;
+            self.beliefs.entry(key).or_default().insert(l.bucket.0, *l);
+        }
+    }
+
     fn record(&mut self, op: &Op, out: &Outcome, now: Timestamp) {
         match (op, out) {
-            (Op::Heartbeat { group, worker, .. }, Outcome::Heartbeat(hb)) => {
+            (
+                Op::Heartbeat {
+                    group,
+                    worker,
+                    process,
+                    ..
+                }
+                | Op::Tick {
+                    group,
+                    worker,
+                    process,
+                    ..
+                },
+                Outcome::Heartbeat(hb),
+            ) => {
                 self.beliefs.insert(
-                    (*group, *worker),
+                    (*group, *worker, *process),
                     hb.owned.iter().map(|l| (l.bucket.0, *l)).collect(),
                 );
             }
-            (Op::Claim { group, worker, .. }, Outcome::Leases(won)) => {
-                for l in won {
-                    let seen = self.max_token.entry((*group, l.bucket.0)).or_insert(0);
-                    assert!(
-                        l.token.0 > *seen,
-                        "{}: claim of bucket {} returned token {} but {} was seen before",
-                        self.name,
-                        l.bucket,
-                        l.token,
-                        seen
-                    );
-                    *seen = l.token.0;
-                    self.beliefs
-                        .entry((*group, *worker))
-                        .or_default()
-                        .insert(l.bucket.0, *l);
+            (
+                Op::Tick {
+                    group,
+                    worker,
+                    process,
+                    ..
+                },
+                Outcome::Tick(beat, claim),
+            ) => {
+                self.record(op, beat, now);
+                if let Some(claim) = claim {
+                    self.believe_claim((*group, *worker, *process), won(claim));
                 }
             }
-            (Op::Release { group, worker, .. }, Outcome::Buckets(released)) => {
-                if let Some(held) = self.beliefs.get_mut(&(*group, *worker)) {
+            (
+                Op::Claim {
+                    group,
+                    worker,
+                    process,
+                    ..
+                },
+                Outcome::Leases(won),
+            ) => self.believe_claim((*group, *worker, *process), won),
+            (
+                Op::Release {
+                    group,
+                    worker,
+                    process,
+                    ..
+                },
+                Outcome::Buckets(released),
+            ) => {
+                if let Some(held) = self.beliefs.get_mut(&(*group, *worker, *process)) {
                     for b in released {
                         held.remove(&b.0);
                     }
                 }
             }
-            (Op::Leave { group, worker }, Outcome::Buckets(_)) => {
-                self.beliefs.remove(&(*group, *worker));
+            (
+                Op::Leave {
+                    group,
+                    worker,
+                    process,
+                },
+                Outcome::Buckets(_),
+            ) => {
+                // An evicted worker stops at its next heartbeat; the test lets it know at
+                // once, or its stale beliefs would overlap the next owners'.
+                self.beliefs.retain(|&(g, w, p), _| {
+                    !(g == *group && w == *worker && process.is_none_or(|q| q == p))
+                });
             }
             _ => {}
         }
@@ -477,13 +913,15 @@ impl Subject {
     }
 
     fn check_disjoint(&self) {
-        let mut holder: BTreeMap<(usize, u32), usize> = BTreeMap::new();
-        for (&(g, w), held) in &self.beliefs {
+        let mut holder: BTreeMap<(usize, u32), (usize, usize)> = BTreeMap::new();
+        for (&(g, w, p), held) in &self.beliefs {
             for &b in held.keys() {
-                if let Some(other) = holder.insert((g, b), w) {
+                if let Some(other) = holder.insert((g, b), (w, p)) {
                     panic!(
-                        "{}: bucket {b} of group {g} is held by workers {other} and {w} at once",
-                        self.name
+                        "{}: bucket {b} of group {g} is held by (worker, process) {other:?} and \
+                         {:?} at once",
+                        self.name,
+                        (w, p)
                     );
                 }
             }
@@ -493,8 +931,9 @@ impl Subject {
     async fn check_snapshots(&mut self) {
         let known: Vec<WorkerId> = (0..WORKERS).map(worker).collect();
         for g in 0..GROUPS.len() {
-            let Ok(snap) = self.store.snapshot(&group(g)).await else {
-                continue;
+            let snap = match self.store.snapshot(&group(g)).await {
+                Ok(snap) => snap,
+                Err(e) => panic!("{}: snapshot of group {g} failed: {e}", self.name),
             };
             for b in &snap.buckets {
                 if let Some(owner) = b.owner {
@@ -516,20 +955,22 @@ impl Subject {
                 );
                 *seen = b.token.0;
             }
-            // The snapshot's live owners agree with what the workers believe they hold.
+            // The snapshot's live owners agree with what exactly one process believes it holds.
             for lease in snap.live_leases() {
                 let w = known
                     .iter()
                     .position(|&k| k == lease.owner)
                     .expect("checked above");
-                let believed = self
-                    .beliefs
-                    .get(&(g, w))
-                    .and_then(|h| h.get(&lease.bucket.0));
-                assert_eq!(
-                    believed.map(|l| l.token),
-                    Some(lease.token),
-                    "{}: store says worker {w} owns bucket {} with token {}, the worker does not know",
+                let believers: Vec<(usize, i64)> = (0..PROCESSES)
+                    .filter_map(|p| {
+                        let l = self.beliefs.get(&(g, w, p))?.get(&lease.bucket.0)?;
+                        Some((p, l.token.0))
+                    })
+                    .collect();
+                assert!(
+                    believers.len() == 1 && believers[0].1 == lease.token.0,
+                    "{}: store says worker {w} owns bucket {} with token {}; processes that \
+                     believe they hold it (process, token): {believers:?}",
                     self.name,
                     lease.bucket,
                     lease.token
@@ -543,7 +984,7 @@ impl<F: StoreFactory> StateMachineTest for Differential<F> {
     type SystemUnderTest = Subjects;
     type Reference = ReferenceModel;
 
-    fn init_test(_ref_state: &Reference) -> Subjects {
+    fn init_test(ref_state: &Reference) -> Subjects {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -552,12 +993,20 @@ impl<F: StoreFactory> StateMachineTest for Differential<F> {
         let clock = ManualClock::new();
         let subjects = F::stores(&rt, &clock)
             .into_iter()
-            .map(|(name, store)| Subject {
-                name,
-                store,
-                names: SessionNames::default(),
-                beliefs: BTreeMap::new(),
-                max_token: BTreeMap::new(),
+            .map(|(name, store)| {
+                for (i, &n) in ref_state.shard_counts.iter().enumerate() {
+                    if let Err(e) = rt.block_on(store.ensure_group(&group(i), shards(n))) {
+                        panic!("{name}: creating group {i}: {e}");
+                    }
+                }
+                Subject {
+                    name,
+                    store,
+                    names: SessionNames::default(),
+                    sessions: Sessions::default(),
+                    beliefs: BTreeMap::new(),
+                    max_token: BTreeMap::new(),
+                }
             })
             .collect();
         Subjects {
@@ -578,7 +1027,9 @@ impl<F: StoreFactory> StateMachineTest for Differential<F> {
         let now = sut.clock.now();
         assert_eq!(now, ref_state.now, "the clocks drifted apart");
         for s in &mut sut.subjects {
-            let mut got = sut.rt.block_on(apply_to_store(&*s.store, &op));
+            let mut got = sut
+                .rt
+                .block_on(apply_to_store(&*s.store, &mut s.sessions, &op));
             s.names.normalize(&mut got);
             assert_eq!(
                 &got, expected,

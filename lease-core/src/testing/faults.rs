@@ -8,7 +8,9 @@ use tokio::time::Instant;
 
 use crate::change::ChangeFeed;
 use crate::error::StoreError;
-use crate::ids::{Bucket, FencingToken, GroupName, MemberMetadata, ShardCount, WorkerId};
+use crate::ids::{
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
+};
 use crate::store::LeaseStore;
 use crate::time::{Clock, ManualClock, Timestamp, Ttl, store_precision};
 use crate::view::{GroupSnapshot, Heartbeat, Lease};
@@ -117,36 +119,46 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
         &self,
         group: &GroupName,
         worker: WorkerId,
+        incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
     ) -> Result<Heartbeat, StoreError> {
         self.gate(true).await?;
-        self.inner.heartbeat(group, worker, ttl, metadata).await
+        self.inner
+            .heartbeat(group, worker, incarnation, ttl, metadata)
+            .await
     }
 
     async fn claim(
         &self,
         group: &GroupName,
         worker: WorkerId,
+        session: SessionId,
         want: u32,
     ) -> Result<Vec<Lease>, StoreError> {
         self.gate(false).await?;
-        self.inner.claim(group, worker, want).await
+        self.inner.claim(group, worker, session, want).await
     }
 
     async fn release(
         &self,
         group: &GroupName,
         worker: WorkerId,
+        session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
         self.gate(false).await?;
-        self.inner.release(group, worker, buckets).await
+        self.inner.release(group, worker, session, buckets).await
     }
 
-    async fn leave(&self, group: &GroupName, worker: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+    async fn leave(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        session: Option<SessionId>,
+    ) -> Result<Vec<Bucket>, StoreError> {
         self.gate(false).await?;
-        self.inner.leave(group, worker).await
+        self.inner.leave(group, worker, session).await
     }
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {

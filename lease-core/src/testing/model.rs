@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::error::StoreError;
 use crate::ids::{
-    Bucket, FencingToken, GroupName, MemberMetadata, SessionId, ShardCount, WorkerId,
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
 use crate::time::{Timestamp, Ttl, store_precision};
 use crate::view::{
@@ -26,6 +26,7 @@ struct ModelBucket {
 #[derive(Clone, Debug)]
 struct ModelMember {
     session: SessionId,
+    incarnation: Incarnation,
     joined_at: Timestamp,
     heartbeat_at: Timestamp,
     expires_at: Timestamp,
@@ -43,6 +44,17 @@ impl ModelGroup {
     /// The live session of `worker` at `now`, if any.
     fn live_session(&self, worker: WorkerId, now: Timestamp) -> Option<&ModelMember> {
         self.members.get(&worker).filter(|m| now < m.expires_at)
+    }
+
+    /// `session`, if it is `worker`'s live session at `now`.
+    fn live_as(
+        &self,
+        worker: WorkerId,
+        session: SessionId,
+        now: Timestamp,
+    ) -> Option<&ModelMember> {
+        self.live_session(worker, now)
+            .filter(|m| m.session == session)
     }
 
     /// Whether bucket `b` is owned by a live session at `now`.
@@ -140,6 +152,7 @@ impl Model {
         &mut self,
         group: &GroupName,
         worker: WorkerId,
+        incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
         now: Timestamp,
@@ -147,19 +160,30 @@ impl Model {
         let now = store_precision(now);
         let next_session = SessionId::from_uuid(Uuid::from_u128(self.sessions_minted + 1));
         let g = self.group_mut(group)?;
+        if let Some(m) = g
+            .live_session(worker, now)
+            .filter(|m| m.incarnation != incarnation)
+        {
+            return Err(StoreError::WorkerIdInUse {
+                group: group.clone(),
+                worker,
+                expires_at: m.expires_at,
+            });
+        }
         let expires_at = now + ttl.as_chrono();
         let live = g.live_session(worker, now).is_some();
         let new_session = !live;
+        g.members.retain(|&w, m| w == worker || now < m.expires_at);
         if let Some(m) = g.members.get_mut(&worker).filter(|_| live) {
             m.expires_at = expires_at;
             m.heartbeat_at = now;
             m.metadata = metadata.clone();
         } else {
-            g.members.retain(|_, m| now < m.expires_at);
             g.members.insert(
                 worker,
                 ModelMember {
                     session: next_session,
+                    incarnation,
                     joined_at: now,
                     heartbeat_at: now,
                     expires_at,
@@ -210,13 +234,14 @@ impl Model {
         &mut self,
         group: &GroupName,
         worker: WorkerId,
+        session: SessionId,
         want: u32,
         now: Timestamp,
     ) -> Result<Vec<Lease>, StoreError> {
         let now = store_precision(now);
         let g = self.group_mut(group)?;
         let session = g
-            .live_session(worker, now)
+            .live_as(worker, session, now)
             .map(|m| m.session)
             .ok_or_else(|| StoreError::SessionExpired {
                 group: group.clone(),
@@ -241,6 +266,7 @@ impl Model {
         &mut self,
         group: &GroupName,
         worker: WorkerId,
+        session: SessionId,
         buckets: &[Bucket],
         now: Timestamp,
     ) -> Result<Vec<Bucket>, StoreError> {
@@ -254,6 +280,9 @@ impl Model {
             });
         }
         let mut released: Vec<Bucket> = Vec::new();
+        if g.live_as(worker, session, now).is_none() {
+            return Ok(released);
+        }
         for &bucket in buckets {
             let i = bucket.0 as usize;
             if g.live_owner(&g.buckets[i], now) == Some(worker) {
@@ -270,10 +299,15 @@ impl Model {
         &mut self,
         group: &GroupName,
         worker: WorkerId,
+        session: Option<SessionId>,
         now: Timestamp,
     ) -> Result<Vec<Bucket>, StoreError> {
         let now = store_precision(now);
         let g = self.group_mut(group)?;
+        let holds = |m: &ModelMember| session.is_none_or(|s| s == m.session);
+        if !g.members.get(&worker).is_some_and(holds) {
+            return Ok(Vec::new());
+        }
         let released = g.owned_by(worker, now);
         for b in &released {
             g.buckets[b.0 as usize].owner = None;

@@ -4,7 +4,12 @@
 
 use std::fmt::Debug;
 
-use lease_core::{ErrorKind, Lease, StoreError};
+use lease_core::{ErrorKind, Incarnation, Lease, StoreError, WorkerId};
+
+/// The incarnation worker `w` heartbeats as: one process per worker, derived from its id.
+pub fn process(w: WorkerId) -> Incarnation {
+    Incarnation::from_uuid(w.as_uuid())
+}
 
 /// `(bucket, token)` of each lease, to compare ownership at a glance.
 pub fn tokens(leases: &[Lease]) -> Vec<(u32, i64)> {

@@ -375,7 +375,10 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
     let t3 = Instant::now();
     story.phase(format!("{leaver} stops gracefully"));
     if let Some(handle) = story.workers.remove(&leaver) {
-        handle.shutdown().await;
+        handle
+            .shutdown()
+            .await
+            .map_err(|e| Failure::Runtime(format!("worker {leaver}: {e}")))?;
     }
     lock(&story.screen).stopped.push(leaver);
     let stop = story.until_balanced(t3, started + quarter * 4).await;
@@ -385,7 +388,10 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
     let rest: Vec<char> = story.workers.keys().copied().collect();
     for letter in rest {
         if let Some(handle) = story.workers.remove(&letter) {
-            handle.shutdown().await;
+            handle
+                .shutdown()
+                .await
+                .map_err(|e| Failure::Runtime(format!("worker {letter}: {e}")))?;
         }
     }
     if let Some(r) = renderer {

@@ -71,6 +71,11 @@ struct WorkerArgs {
     /// How many buckets the group has; must match the stored group if it exists.
     #[arg(long)]
     shards: u32,
+    /// A stable worker id (a UUID), e.g. a stateful-set pod's, instead of a fresh one per
+    /// start. While another process holds this id's live session, this one waits for that
+    /// session to end (printing an error each time it is refused) and never shares it.
+    #[arg(long, value_name = "UUID")]
+    worker_id: Option<String>,
     /// How long the worker's session lives after a heartbeat (e.g. 500ms, 3s, 1m).
     #[arg(long, default_value = "30s", value_parser = duration::parse)]
     ttl: Duration,

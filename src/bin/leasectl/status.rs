@@ -280,7 +280,10 @@ pub async fn release(args: ReleaseArgs) -> Result<(), Failure> {
     if live {
         eprintln!("{warning}");
     }
-    let released = store.leave(&group, worker).await.map_err(store_failure)?;
+    let released = store
+        .leave(&group, worker, None)
+        .await
+        .map_err(store_failure)?;
     let released: Vec<u32> = released.iter().map(|b| b.get()).collect();
     println!(
         "released {} bucket(s) {released:?} of worker {worker} in group {:?}{}",

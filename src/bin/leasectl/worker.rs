@@ -5,7 +5,7 @@ use std::io::Write;
 use async_trait::async_trait;
 use lease::{
     Bucket, ConfigError, FencingToken, LeaseStore, LeaseWorker, MemberMetadata, OwnershipHandler,
-    RevokeReason, ShardCount, WorkerError, WorkerId,
+    RevokeReason, ShardCount, WorkerError, WorkerFailed, WorkerId,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -130,6 +130,12 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
     if let Some(margin) = args.margin {
         builder = builder.safety_margin(margin);
     }
+    if let Some(id) = &args.worker_id {
+        let id: WorkerId = id
+            .parse()
+            .map_err(|e| Failure::Usage(format!("--worker-id: {e}")))?;
+        builder = builder.worker_id(id);
+    }
     let config = builder.build().map_err(|e| config_failure(e, &args))?;
     let worker = config.worker_id();
     if let Some(addr) = args.metrics_addr {
@@ -171,25 +177,29 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
         () = cancel.cancelled() => None,
         result = handle.wait() => Some(result),
     };
-    match failed {
-        None => {
-            handle.shutdown().await;
+    let ended = match failed {
+        None => handle.shutdown().await,
+        // The task ended without being asked to: say so and exit, rather than wait for a
+        // signal with nothing running.
+        Some(Ok(())) => Err(WorkerFailed::Cancelled),
+        Some(Err(e)) => Err(e),
+    };
+    match ended {
+        Ok(()) => {
             announce.emit("stopped", json!({}), format!("worker {worker} stopped"));
             Ok(())
         }
-        // The task ended without being asked to: say so and exit, rather than wait for a
-        // signal with nothing running.
-        Some(result) => {
-            let message = match result {
-                Ok(()) => "the worker stopped unexpectedly".to_owned(),
-                Err(e) => e.to_string(),
-            };
+        Err(e) => {
+            let message = e.to_string();
             announce.emit(
                 "error",
                 json!({ "message": message }),
                 format!("error: {message}"),
             );
-            Err(Failure::Runtime(message))
+            Err(match e {
+                WorkerFailed::Store(e) => store_failure(e),
+                other => Failure::Runtime(other.to_string()),
+            })
         }
     }
 }

@@ -1,0 +1,1 @@
+ALTER TABLE lease.members DROP COLUMN incarnation;
