@@ -141,6 +141,28 @@ impl ShardCount {
     pub fn buckets(self) -> impl DoubleEndedIterator<Item = Bucket> + ExactSizeIterator {
         (0..self.0).map(Bucket)
     }
+
+    /// The bucket `worker`'s claims start from: the worker id's low 32 bits
+    /// ([`WorkerId::claim_seed`]) modulo the shard count. A claim takes claimable buckets from
+    /// here upwards, wrapping around to 0, so that workers claiming at the same time mostly
+    /// look at different buckets.
+    ///
+    /// ```
+    /// use lease_core::{Bucket, ShardCount, WorkerId};
+    /// let w = WorkerId::from_uuid(uuid::Uuid::from_u128(0xABCD_0000_0000_0000_0000_0000_0000_000A));
+    /// assert_eq!(ShardCount::new(8)?.claim_start(w), Bucket(2));
+    /// # Ok::<(), lease_core::InvalidInput>(())
+    /// ```
+    pub fn claim_start(self, worker: WorkerId) -> Bucket {
+        Bucket(worker.claim_seed() % self.0)
+    }
+
+    /// The buckets in `worker`'s claim order: from [`claim_start`](Self::claim_start) up, then
+    /// from 0.
+    pub fn claim_order(self, worker: WorkerId) -> impl Iterator<Item = Bucket> {
+        let start = self.claim_start(worker).0;
+        (start..self.0).chain(0..start).map(Bucket)
+    }
 }
 
 impl fmt::Display for ShardCount {
@@ -199,6 +221,13 @@ impl WorkerId {
     /// The UUID.
     pub fn as_uuid(&self) -> Uuid {
         self.0
+    }
+
+    /// The id's low 32 bits, where its claims start (see [`ShardCount::claim_start`]). Random
+    /// in a fresh (v7) id.
+    pub fn claim_seed(&self) -> u32 {
+        // The low 32 bits of the 128-bit value, by design.
+        self.0.as_u128() as u32
     }
 }
 

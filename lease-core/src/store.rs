@@ -105,7 +105,11 @@ pub trait LeaseStore: Send + Sync {
     ///   [`StoreError::SessionExpired`] and writes nothing.
     /// - **C2** A bucket is claimable if it has no owner or its recorded session is not live.
     ///   A bucket of a live session, the caller's included, is never taken.
-    /// - **C3** The lowest-numbered claimable buckets are taken, at most `want` (none for 0).
+    /// - **C3** At most `want` claimable buckets are taken (none for 0): the first ones in the
+    ///   worker's claim order, which starts at
+    ///   [`ShardCount::claim_start`](crate::ShardCount::claim_start) and goes up, wrapping
+    ///   around to bucket 0. (Starting where the worker id says spreads workers that claim at
+    ///   once over the group, instead of all of them contending for the lowest buckets.)
     ///   Buckets being claimed concurrently by others are skipped, not waited for.
     /// - **C4** Each claimed bucket's token becomes its previous token plus one; its lease
     ///   expires with the session. The result is sorted by bucket.

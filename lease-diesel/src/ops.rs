@@ -189,7 +189,8 @@ pub async fn claim(
             .bind::<SqlUuid, _>(worker.as_uuid())
             .bind::<BigInt, _>(i64::from(want))
             .bind::<Nullable<Timestamptz>, _>(at)
-            .bind::<SqlUuid, _>(session.as_uuid()),
+            .bind::<SqlUuid, _>(session.as_uuid())
+            .bind::<BigInt, _>(i64::from(worker.claim_seed())),
     )
     .get_result(conn)
     .await

@@ -81,11 +81,9 @@ WITH grp AS (
                FOR UPDATE OF x SKIP LOCKED) AS dead
      WHERE d.group_name = $1 AND d.worker_id = dead.worker_id
 ), mine AS (
-    -- By session alone: sessions are fresh UUIDs of this group's member row, so a group filter
-    -- would exclude nothing, and it made the planner AND the session index with a scan of all
-    -- the group's primary-key entries, a cost growing with the shard count.
+    -- Through the (group, owner session, bucket) index: its own buckets, nothing else.
     SELECT s.bucket, s.token FROM lease.shards s
-     WHERE s.owner_session = (SELECT session_id FROM me WHERE me.mine)
+     WHERE s.group_name = $1 AND s.owner_session = (SELECT session_id FROM me WHERE me.mine)
 ), others AS (
     SELECT x.worker_id, x.owned FROM lease.members x
      WHERE x.group_name = $1 AND x.worker_id <> $2
@@ -129,21 +127,33 @@ pub(crate) struct HeartbeatRow {
     pub tokens: Vec<i64>,
 }
 
-/// Claim up to `$3` claimable buckets, lowest first, for the worker's live session `$5`,
-/// raising each one's token. `$1` group, `$2` worker, `$3` how many, `$4` client time, `$5`
-/// session. No row: the group does not exist; a null session: `$5` is not the worker's live
-/// session.
+/// Claim up to `$3` claimable buckets for the worker's live session `$5`, in its claim order
+/// (from `$6 % shard_count` up, then from 0: C3), raising each one's token. `$1` group, `$2`
+/// worker, `$3` how many, `$4` client time, `$5` session, `$6` the worker's claim seed. No row:
+/// the group does not exist; a null session: `$5` is not the worker's live session.
 ///
 /// The worker's own member row is locked first (its counter is updated, and a claimer judging
-/// it dead must skip it). Buckets are locked `FOR UPDATE SKIP LOCKED`, so racing claimers
-/// skip each other's picks. The snapshot-based `NOT IN live` filter only narrows the search
-/// to suspect sessions: whether one is dead is decided once per session by
-/// `lease.owner_is_dead` on the latest committed state, which also share-locks a dead owner's
-/// row so that a racing renewal waits and then finds itself expired. A bucket row that another
-/// session claimed after this statement's snapshot is re-checked by Postgres against its new
-/// version, whose session is not in `dead`: it is skipped.
+/// it dead must skip it). Its cost follows what it takes and the owners it inspects, never the
+/// shard count:
+///
+/// - `owners` steps through the distinct owner sessions of the group, one descent of the owner
+///   index each; the snapshot-based `NOT IN live` filter narrows them to suspects, and whether
+///   a suspect is dead is decided once per session by `lease.owner_is_dead` on the latest
+///   committed state, which also share-locks a dead owner's row so that a racing renewal waits
+///   and then finds itself expired.
+/// - Candidates come from ordered index walks that each take at most what is still wanted and
+///   skip rows other claimers hold (`FOR UPDATE SKIP LOCKED`): unowned buckets (a partial
+///   index) and each dead session's buckets (the owner index), first from the start bucket up;
+///   the walks below the start bucket run only for what the upper ones did not find. Workers
+///   claiming at once start at different buckets, so they rarely walk over each other's
+///   locked rows (when they all started at 0, the k-th of them stepped over the rows of the
+///   k-1 before it, a cost growing with the number of workers times the share).
+/// - The first `$3` candidates in claim order are taken; the others stay locked only until this
+///   statement commits. A bucket row that another session claimed after this statement's
+///   snapshot is re-checked by Postgres against its new version, which is neither unowned nor
+///   a dead session's: it is skipped.
 pub(crate) const CLAIM: &str = r#"
-WITH me AS (
+WITH RECURSIVE me AS (
     SELECT m.session_id, m.expires_at FROM lease.members m
      WHERE m.group_name = $1 AND m.worker_id = $2 AND m.session_id = $5
        AND m.expires_at > COALESCE($4, clock_timestamp())
@@ -157,29 +167,72 @@ WITH me AS (
       FROM me, (SELECT COALESCE($4, clock_timestamp()) AS t) AS c
      WHERE me.expires_at > c.t
 ), live AS (
-    -- Set-shaped references to the CTEs only (joins, IN, EXISTS), never scalar subqueries:
-    -- when a row `picked` locks was changed meanwhile, Postgres re-checks it and may run these
-    -- CTEs again, and a scalar subquery over a re-run CTE fails with "more than one row".
+    -- Set-shaped references to the CTEs only (joins, IN, EXISTS, count), never a scalar
+    -- subquery that could return several rows: when a row a walk below locks was changed
+    -- meanwhile, Postgres re-checks it and may run these CTEs again.
     SELECT x.session_id FROM lease.members x, mine
      WHERE x.group_name = $1 AND x.expires_at > mine.t
-), suspects AS (
-    SELECT DISTINCT s.owner_worker, s.owner_session FROM lease.shards s
-     WHERE s.group_name = $1 AND s.owner_session IS NOT NULL
-       AND s.owner_session NOT IN (SELECT session_id FROM live)
-       AND s.owner_session NOT IN (SELECT session_id FROM mine)
-       AND EXISTS (SELECT 1 FROM mine)
+), owners AS (
+    -- A loose index scan: the smallest owner session, then the next one above it, and so on.
+    (SELECT s.owner_session, s.owner_worker FROM lease.shards s
+      WHERE s.group_name = $1 AND s.owner_session IS NOT NULL AND EXISTS (SELECT 1 FROM mine)
+      ORDER BY s.owner_session
+      LIMIT 1)
+    UNION ALL
+    SELECT n.owner_session, n.owner_worker
+      FROM owners o,
+           LATERAL (SELECT s.owner_session, s.owner_worker FROM lease.shards s
+                     WHERE s.group_name = $1 AND s.owner_session > o.owner_session
+                     ORDER BY s.owner_session
+                     LIMIT 1) AS n
 ), dead AS (
-    SELECT owner_session FROM suspects
-     WHERE lease.owner_is_dead($1, owner_worker, owner_session, $4)
-), picked AS (
-    SELECT s.bucket FROM lease.shards s
-     WHERE s.group_name = $1
+    SELECT o.owner_session FROM owners o
+     WHERE o.owner_session NOT IN (SELECT session_id FROM live)
+       AND o.owner_session NOT IN (SELECT session_id FROM mine)
+       AND lease.owner_is_dead($1, o.owner_worker, o.owner_session, $4)
+), start AS (
+    SELECT $6 % g.shard_count AS b FROM lease.groups g WHERE g.name = $1
+), unowned_up AS (
+    SELECT s.bucket FROM lease.shards s, start
+     WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket >= start.b
        AND EXISTS (SELECT 1 FROM mine)
-       AND (s.owner_session IS NULL
-            OR s.owner_session IN (SELECT owner_session FROM dead))
      ORDER BY s.bucket
      LIMIT $3
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE OF s SKIP LOCKED
+), orphaned_up AS (
+    SELECT o.bucket
+      FROM dead d, start,
+           LATERAL (SELECT s.bucket FROM lease.shards s
+                     WHERE s.group_name = $1 AND s.owner_session = d.owner_session
+                       AND s.bucket >= start.b
+                     ORDER BY s.bucket
+                     LIMIT $3
+                       FOR UPDATE OF s SKIP LOCKED) AS o
+), up AS (
+    SELECT bucket FROM unowned_up UNION ALL SELECT bucket FROM orphaned_up
+), unowned_down AS (
+    SELECT s.bucket FROM lease.shards s, start
+     WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket < start.b
+       AND EXISTS (SELECT 1 FROM mine)
+     ORDER BY s.bucket
+     LIMIT greatest($3 - (SELECT count(*) FROM up), 0)
+       FOR UPDATE OF s SKIP LOCKED
+), orphaned_down AS (
+    SELECT o.bucket
+      FROM dead d, start,
+           LATERAL (SELECT s.bucket FROM lease.shards s
+                     WHERE s.group_name = $1 AND s.owner_session = d.owner_session
+                       AND s.bucket < start.b
+                     ORDER BY s.bucket
+                     LIMIT greatest($3 - (SELECT count(*) FROM up), 0)
+                       FOR UPDATE OF s SKIP LOCKED) AS o
+), picked AS (
+    SELECT c.bucket
+      FROM (SELECT bucket FROM up
+            UNION ALL SELECT bucket FROM unowned_down
+            UNION ALL SELECT bucket FROM orphaned_down) AS c, start
+     ORDER BY c.bucket < start.b, c.bucket
+     LIMIT $3
 ), won AS (
     UPDATE lease.shards s
        SET owner_worker = $2, owner_session = mine.session_id, token = s.token + 1,

@@ -9,8 +9,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::{Bool, Integer, Timestamptz};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
-    BucketState, ErrorKind, FencingToken, GroupName, Heartbeat, Incarnation, Lease, MemberMetadata,
-    SessionId, ShardCount, StoreError, Timestamp, Ttl, WorkerId,
+    Bucket, BucketState, ErrorKind, FencingToken, GroupName, Heartbeat, Incarnation, Lease,
+    MemberMetadata, SessionId, ShardCount, StoreError, Timestamp, Ttl, WorkerId,
 };
 use lease_diesel::ops;
 
@@ -637,4 +637,71 @@ async fn a_second_process_with_one_worker_id_waits_then_is_refused() {
         claim.map_err(|e| e.kind()).err(),
         Some(ErrorKind::SessionExpired)
     );
+}
+
+/// A worker whose claims start at bucket 0, like every worker of this test.
+fn seeded_at_zero() -> WorkerId {
+    WorkerId::from_uuid(uuid::Uuid::from_u128(
+        WorkerId::new().as_uuid().as_u128() & !0xFFFF_FFFF,
+    ))
+}
+
+/// Two claims at once, both starting at bucket 0: the second walks past the rows the first
+/// holds (not committed yet), without waiting, and takes the next claimable ones, both among
+/// unowned buckets and among a dead session's. A claim that waited for the rows, or gave up at
+/// the first locked one, would fail this.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_walk_past_each_others_rows() {
+    let db = lease_testdb::database().await;
+    let mut first = connect(&db.url).await;
+    let mut second = connect(&db.url).await;
+    let mut admin = connect(&db.url).await;
+    let group = GroupName::new("race").expect("name");
+    ops::ensure_group(&mut admin, None, &group, ShardCount::new(8).expect("count"))
+        .await
+        .expect("ensure");
+    // A dead worker held buckets 4..8 under a session of one second.
+    let dead = seeded_at_zero();
+    let gone = beat(&mut admin, &group, dead, short(), "the doomed worker joins").await;
+    exec(&mut admin, "BEGIN").await;
+    let held = ops::claim(&mut admin, None, &group, dead, gone.session, 8)
+        .await
+        .expect("the doomed worker claims");
+    assert_eq!(held.len(), 8);
+    exec(&mut admin, "COMMIT").await;
+    let released = ops::release(
+        &mut admin,
+        None,
+        &group,
+        dead,
+        gone.session,
+        &[Bucket(0), Bucket(1), Bucket(2), Bucket(3)],
+    )
+    .await
+    .expect("release");
+    assert_eq!(released.len(), 4);
+    let (a, b) = (seeded_at_zero(), seeded_at_zero());
+    let sa = beat(&mut first, &group, a, long(), "a joins").await.session;
+    let sb = beat(&mut second, &group, b, long(), "b joins")
+        .await
+        .session;
+    wait_server_past(&mut admin, gone.expires_at).await;
+
+    for (round, (want_a, expect_b)) in [(2, vec![2, 3]), (2, vec![6, 7])].into_iter().enumerate() {
+        exec(&mut first, "BEGIN").await;
+        let taken_a = ops::claim(&mut first, None, &group, a, sa, want_a)
+            .await
+            .expect("a claims");
+        assert_eq!(taken_a.len(), 2, "round {round}: {taken_a:?}");
+        let taken_b = tokio::time::timeout(
+            Duration::from_secs(5),
+            ops::claim(&mut second, None, &group, b, sb, 2),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("round {round}: b waited for the rows a holds"))
+        .expect("b claims");
+        let got: Vec<u32> = taken_b.iter().map(|l| l.bucket.0).collect();
+        assert_eq!(got, expect_b, "round {round}: b did not walk past a's rows");
+        exec(&mut first, "COMMIT").await;
+    }
 }

@@ -326,10 +326,14 @@ impl LeaseStore for MemoryLeaseStore {
                 group: group.clone(),
                 worker,
             })?;
-        let picked: Vec<usize> = (0..g.buckets.len())
+        let mut picked: Vec<usize> = g
+            .shards
+            .claim_order(worker)
+            .map(|b| b.0 as usize)
             .filter(|&i| !g.is_owned_live(&g.buckets[i], now))
             .take(want as usize)
             .collect();
+        picked.sort_unstable();
         let mut won = Vec::with_capacity(picked.len());
         for i in picked {
             let bucket = Bucket(i as u32);

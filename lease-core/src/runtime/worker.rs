@@ -185,6 +185,20 @@ impl Drop for Published {
     }
 }
 
+/// The most buckets one claim asks for. A worker that needs more claims in batches, each after
+/// a fresh heartbeat: a worker alone in a big group when the others are starting stops at its
+/// share as soon as they show up, instead of taking (and then shedding) the whole group, and
+/// no statement holds thousands of row locks at a time.
+const CLAIM_BATCH: u32 = 512;
+
+/// How a completed tick left the claims.
+enum Claimed {
+    /// Nothing more to claim now: next tick on the renew cadence.
+    All,
+    /// A full batch was claimed and the plan wants more: tick again at once.
+    Batch,
+}
+
 /// Why a tick did not complete.
 enum TickError {
     /// A store call failed or timed out: report it and retry with backoff.
@@ -251,13 +265,18 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
                 .await;
             self.metrics.tick(started.elapsed());
             match result {
-                Ok(()) => {
+                Ok(Claimed::All) => {
                     failures = 0;
                     // Renew on a cadence counted from when the last heartbeat was sent, the
                     // instant trust is counted from: a slow tick does not push the next
                     // renewal past the trust deadline.
                     next_tick =
                         self.last_sent.unwrap_or_else(Instant::now) + self.cfg.renew_interval;
+                }
+                Ok(Claimed::Batch) => {
+                    // More to claim: tick again at once, on a fresh view of the group.
+                    failures = 0;
+                    next_tick = Instant::now();
                 }
                 Err(TickError::ShardCountChanged { found }) => {
                     // The group was deleted and re-created with another count: the buckets this
@@ -315,6 +334,14 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
         self.handler.on_error(e).await;
     }
 
+    /// Apply one change to the published owned set: a bucket at a time, not a copy of the
+    /// whole set per bucket (a worker assigned thousands of buckets would copy quadratically).
+    fn publish_change(&self, change: impl FnOnce(&mut Owned)) {
+        self.metrics.owned(self.owned.len());
+        self.published.0.send_modify(change);
+    }
+
+    /// Make the published owned set equal to `owned` (after a tick, and on stopping).
     fn publish(&self) {
         self.metrics.owned(self.owned.len());
         self.published.0.send_if_modified(|current| {
@@ -342,7 +369,9 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
         }
         self.handler.on_assigned(bucket, token).await;
         self.owned.insert(bucket, token);
-        self.publish();
+        self.publish_change(|owned| {
+            owned.insert(bucket, token);
+        });
         if !self.trusted() {
             // The handler outlasted the trust deadline: nothing held can be trusted now.
             self.fence().await;
@@ -355,7 +384,9 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
         if let Some(token) = self.owned.remove(&bucket) {
             self.handler.on_revoked(bucket, token, reason).await;
             self.metrics.revoked(reason);
-            self.publish();
+            self.publish_change(|owned| {
+                owned.remove(&bucket);
+            });
         }
     }
 
@@ -433,7 +464,7 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
         Ok(total)
     }
 
-    async fn tick(&mut self) -> Result<(), TickError> {
+    async fn tick(&mut self) -> Result<Claimed, TickError> {
         let cfg = &self.cfg;
         let (store, group, me) = (self.store.clone(), cfg.group.clone(), cfg.worker);
         let (ttl, metadata, incarnation) = (cfg.ttl, cfg.metadata.clone(), self.incarnation);
@@ -506,25 +537,30 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
             }
             self.release(beat.session).await?;
         }
-        if plan.claim > 0 {
-            let (store, group, session) =
-                (self.store.clone(), self.cfg.group.clone(), beat.session);
-            let want = plan.claim;
-            let won = self
-                .call("claim", async move {
-                    store.claim(&group, me, session, want).await
-                })
-                .await?;
-            self.metrics.claimed(won.len());
-            for lease in won {
-                if !self.assign(lease.bucket, lease.token).await {
-                    // No longer trusted: the next heartbeat finds the rest held and assigns
-                    // them then, or starts a new session.
-                    break;
-                }
+        if plan.claim == 0 {
+            return Ok(Claimed::All);
+        }
+        let (store, group, session) = (self.store.clone(), self.cfg.group.clone(), beat.session);
+        let want = plan.claim.min(CLAIM_BATCH);
+        let won = self
+            .call("claim", async move {
+                store.claim(&group, me, session, want).await
+            })
+            .await?;
+        self.metrics.claimed(won.len());
+        let full = u32::try_from(won.len()).is_ok_and(|n| n == want);
+        for lease in won {
+            if !self.assign(lease.bucket, lease.token).await {
+                // No longer trusted: the next heartbeat finds the rest held and assigns
+                // them then, or starts a new session.
+                break;
             }
         }
-        Ok(())
+        Ok(if want < plan.claim && full {
+            Claimed::Batch
+        } else {
+            Claimed::All
+        })
     }
 
     /// Revoke everything with `reason`, then leave the group if this worker holds a session in

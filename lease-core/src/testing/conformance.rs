@@ -51,6 +51,7 @@ pub const CASES: &[&str] = &[
     "claim_needs_a_live_session",
     "claim_respects_want",
     "claim_takes_lowest_claimable_first",
+    "claims_follow_the_worker_s_order",
     "claim_never_takes_a_live_lease",
     "claim_takes_expired_leases",
     "claim_excludes_another_worker",
@@ -105,6 +106,7 @@ macro_rules! conformance_suite {
             claim_needs_a_live_session,
             claim_respects_want,
             claim_takes_lowest_claimable_first,
+            claims_follow_the_worker_s_order,
             claim_never_takes_a_live_lease,
             claim_takes_expired_leases,
             claim_excludes_another_worker,
@@ -172,8 +174,17 @@ fn shards(n: u32) -> ShardCount {
 }
 
 /// `k` fresh workers, sorted by id, so member lists have a known order.
+/// Their claim seeds are 0, so their claims start at bucket 0 and take the lowest claimable
+/// buckets first (C3), which keeps expectations readable; `claims_follow_the_worker_s_order`
+/// checks other starting points.
 fn workers(k: usize) -> Vec<WorkerId> {
-    let mut ws: Vec<WorkerId> = (0..k).map(|_| WorkerId::new()).collect();
+    let mut ws: Vec<WorkerId> = (0..k)
+        .map(|_| {
+            WorkerId::from_uuid(uuid::Uuid::from_u128(
+                WorkerId::new().as_uuid().as_u128() & !0xFFFF_FFFF,
+            ))
+        })
+        .collect();
     ws.sort();
     ws
 }
@@ -940,7 +951,8 @@ pub async fn claim_respects_want<S: LeaseStore>(store: S, _clock: ManualClock) {
     assert_eq!(beat(&store, &g, a).await.owned.len(), 10);
 }
 
-/// C3, C4: the lowest-numbered claimable buckets come first, sorted.
+/// C3, C4: a worker whose claims start at bucket 0 takes the lowest claimable buckets first;
+/// the result is sorted.
 pub async fn claim_takes_lowest_claimable_first<S: LeaseStore>(store: S, _clock: ManualClock) {
     let g = setup(&store, "orders", 8).await;
     let [a, b] = workers(2)[..] else {
@@ -954,6 +966,25 @@ pub async fn claim_takes_lowest_claimable_first<S: LeaseStore>(store: S, _clock:
         .await
         .expect("release");
     assert_eq!(nums(&claim(&store, &g, b, 3).await), vec![1, 3, 5]);
+}
+
+/// C3: a worker's claims start at its claim start (its id's low 32 bits modulo the shard
+/// count) and wrap around to 0; the result is sorted by bucket.
+pub async fn claims_follow_the_worker_s_order<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 8).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    // b starts at bucket 13 % 8 = 5.
+    let b = WorkerId::from_uuid(uuid::Uuid::from_u128(
+        WorkerId::new().as_uuid().as_u128() & !0xFFFF_FFFF | 13,
+    ));
+    assert_eq!(shards(8).claim_start(b), Bucket(5));
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    assert_eq!(nums(&claim(&store, &g, a, 1).await), vec![0]);
+    assert_eq!(nums(&claim(&store, &g, b, 2).await), vec![5, 6]);
+    // Past the top it wraps around to 0, skipping what is not claimable (a holds 0).
+    assert_eq!(nums(&claim(&store, &g, b, 3).await), vec![1, 2, 7]);
+    assert_eq!(nums(&claim(&store, &g, a, 8).await), vec![3, 4]);
 }
 
 /// C2, G1: a live lease is never taken, not even a microsecond before it expires.

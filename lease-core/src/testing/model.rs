@@ -247,10 +247,14 @@ impl Model {
                 group: group.clone(),
                 worker,
             })?;
-        let claimable: Vec<usize> = (0..g.buckets.len())
+        let mut claimable: Vec<usize> = g
+            .shards
+            .claim_order(worker)
+            .map(|b| b.0 as usize)
             .filter(|&i| g.live_owner(&g.buckets[i], now).is_none())
             .take(want as usize)
             .collect();
+        claimable.sort_unstable();
         let mut won = Vec::new();
         for i in claimable {
             let b = &mut g.buckets[i];
