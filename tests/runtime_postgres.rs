@@ -251,3 +251,123 @@ async fn a_worker_stops_when_its_group_returns_with_another_shard_count() {
     assert_eq!(members, vec![second_id]);
     second.shutdown().await.expect("a clean stop");
 }
+
+/// Every server process serving three workers is frozen (`SIGSTOP`) while idle, so it holds no
+/// lock; the server still accepts connections. A call abandoned at its deadline must not give
+/// its connection back to the pool, or the next call hangs on it again: the workers reconnect
+/// to fresh server processes and every bucket is owned and balanced again within ttl + renew +
+/// 2 s of the freeze, while the frozen ones stay frozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_server_processes_are_left_behind() {
+    const BUCKETS: u32 = 12;
+    let (ttl, renew) = (Duration::from_secs(3), Duration::from_secs(1));
+    let db = lease_testdb::database().await;
+    let group = GroupName::new("frozen").expect("name");
+    let log = Arc::new(Mutex::new(OwnershipLog::new()));
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        // A store each, as three processes would have.
+        let store = PgLeaseStore::builder(db.url.clone())
+            .max_connections(4)
+            .build()
+            .expect("store");
+        let config = LeaseWorker::builder(group.clone(), ShardCount::new(BUCKETS).expect("n"))
+            .ttl(ttl)
+            .renew_interval(renew)
+            .build()
+            .expect("config");
+        let handler = RecordingHandler::new(config.worker_id(), log.clone(), Arc::new(SystemClock));
+        workers.push(config.start(store, handler).await.expect("start"));
+    }
+    let balanced = |workers: &[WorkerHandle]| {
+        let loads: Vec<usize> = workers.iter().map(|h| h.owned().borrow().len()).collect();
+        loads.iter().sum::<usize>() == BUCKETS as usize
+            && loads
+                .iter()
+                .max()
+                .zip(loads.iter().min())
+                .is_some_and(|(a, b)| a - b <= 1)
+    };
+    let start = Instant::now();
+    while !balanced(&workers) {
+        assert!(start.elapsed() < Duration::from_secs(20), "no cold start");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // Freeze every server process of the database, when all of them are idle: a process frozen
+    // mid-statement would hold row locks nobody can take over (a limit of any database).
+    let mut admin = AsyncPgConnection::establish(&db.url).await.expect("admin");
+    let frozen = loop {
+        let pids = lease_testdb::backends(&mut admin, &db.name)
+            .await
+            .iter()
+            .map(|b| b.pid)
+            .collect();
+        let frozen = lease_testdb::Frozen::freeze(pids);
+        // What each was doing when frozen (the statistics outlive the freeze).
+        let states = lease_testdb::backends(&mut admin, &db.name).await;
+        if states
+            .iter()
+            .filter(|b| frozen.pids().contains(&b.pid))
+            .all(|b| b.state == "idle")
+        {
+            break frozen;
+        }
+        drop(frozen);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let frozen_at = Instant::now();
+    let frozen_on_server = SystemClock.now();
+    assert!(
+        frozen.pids().len() >= 6,
+        "the workers' connections: {:?}",
+        frozen.pids()
+    );
+    // Recovered: every worker renewed its session after the freeze (through a connection to a
+    // fresh server process), and the applications own every bucket, evenly.
+    let bound = ttl + renew + Duration::from_secs(2);
+    let observer = PgLeaseStore::builder(db.url.clone())
+        .max_connections(1)
+        .build()
+        .expect("store");
+    let ids: Vec<WorkerId> = workers.iter().map(WorkerHandle::worker_id).collect();
+    loop {
+        let snap = observer.snapshot(&group).await.expect("snapshot");
+        let renewed = snap
+            .members
+            .iter()
+            .filter(|m| ids.contains(&m.worker) && m.live && m.heartbeat_at > frozen_on_server)
+            .count();
+        if renewed == ids.len() && balanced(&workers) {
+            break;
+        }
+        assert!(
+            frozen_at.elapsed() < bound,
+            "not recovered within {bound:?}: {renewed} of 3 renewed, loads {:?}",
+            workers
+                .iter()
+                .map(|h| h.owned().borrow().len())
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!(
+        "{} frozen server processes: every worker renewed and every bucket owned and balanced \
+         again {:?} after the freeze",
+        frozen.pids().len(),
+        frozen_at.elapsed()
+    );
+    // Still frozen: the workers recovered around them, not through them.
+    assert!(frozen.all_stopped(), "a frozen server process was resumed");
+    assert!(balanced(&workers));
+    drop(frozen);
+    for w in workers {
+        w.shutdown().await.expect("a clean stop");
+    }
+    let summary = log
+        .lock()
+        .expect("log")
+        .check()
+        .unwrap_or_else(|e| panic!("ownership log: {e}"));
+    eprintln!("ownership log: {summary:?}");
+}

@@ -6,6 +6,11 @@
 //! and fans notifications out to the group's broadcast. If the connection breaks it reconnects,
 //! listens again and sends [`Change::Missed`] to every feed: notifications may have been lost
 //! meanwhile, and a worker that hears it simply re-plans.
+//!
+//! A listening connection only reads, so a server process that stops answering (frozen, or
+//! behind a network that drops packets silently) would go unnoticed for ever: every
+//! `check_every` the task sends a trivial query and, without an answer within as long again,
+//! treats the connection as broken.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -39,9 +44,20 @@ struct Routes {
 }
 
 /// The store's listening side. Dropping the last store clone stops the task.
-#[derive(Default)]
 pub(crate) struct Notifier {
     routes: Arc<Mutex<Routes>>,
+    /// How often the listening connection is checked.
+    check_every: Duration,
+}
+
+impl Notifier {
+    /// A notifier that checks its listening connection every `check_every`.
+    pub(crate) fn new(check_every: Duration) -> Self {
+        Self {
+            routes: Arc::default(),
+            check_every,
+        }
+    }
 }
 
 impl std::fmt::Debug for Notifier {
@@ -68,7 +84,12 @@ impl Notifier {
                 Some(tx) if !tx.is_closed() => tx.clone(),
                 _ => {
                     let (tx, rx) = mpsc::unbounded_channel();
-                    tokio::spawn(listen_loop(pool.clone(), Arc::downgrade(&self.routes), rx));
+                    tokio::spawn(listen_loop(
+                        pool.clone(),
+                        Arc::downgrade(&self.routes),
+                        rx,
+                        self.check_every,
+                    ));
                     routes.task = Some(tx.clone());
                     tx
                 }
@@ -132,12 +153,14 @@ fn listen_sql(channel: &str) -> String {
 enum Event {
     Command(Option<Listen>),
     Notification(Option<diesel::QueryResult<diesel::pg::PgNotification>>),
+    Check,
 }
 
 async fn listen_loop(
     pool: Pool<AsyncPgConnection>,
     routes: std::sync::Weak<Mutex<Routes>>,
     mut commands: mpsc::UnboundedReceiver<Listen>,
+    check_every: Duration,
 ) {
     let mut listening: HashSet<String> = HashSet::new();
     let mut backoff = Duration::from_millis(50);
@@ -172,12 +195,16 @@ async fn listen_loop(
             broadcast_all(&routes, Change::Missed);
         }
         reconnecting = true;
+        let mut checks = tokio::time::interval(check_every);
+        checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        checks.reset();
         loop {
             let event = {
                 let mut notes = std::pin::pin!(conn.notifications_stream());
                 tokio::select! {
                     command = commands.recv() => Event::Command(command),
                     note = notes.next() => Event::Notification(note),
+                    _ = checks.tick() => Event::Check,
                 }
             };
             match event {
@@ -216,6 +243,17 @@ async fn listen_loop(
                 Event::Notification(None) => {
                     tracing::warn!("change feed: connection closed; reconnecting");
                     continue 'connect;
+                }
+                Event::Check => {
+                    let answered =
+                        tokio::time::timeout(check_every, conn.batch_execute("SELECT 1")).await;
+                    if !matches!(answered, Ok(Ok(()))) {
+                        tracing::warn!(
+                            "change feed: the listening connection did not answer within \
+                             {check_every:?}; reconnecting"
+                        );
+                        continue 'connect;
+                    }
                 }
             }
         }

@@ -29,6 +29,7 @@
 
 #![warn(missing_docs)]
 
+mod connect;
 mod error;
 mod feed;
 pub mod ops;
@@ -46,7 +47,7 @@ use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 use lease_core::{
     Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat, Incarnation,
@@ -56,6 +57,7 @@ use lease_core::{
 
 pub use error::PgSetupError;
 
+use crate::connect::Connector;
 use crate::error::{from_diesel, from_pool};
 use crate::feed::Notifier;
 use crate::prepared::Prepared;
@@ -67,6 +69,41 @@ pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../migrations");
 /// The pool type the store runs on.
 pub type PgPool = Pool<AsyncPgConnection>;
 
+/// How long an operation waits for the server's answer on a store built from a pool
+/// ([`PgLeaseStore::from_pool`]); a store built from a URL uses its statement timeout plus its
+/// connection timeout.
+const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How often the wake-up connection is checked, by default.
+const DEFAULT_LISTEN_CHECK: Duration = Duration::from_secs(5);
+
+/// A pooled connection that returns to the pool only when [`keep`](Self::keep) says so;
+/// otherwise dropping it closes the connection.
+struct Checkout(Option<Object<AsyncPgConnection>>);
+
+impl Checkout {
+    fn conn(&mut self) -> Result<&mut AsyncPgConnection, StoreError> {
+        self.0.as_deref_mut().ok_or_else(|| StoreError::Backend {
+            message: "a connection was used after it was given back".into(),
+            source: None,
+        })
+    }
+
+    /// The operation finished cleanly: the connection may serve the next one.
+    fn keep(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            // Detached from the pool, the connection closes when dropped here.
+            drop(Object::take(conn));
+        }
+    }
+}
+
 /// Serializes concurrent `migrate` calls from many processes (an arbitrary, fixed key).
 const MIGRATION_LOCK_KEY: i64 = 0x6c65_6173_655f_6d69; // "lease_mi"
 
@@ -77,6 +114,7 @@ pub struct PgLeaseStoreBuilder {
     max_connections: usize,
     timeout: Duration,
     statement_timeout: Duration,
+    listen_check: Duration,
 }
 
 impl PgLeaseStoreBuilder {
@@ -93,42 +131,42 @@ impl PgLeaseStoreBuilder {
     }
 
     /// The longest any statement may run on the server before it is cancelled with an error
-    /// (default 10 s): a stalled server or a lock held by someone else's transaction cannot
-    /// hang an operation. Set on each connection when it is opened. A cut network is another
-    /// matter: add `keepalives_idle`/`tcp_user_timeout` to the URL, or rely on the worker
-    /// runtime's own call timeout.
+    /// (default 10 s): a lock held by someone else's transaction cannot hang an operation. Set
+    /// on each connection when it is opened. A server that stops answering altogether (a
+    /// frozen process, a cut network) is covered on the client: an operation that has no
+    /// answer after the statement timeout plus [`timeout`](Self::timeout) fails, and its
+    /// connection is closed, never reused. Connections also get TCP keepalives (probes after
+    /// 5 s idle) and a 10 s `tcp_user_timeout` unless the URL sets its own.
     pub fn statement_timeout(mut self, timeout: Duration) -> Self {
         self.statement_timeout = timeout;
         self
     }
 
+    /// How often the connection that listens for wake-ups is checked with a trivial query
+    /// (default 5 s); without an answer within as long again it is replaced, and the workers
+    /// are told that wake-ups may have been missed. A listening connection only reads, so
+    /// nothing else would notice a server process that stopped answering.
+    pub fn listen_check_interval(mut self, every: Duration) -> Self {
+        self.listen_check = every.max(Duration::from_millis(1));
+        self
+    }
+
     /// Build the store. No connection is made until the first operation.
     pub fn build(self) -> Result<PgLeaseStore, PgSetupError> {
-        self.url
-            .parse::<tokio_postgres::Config>()
-            .map_err(|e| PgSetupError::InvalidUrl {
-                message: std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(": "),
-            })?;
+        let parsed =
+            self.url
+                .parse::<tokio_postgres::Config>()
+                .map_err(|e| PgSetupError::InvalidUrl {
+                    message: connect::cause_chain(&e),
+                })?;
+        let connector = Connector::new(parsed, &self.url, self.statement_timeout);
         let mut config = ManagerConfig::default();
         // A broken connection is detected by its closed socket; the default recycling check
         // would add a `SELECT 1` round trip to every operation.
         config.recycling_method = RecyclingMethod::Fast;
-        let set_timeout = format!(
-            "SET statement_timeout = {}",
-            self.statement_timeout.as_millis().max(1)
-        );
-        config.custom_setup = Box::new(move |url| {
-            let (url, set_timeout) = (url.to_owned(), set_timeout.clone());
-            Box::pin(async move {
-                let mut conn = AsyncPgConnection::establish(&url).await?;
-                conn.batch_execute(&set_timeout)
-                    .await
-                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
-                Ok(conn)
-            })
+        config.custom_setup = Box::new(move |_url| {
+            let connector = connector.clone();
+            Box::pin(async move { connector.connect().await })
         });
         let manager =
             AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(self.url, config);
@@ -140,7 +178,10 @@ impl PgLeaseStoreBuilder {
             .runtime(deadpool::Runtime::Tokio1)
             .build()
             .map_err(PgSetupError::Pool)?;
-        Ok(PgLeaseStore::from_pool(pool))
+        let mut store = PgLeaseStore::from_pool(pool);
+        store.call_timeout = self.statement_timeout + self.timeout;
+        store.notifier = Arc::new(Notifier::new(self.listen_check));
+        Ok(store)
     }
 }
 
@@ -150,6 +191,8 @@ pub struct PgLeaseStore {
     pool: PgPool,
     clock: Option<Arc<dyn Clock>>,
     notifier: Arc<Notifier>,
+    /// How long an operation may wait for the server's answer.
+    call_timeout: Duration,
 }
 
 impl std::fmt::Debug for PgLeaseStore {
@@ -170,6 +213,7 @@ impl PgLeaseStore {
             max_connections: 16,
             timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(10),
+            listen_check: DEFAULT_LISTEN_CHECK,
         }
     }
 
@@ -184,7 +228,8 @@ impl PgLeaseStore {
         Self {
             pool,
             clock: None,
-            notifier: Arc::new(Notifier::default()),
+            notifier: Arc::new(Notifier::new(DEFAULT_LISTEN_CHECK)),
+            call_timeout: DEFAULT_CALL_TIMEOUT,
         }
     }
 
@@ -270,8 +315,31 @@ impl PgLeaseStore {
         }
     }
 
-    async fn conn(&self) -> Result<Object<AsyncPgConnection>, StoreError> {
-        self.pool.get().await.map_err(from_pool)
+    /// Run `op` on a pooled connection, within the call timeout. The connection goes back to
+    /// the pool only if `op` finished with an answer from the server: one whose operation was
+    /// abandoned (timed out here, or its future dropped by a caller's own deadline) may have a
+    /// statement in flight on a server process that stopped answering, and one that failed
+    /// may be broken; both are closed, so the next operation gets a working connection.
+    async fn with_conn<T>(
+        &self,
+        operation: &'static str,
+        op: impl AsyncFnOnce(&mut AsyncPgConnection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut checkout = Checkout(Some(self.pool.get().await.map_err(from_pool)?));
+        let conn: &mut AsyncPgConnection = checkout.conn()?;
+        let result = tokio::time::timeout(self.call_timeout, op(conn))
+            .await
+            .map_err(|_| StoreError::Backend {
+                message: format!(
+                    "{operation}: no answer from the server within {:?}",
+                    self.call_timeout
+                ),
+                source: None,
+            })?;
+        if !matches!(result, Err(StoreError::Backend { .. })) {
+            checkout.keep();
+        }
+        result
     }
 
     /// The client clock's time, if one decides.
@@ -283,7 +351,11 @@ impl PgLeaseStore {
 #[async_trait]
 impl LeaseStore for PgLeaseStore {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
-        ops::ensure_group(&mut *self.conn().await?, self.at(), group, shards).await
+        let at = self.at();
+        self.with_conn("ensure_group", async |c| {
+            ops::ensure_group(c, at, group, shards).await
+        })
+        .await
     }
 
     async fn heartbeat(
@@ -294,15 +366,10 @@ impl LeaseStore for PgLeaseStore {
         ttl: Ttl,
         metadata: &MemberMetadata,
     ) -> Result<Heartbeat, StoreError> {
-        ops::heartbeat(
-            &mut *self.conn().await?,
-            self.at(),
-            group,
-            worker,
-            incarnation,
-            ttl,
-            metadata,
-        )
+        let at = self.at();
+        self.with_conn("heartbeat", async |c| {
+            ops::heartbeat(c, at, group, worker, incarnation, ttl, metadata).await
+        })
         .await
     }
 
@@ -313,8 +380,11 @@ impl LeaseStore for PgLeaseStore {
         session: SessionId,
         want: u32,
     ) -> Result<Vec<Lease>, StoreError> {
-        let mut conn = self.conn().await?;
-        ops::claim(&mut conn, self.at(), group, worker, session, want).await
+        let at = self.at();
+        self.with_conn("claim", async |c| {
+            ops::claim(c, at, group, worker, session, want).await
+        })
+        .await
     }
 
     async fn release(
@@ -324,8 +394,11 @@ impl LeaseStore for PgLeaseStore {
         session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
-        let mut conn = self.conn().await?;
-        ops::release(&mut conn, self.at(), group, worker, session, buckets).await
+        let at = self.at();
+        self.with_conn("release", async |c| {
+            ops::release(c, at, group, worker, session, buckets).await
+        })
+        .await
     }
 
     async fn leave(
@@ -334,11 +407,17 @@ impl LeaseStore for PgLeaseStore {
         worker: WorkerId,
         session: Option<SessionId>,
     ) -> Result<Vec<Bucket>, StoreError> {
-        ops::leave(&mut *self.conn().await?, self.at(), group, worker, session).await
+        let at = self.at();
+        self.with_conn("leave", async |c| {
+            ops::leave(c, at, group, worker, session).await
+        })
+        .await
     }
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
-        ops::snapshot(&mut *self.conn().await?, self.at(), group).await
+        let at = self.at();
+        self.with_conn("snapshot", async |c| ops::snapshot(c, at, group).await)
+            .await
     }
 
     async fn is_current(
@@ -348,25 +427,22 @@ impl LeaseStore for PgLeaseStore {
         worker: WorkerId,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
-        ops::is_current(
-            &mut *self.conn().await?,
-            self.at(),
-            group,
-            bucket,
-            worker,
-            token,
-        )
+        let at = self.at();
+        self.with_conn("is_current", async |c| {
+            ops::is_current(c, at, group, bucket, worker, token).await
+        })
         .await
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
-        let mut conn = self.conn().await?;
-        let row: sql::ChannelRow =
-            Prepared(diesel::sql_query(sql::CHANNEL).bind::<Text, _>(group.as_str()))
-                .get_result(&mut conn)
-                .await
-                .map_err(|e| from_diesel("changes", e))?;
-        drop(conn);
+        let row: sql::ChannelRow = self
+            .with_conn("changes", async |c| {
+                Prepared(diesel::sql_query(sql::CHANNEL).bind::<Text, _>(group.as_str()))
+                    .get_result(c)
+                    .await
+                    .map_err(|e| from_diesel("changes", e))
+            })
+            .await?;
         self.notifier
             .subscribe(&self.pool, row.channel)
             .await

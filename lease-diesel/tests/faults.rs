@@ -17,8 +17,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
-    Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, SessionId,
-    ShardCount, Ttl, WorkerId,
+    Bucket, BucketState, Change, FencingToken, GroupName, LeaseStore, MemberMetadata, SessionId,
+    ShardCount, Ttl,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError};
 
@@ -44,7 +44,7 @@ async fn unreachable_server_gives_backend_errors() {
         .build()
         .expect("building a store makes no connection");
     let g = group("unreachable");
-    let me = WorkerId::new();
+    let me = support::worker();
     // Generous: the failure is a refused connection, it should come at once; it must not
     // take much more than the configured timeout in any case.
     let bound = timeout + Duration::from_secs(4);
@@ -114,7 +114,7 @@ async fn hostile_group_names_are_plain_data_on_the_server_clock() {
     ];
     let metadata =
         MemberMetadata::new("host='a'; DELETE FROM lease.members; -- ✓").expect("valid metadata");
-    let me = WorkerId::new();
+    let me = support::worker();
     for (i, name) in names.iter().enumerate() {
         let g = group(name);
         let n = 3 + i as u32; // a count of its own, to tell the groups apart
@@ -199,7 +199,7 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
         .build()
         .expect("a store on the test database");
     let g = group("terminated");
-    let me = WorkerId::new();
+    let me = support::worker();
     let meta = MemberMetadata::empty();
     store
         .ensure_group(&g, shards(8))
@@ -341,7 +341,7 @@ async fn a_connection_killed_mid_statement_gives_a_backend_error() {
         .build()
         .expect("a store on the test database");
     let g = group("killed_mid_statement");
-    let me = WorkerId::new();
+    let me = support::worker();
     let meta = MemberMetadata::empty();
     store
         .ensure_group(&g, shards(4))
@@ -443,7 +443,7 @@ async fn a_statement_stuck_on_a_lock_times_out() {
         .build()
         .expect("store");
     let g = group("orders");
-    let w = WorkerId::new();
+    let w = support::worker();
     store.ensure_group(&g, shards(4)).await.expect("ensure");
     store
         .heartbeat(&g, w, process(w), ttl(30), &MemberMetadata::empty())
@@ -475,4 +475,50 @@ async fn a_statement_stuck_on_a_lock_times_out() {
         .await
         .expect("the heartbeat after the lock is gone");
     assert!(!beat.new_session);
+}
+
+/// The connection that listens for wake-ups only reads, so a frozen server process behind it
+/// would go unnoticed: the store checks it, replaces it within two check intervals, tells the
+/// feed that wake-ups may have been missed, and later changes arrive on the new connection,
+/// while the old process stays frozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_listening_connection_is_replaced() {
+    let db = lease_testdb::database().await;
+    let check = Duration::from_millis(300);
+    let store = PgLeaseStore::builder(db.url.clone())
+        .max_connections(2)
+        .listen_check_interval(check)
+        .build()
+        .expect("store");
+    let g = group("listening");
+    store.ensure_group(&g, shards(4)).await.expect("ensure");
+    let mut feed = store.changes(&g).await.expect("changes").expect("a feed");
+    let mut admin = AsyncPgConnection::establish(&db.url).await.expect("admin");
+    let listener: Vec<i32> = lease_testdb::backends(&mut admin, &db.name)
+        .await
+        .into_iter()
+        .filter(|b| b.query.starts_with("LISTEN") && b.state == "idle")
+        .map(|b| b.pid)
+        .collect();
+    assert_eq!(listener.len(), 1, "the listening connection");
+    let frozen = lease_testdb::Frozen::freeze(listener);
+    let missed = tokio::time::timeout(check * 10, feed.recv())
+        .await
+        .expect("the frozen listening connection went unnoticed");
+    assert_eq!(missed, Some(Change::Missed));
+    // A join, through another store, reaches the feed on the replacement connection.
+    let other = PgLeaseStore::builder(db.url.clone())
+        .max_connections(1)
+        .build()
+        .expect("store");
+    let w = support::worker();
+    other
+        .heartbeat(&g, w, process(w), ttl(30), &MemberMetadata::empty())
+        .await
+        .expect("join");
+    let joined = tokio::time::timeout(Duration::from_secs(5), feed.recv())
+        .await
+        .expect("no wake-up after the listening connection was replaced");
+    assert_eq!(joined, Some(Change::Joined(w)));
+    assert!(frozen.all_stopped());
 }

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use lease_core::{
     Bucket, ErrorKind, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl,
-    WorkerId,
 };
 use lease_diesel::PgLeaseStore;
 use lease_testdb::OwnCluster;
@@ -54,7 +53,7 @@ async fn server_stop_and_resume_keeps_ownership() {
         .build()
         .expect("a store on the test database");
     let g = GroupName::new("restart").expect("a valid group name");
-    let me = WorkerId::new();
+    let me = support::worker();
     let ttl = Ttl::from_secs(30).expect("a valid ttl");
     let meta = MemberMetadata::empty();
     store

@@ -6,6 +6,14 @@ use std::fmt::Debug;
 
 use lease_core::{ErrorKind, Incarnation, Lease, StoreError, WorkerId};
 
+/// A fresh worker whose claims start at bucket 0 (its claim seed is 0), so it claims the
+/// lowest claimable buckets first and expectations can name them.
+pub fn worker() -> WorkerId {
+    WorkerId::from_uuid(uuid::Uuid::from_u128(
+        WorkerId::new().as_uuid().as_u128() & !0xFFFF_FFFF,
+    ))
+}
+
 /// The incarnation worker `w` heartbeats as: one process per worker, derived from its id.
 pub fn process(w: WorkerId) -> Incarnation {
     Incarnation::from_uuid(w.as_uuid())

@@ -1,0 +1,123 @@
+//! Opening connections: the URL's settings, the engine's defaults for detecting a dead peer,
+//! and the per-connection statement timeout.
+//!
+//! A connection goes through `tokio_postgres` directly (diesel-async's own `establish` takes
+//! only a URL), so the engine can add what a URL rarely says: TCP keepalives that notice a
+//! silent peer within seconds instead of the kernel's two hours, and a `tcp_user_timeout`
+//! that drops a connection whose sent data goes unacknowledged (a network black hole). A URL
+//! that sets either keeps its own value.
+
+use std::time::Duration;
+
+use diesel::ConnectionError;
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+
+/// Idle time before the first keepalive probe, unless the URL says otherwise.
+const KEEPALIVES_IDLE: Duration = Duration::from_secs(5);
+/// Time between unanswered keepalive probes.
+const KEEPALIVES_INTERVAL: Duration = Duration::from_secs(2);
+/// Unanswered probes before the connection is dropped.
+const KEEPALIVES_RETRIES: u32 = 3;
+/// How long sent data may stay unacknowledged before the connection is dropped, unless the URL
+/// says otherwise.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How to open a connection: the parsed URL with the engine's defaults applied.
+#[derive(Clone, Debug)]
+pub(crate) struct Connector {
+    config: tokio_postgres::Config,
+    set_statement_timeout: String,
+}
+
+impl Connector {
+    /// `url` as given (already validated), with keepalives and a TCP user timeout where the
+    /// URL sets none, and `statement_timeout` set on every connection.
+    pub(crate) fn new(
+        mut config: tokio_postgres::Config,
+        url: &str,
+        statement_timeout: Duration,
+    ) -> Self {
+        config.keepalives(true);
+        if !mentions(url, "keepalives_idle") {
+            config.keepalives_idle(KEEPALIVES_IDLE);
+        }
+        if !mentions(url, "keepalives_interval") {
+            config.keepalives_interval(KEEPALIVES_INTERVAL);
+        }
+        if !mentions(url, "keepalives_retries") {
+            config.keepalives_retries(KEEPALIVES_RETRIES);
+        }
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(TCP_USER_TIMEOUT);
+        }
+        Self {
+            config,
+            set_statement_timeout: format!(
+                "SET statement_timeout = {}",
+                statement_timeout.as_millis().max(1)
+            ),
+        }
+    }
+
+    /// Open a connection and set it up.
+    pub(crate) async fn connect(&self) -> Result<AsyncPgConnection, ConnectionError> {
+        let (client, connection) = self
+            .config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| ConnectionError::BadConnection(cause_chain(&e)))?;
+        let mut conn =
+            AsyncPgConnection::try_from_client_and_connection(client, connection).await?;
+        conn.batch_execute(&self.set_statement_timeout)
+            .await
+            .map_err(ConnectionError::CouldntSetupConfiguration)?;
+        Ok(conn)
+    }
+}
+
+/// Whether a URL (`postgres://…?k=v`) or key-value string (`k=v …`) sets `key`.
+fn mentions(url: &str, key: &str) -> bool {
+    url.split(['?', '&', ' '])
+        .any(|part| part.trim_start().starts_with(&format!("{key}=")))
+}
+
+/// An error and its causes, once each: `tokio_postgres` says "error connecting to server" and
+/// keeps the reason (connection refused, no such host) in its source.
+pub(crate) fn cause_chain(e: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let text = err.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = err.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_apply_only_where_the_url_is_silent() {
+        let url = "postgres://u@h/db?keepalives_idle=30&tcp_user_timeout=1";
+        let c = Connector::new(url.parse().expect("url"), url, Duration::from_secs(1));
+        assert_eq!(c.config.get_keepalives_idle(), Duration::from_secs(30));
+        assert_eq!(
+            c.config.get_tcp_user_timeout(),
+            Some(&Duration::from_secs(1))
+        );
+        assert_eq!(
+            c.config.get_keepalives_interval(),
+            Some(KEEPALIVES_INTERVAL)
+        );
+        let url = "host=/tmp user=u keepalives_retries=9";
+        let c = Connector::new(url.parse().expect("url"), url, Duration::from_secs(1));
+        assert_eq!(c.config.get_keepalives_idle(), KEEPALIVES_IDLE);
+        assert_eq!(c.config.get_keepalives_retries(), Some(9));
+        assert_eq!(c.config.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
+        assert!(c.config.get_keepalives());
+    }
+}
