@@ -46,7 +46,7 @@ use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 use lease_core::{
     Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat, Incarnation,
@@ -56,7 +56,7 @@ use lease_core::{
 
 pub use error::PgSetupError;
 
-use crate::error::{from_diesel, from_pool};
+use crate::error::{from_diesel, from_pool, from_pool_setup};
 use crate::feed::Notifier;
 use crate::prepared::Prepared;
 use crate::statements as sql;
@@ -107,10 +107,7 @@ impl PgLeaseStoreBuilder {
         self.url
             .parse::<tokio_postgres::Config>()
             .map_err(|e| PgSetupError::InvalidUrl {
-                message: std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(": "),
+                message: error::chain(&e),
             })?;
         let mut config = ManagerConfig::default();
         // A broken connection is detected by its closed socket; the default recycling check
@@ -123,7 +120,15 @@ impl PgLeaseStoreBuilder {
         config.custom_setup = Box::new(move |url| {
             let (url, set_timeout) = (url.to_owned(), set_timeout.clone());
             Box::pin(async move {
-                let mut conn = AsyncPgConnection::establish(&url).await?;
+                // Connecting through tokio-postgres directly rather than diesel-async's
+                // `establish`, which keeps only "error connecting to server" of a failure:
+                // the cause (refused, unresolvable) and the SQLSTATE (wrong password, no such
+                // database) are what tell a caller whether to retry.
+                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .map_err(|e| error::into_connection_error(error::from_connect(&url, &e)))?;
+                let mut conn =
+                    AsyncPgConnection::try_from_client_and_connection(client, connection).await?;
                 conn.batch_execute(&set_timeout)
                     .await
                     .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
@@ -203,10 +208,7 @@ impl PgLeaseStore {
     /// Apply the embedded migrations that are not applied yet; returns the versions applied.
     /// Safe to run from many processes at once (an advisory lock serializes them).
     pub async fn migrate(&self) -> Result<Vec<String>, PgSetupError> {
-        let conn = self.pool.get().await.map_err(|e| PgSetupError::Connect {
-            message: e.to_string(),
-            source: Some(Box::new(e)),
-        })?;
+        let conn = self.pool.get().await.map_err(from_pool_setup)?;
         let conn = Object::take(conn);
         // diesel's migration harness is synchronous: run it on a blocking thread, driving the
         // async connection from there.
@@ -239,10 +241,7 @@ impl PgLeaseStore {
 
     /// Check that the database is reachable and has every migration this build needs.
     pub async fn check_schema(&self) -> Result<(), PgSetupError> {
-        let conn = self.pool.get().await.map_err(|e| PgSetupError::Connect {
-            message: e.to_string(),
-            source: Some(Box::new(e)),
-        })?;
+        let conn = self.pool.get().await.map_err(from_pool_setup)?;
         let conn = Object::take(conn);
         let missing = tokio::task::spawn_blocking(move || {
             let mut conn = diesel_async::async_connection_wrapper::AsyncConnectionWrapper::<
@@ -266,7 +265,7 @@ impl PgLeaseStore {
         if missing.is_empty() {
             Ok(())
         } else {
-            Err(PgSetupError::SchemaMissing { missing })
+            Err(PgSetupError::SchemaOutdated { missing })
         }
     }
 

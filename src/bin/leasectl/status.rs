@@ -34,7 +34,7 @@ fn store_for(db: &DbArgs) -> Result<PgLeaseStore, Failure> {
 }
 
 fn unreachable(e: &PgSetupError) -> bool {
-    matches!(e, PgSetupError::Connect { .. })
+    matches!(e, PgSetupError::Unreachable { .. })
 }
 
 /// A store on `db` whose schema is in place, retrying while the database is unreachable.
@@ -44,7 +44,7 @@ pub async fn open(db: &DbArgs) -> Result<PgLeaseStore, Failure> {
     for attempt in 1..=ATTEMPTS {
         match store.check_schema().await {
             Ok(()) => return Ok(store),
-            Err(PgSetupError::SchemaMissing { missing }) => {
+            Err(PgSetupError::SchemaOutdated { missing }) => {
                 return Err(Failure::Runtime(format!(
                     "the database lacks the lease schema (missing migrations {}): run \
                      `leasectl migrate` first",
