@@ -30,8 +30,10 @@
 //! ```
 //!
 //! An application fences its own writes in its own transaction with
-//! `SELECT lease.is_current(group, bucket, worker, token)`: while the transaction holds the
-//! answer `true`, the bucket row is share-locked and no claim can take the bucket.
+//! `SELECT lease.is_current(group, bucket, worker, token)` (its role needs `USAGE` on schema
+//! `lease` and `EXECUTE` on the function, no table privilege): while the transaction holds
+//! the answer `true`, the bucket row is share-locked and no claim can take the bucket, even
+//! past the lease's expiry. Keep such transactions short.
 
 #![warn(missing_docs)]
 
