@@ -12,6 +12,8 @@ use std::time::Duration;
 use diesel::ConnectionError;
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 
+use crate::error;
+
 /// Idle time before the first keepalive probe, unless the URL says otherwise.
 const KEEPALIVES_IDLE: Duration = Duration::from_secs(5);
 /// Time between unanswered keepalive probes.
@@ -26,6 +28,8 @@ const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub(crate) struct Connector {
     config: tokio_postgres::Config,
+    /// The URL as given, to name its target in errors (never its password).
+    url: String,
     set_statement_timeout: String,
 }
 
@@ -52,6 +56,7 @@ impl Connector {
         }
         Self {
             config,
+            url: url.to_owned(),
             set_statement_timeout: format!(
                 "SET statement_timeout = {}",
                 statement_timeout.as_millis().max(1)
@@ -59,13 +64,15 @@ impl Connector {
         }
     }
 
-    /// Open a connection and set it up.
+    /// Open a connection and set it up. A failure keeps its cause and SQLSTATE, classified
+    /// (see [`PgSetupError`](crate::PgSetupError)), which diesel-async's own `establish` would
+    /// reduce to "error connecting to server".
     pub(crate) async fn connect(&self) -> Result<AsyncPgConnection, ConnectionError> {
         let (client, connection) = self
             .config
             .connect(tokio_postgres::NoTls)
             .await
-            .map_err(|e| ConnectionError::BadConnection(cause_chain(&e)))?;
+            .map_err(|e| error::into_connection_error(error::from_connect(&self.url, &e)))?;
         let mut conn =
             AsyncPgConnection::try_from_client_and_connection(client, connection).await?;
         conn.batch_execute(&self.set_statement_timeout)
@@ -79,21 +86,6 @@ impl Connector {
 fn mentions(url: &str, key: &str) -> bool {
     url.split(['?', '&', ' '])
         .any(|part| part.trim_start().starts_with(&format!("{key}=")))
-}
-
-/// An error and its causes, once each: `tokio_postgres` says "error connecting to server" and
-/// keeps the reason (connection refused, no such host) in its source.
-pub(crate) fn cause_chain(e: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next = Some(e);
-    while let Some(err) = next {
-        let text = err.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        next = err.source();
-    }
-    parts.join(": ")
 }
 
 #[cfg(test)]

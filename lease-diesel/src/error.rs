@@ -1,44 +1,330 @@
 //! Errors of setting the backend up, and how database failures become [`StoreError`]s.
 
+use diesel::result::DatabaseErrorKind;
+use diesel_async::pooled_connection::deadpool::PoolError;
 use lease_core::StoreError;
 
-/// Why the Postgres backend could not be set up or migrated.
+/// Why the Postgres backend could not be set up, checked or migrated.
+///
+/// Each variant says whether retrying can help; [`is_transient`](Self::is_transient) gives
+/// the answer to code that retries (`leasectl` retries only transient errors). Messages carry
+/// their cause once, in the text: these errors have no [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PgSetupError {
-    /// The connection string is not a valid Postgres URL or key-value string.
+    /// The connection string is not a valid Postgres URL or key-value string. Permanent.
     #[error("{message}")]
     InvalidUrl {
         /// What is wrong with it.
         message: String,
     },
-    /// The connection pool could not be built from the configuration.
+    /// The connection pool could not be built from the configuration. Permanent.
     #[error("invalid connection pool configuration: {0}")]
-    Pool(#[source] deadpool::managed::BuildError),
-    /// No connection to the database could be made.
-    #[error("cannot connect to Postgres: {message}")]
-    Connect {
-        /// What failed.
-        message: String,
-        /// The underlying error.
-        #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
-    },
-    /// Applying the embedded migrations failed.
-    #[error("applying the lease migrations failed: {message}")]
-    Migration {
-        /// What failed.
+    Pool(deadpool::managed::BuildError),
+    /// The pool hands out no connections at all (it was closed, or has no runtime). Permanent.
+    #[error("the connection pool is unusable: {message}")]
+    PoolUnusable {
+        /// Why.
         message: String,
     },
-    /// The database lacks migrations this build needs.
+    /// The server could not be reached, or does not accept connections right now: a refused
+    /// or reset connection, a host name that does not resolve, a timeout, a server starting up
+    /// or shutting down, too many connections, a connection lost half-way. Transient:
+    /// retrying may help.
+    #[error("{message}")]
+    Unreachable {
+        /// Where, and what failed, with its cause.
+        message: String,
+    },
+    /// The server refused the login (SQLSTATE 28P01 or 28000: wrong password, unknown role,
+    /// no `pg_hba.conf` entry), or the server asked for a password the URL does not give.
+    /// Permanent: fix the credentials.
+    #[error("{message}")]
+    AuthenticationFailed {
+        /// Where, and the server's answer.
+        message: String,
+    },
+    /// The database named in the URL does not exist (SQLSTATE 3D000). Permanent.
+    #[error("{message}")]
+    DatabaseNotFound {
+        /// Where, and the server's answer.
+        message: String,
+    },
+    /// The role lacks a privilege the operation needs: to connect (SQLSTATE 42501), `USAGE` on
+    /// schema `lease` for the start-up check, or the right to create or alter the schema for a
+    /// migration. Permanent: grant it, or use another role.
+    #[error("permission denied: {message}")]
+    PermissionDenied {
+        /// What is missing, and how to grant it.
+        message: String,
+    },
+    /// The server refused the connection for another reason. Permanent.
+    #[error("{message}")]
+    ConnectRejected {
+        /// The server's SQLSTATE, if it sent one.
+        sqlstate: Option<String>,
+        /// Where, and the server's answer.
+        message: String,
+    },
+    /// A migration has work to do but the connection is read-only (a hot standby, or
+    /// `default_transaction_read_only`). Permanent: migrate against the primary.
     #[error(
-        "the lease schema is missing migrations {missing:?}; run `leasectl migrate` \
-         (or PgLeaseStore::migrate) against this database"
+        "cannot migrate: the database is read-only here (a hot standby, or \
+         default_transaction_read_only is on); run `leasectl migrate` against the primary"
     )]
-    SchemaMissing {
-        /// Versions not applied yet.
+    ReadOnly,
+    /// The database has no `lease` schema. Permanent until someone migrates.
+    #[error(
+        "the database has no `lease` schema: run `leasectl migrate` (or \
+         PgLeaseStore::migrate) against it first"
+    )]
+    NotInstalled,
+    /// The `lease` schema lacks migrations this build needs. Permanent until someone migrates.
+    #[error(
+        "the lease schema is older than this build (missing migrations {}): run \
+         `leasectl migrate` (or PgLeaseStore::migrate)",
+        .missing.join(", ")
+    )]
+    SchemaOutdated {
+        /// Versions not applied yet, in order.
         missing: Vec<String>,
     },
+    /// The `lease` schema was installed by an earlier release, which recorded its versions in
+    /// the application's `__diesel_schema_migrations` table. Permanent until someone migrates:
+    /// [`PgLeaseStore::migrate`](crate::PgLeaseStore::migrate) adopts it.
+    #[error(
+        "the lease schema was installed by an earlier release (its versions are in the \
+         application's __diesel_schema_migrations table): run `leasectl migrate` (or \
+         PgLeaseStore::migrate) to adopt and upgrade it"
+    )]
+    LegacySchema,
+    /// The `lease` schema has migrations this build does not know: a newer release installed
+    /// them. Permanent: upgrade.
+    #[error(
+        "the lease schema is newer than this build (unknown migrations {}): upgrade \
+         leasectl / the lease library",
+        .unknown.join(", ")
+    )]
+    SchemaNewer {
+        /// Applied versions this build does not have.
+        unknown: Vec<String>,
+    },
+    /// A schema named `lease` exists that the engine did not create; the engine never moves
+    /// into it (its name is fixed) and wrote nothing. Permanent: rename or drop that schema,
+    /// or use another database.
+    #[error(
+        "schema `lease` exists but was not created by the lease engine ({found}); nothing was \
+         written. The engine's schema name is fixed: rename or drop that schema, or install \
+         the engine in another database"
+    )]
+    ForeignSchema {
+        /// What the schema holds.
+        found: String,
+    },
+    /// Another process held the migration lock for longer than this one waits (a minute).
+    /// Transient.
+    #[error("waiting for another process's migration timed out: {message}")]
+    MigrationBusy {
+        /// The server's answer.
+        message: String,
+    },
+    /// A migration's SQL, or the runner's bookkeeping, failed. Permanent: the same SQL fails
+    /// the same way again.
+    #[error("applying the lease migrations failed: {message}")]
+    Migration {
+        /// Which migration, and the server's answer.
+        message: String,
+    },
+    /// A query of the start-up check failed for another reason (a statement timeout, the
+    /// server running out of resources). Transient.
+    #[error("checking the lease schema failed: {message}")]
+    SchemaCheck {
+        /// The server's answer.
+        message: String,
+    },
+}
+
+impl PgSetupError {
+    /// Whether retrying the same operation later may succeed: true for an unreachable or
+    /// overloaded server and a migration lock held too long; false for bad configuration,
+    /// credentials, privileges, and a schema that is missing, foreign, older or newer.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Unreachable { .. } | Self::MigrationBusy { .. } | Self::SchemaCheck { .. }
+        )
+    }
+}
+
+/// `e` and each of its sources, joined by `": "`: the cause chain, once.
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// Where a connection string points, for messages (never the password).
+fn target(url: &str) -> String {
+    let Ok(config) = url.parse::<tokio_postgres::Config>() else {
+        return "Postgres".to_owned();
+    };
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let host = match h {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(dir) => dir.display().to_string(),
+            };
+            // One port for all hosts, or one each; 5432 when none is given.
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            format!("{host}:{port}")
+        })
+        .collect();
+    let mut text = format!("Postgres at {}", hosts.join(","));
+    if let Some(db) = config.get_dbname() {
+        text.push_str(&format!(", database {db:?}"));
+    }
+    if let Some(user) = config.get_user() {
+        text.push_str(&format!(", user {user:?}"));
+    }
+    text
+}
+
+/// Classify a failure to connect to `url`. By SQLSTATE when the server answered; a failure
+/// below the protocol (I/O, timeout, closed) means the server could not be reached.
+pub(crate) fn from_connect(url: &str, e: &tokio_postgres::Error) -> PgSetupError {
+    let cause = chain(e);
+    let message = format!("cannot connect to {}: {cause}", target(url));
+    let Some(code) = e.code() else {
+        // Refused, reset, unresolvable and timed-out connections are I/O errors (a connect
+        // timeout too); tokio-postgres reports a password the server asks for and the URL
+        // lacks as a configuration error.
+        let io = std::iter::successors(Some(e as &(dyn std::error::Error + 'static)), |e| {
+            e.source()
+        })
+        .any(|e| e.is::<std::io::Error>());
+        return if io || e.is_closed() {
+            PgSetupError::Unreachable { message }
+        } else if cause.contains("password missing") {
+            PgSetupError::AuthenticationFailed { message }
+        } else {
+            PgSetupError::ConnectRejected {
+                sqlstate: None,
+                message,
+            }
+        };
+    };
+    match SqlClass::of(code.code()) {
+        SqlClass::Transient => PgSetupError::Unreachable { message },
+        SqlClass::Authentication => PgSetupError::AuthenticationFailed { message },
+        SqlClass::NoDatabase => PgSetupError::DatabaseNotFound { message },
+        SqlClass::Privilege => PgSetupError::PermissionDenied { message },
+        SqlClass::Other => PgSetupError::ConnectRejected {
+            sqlstate: Some(code.code().to_owned()),
+            message,
+        },
+    }
+}
+
+/// What a SQLSTATE sent while connecting means for retrying.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum SqlClass {
+    /// The server cannot take the connection now: starting up or shutting down (57P01-57P03),
+    /// out of resources or connection slots (class 53), a connection exception (class 08).
+    Transient,
+    /// Wrong password, unknown role, no `pg_hba.conf` entry (28P01, 28000).
+    Authentication,
+    /// No such database (3D000).
+    NoDatabase,
+    /// No `CONNECT` privilege (42501).
+    Privilege,
+    /// Anything else: permanent.
+    Other,
+}
+
+impl SqlClass {
+    pub(crate) fn of(code: &str) -> Self {
+        match code {
+            "28P01" | "28000" => Self::Authentication,
+            "3D000" => Self::NoDatabase,
+            "42501" => Self::Privilege,
+            "57P01" | "57P02" | "57P03" => Self::Transient,
+            _ if code.starts_with("53") || code.starts_with("08") => Self::Transient,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// A classified connect failure, carried through deadpool and diesel-async to
+/// [`from_pool_setup`]: `diesel::ConnectionError` holds either a string (losing the SQLSTATE
+/// and the cause) or a `diesel::result::Error`, and of those only `QueryBuilderError` boxes
+/// an arbitrary error that can be downcast again. The name is wrong, the content is exact.
+pub(crate) fn into_connection_error(e: PgSetupError) -> diesel::ConnectionError {
+    diesel::ConnectionError::CouldntSetupConfiguration(diesel::result::Error::QueryBuilderError(
+        Box::new(e),
+    ))
+}
+
+/// Why the pool gave no connection, for `check_schema` and `migrate`.
+pub(crate) fn from_pool_setup(e: PoolError) -> PgSetupError {
+    use diesel_async::pooled_connection::PoolError as Backend;
+    match e {
+        PoolError::Backend(Backend::ConnectionError(
+            diesel::ConnectionError::CouldntSetupConfiguration(
+                diesel::result::Error::QueryBuilderError(inner),
+            ),
+        )) => match inner.downcast::<PgSetupError>() {
+            Ok(classified) => *classified,
+            Err(other) => PgSetupError::ConnectRejected {
+                sqlstate: None,
+                message: format!("cannot connect: {other}"),
+            },
+        },
+        // A pool built elsewhere connects through diesel-async's `establish`, which keeps
+        // neither the SQLSTATE nor the cause: an error the server sent is taken as permanent,
+        // anything else as unreachable.
+        PoolError::Backend(Backend::ConnectionError(
+            diesel::ConnectionError::CouldntSetupConfiguration(
+                e @ diesel::result::Error::DatabaseError(kind, _),
+            ),
+        )) => {
+            let message = format!("cannot connect: {e}");
+            match kind {
+                DatabaseErrorKind::UnableToSendCommand | DatabaseErrorKind::ClosedConnection => {
+                    PgSetupError::Unreachable { message }
+                }
+                _ => PgSetupError::ConnectRejected {
+                    sqlstate: None,
+                    message,
+                },
+            }
+        }
+        PoolError::Backend(Backend::ConnectionError(
+            diesel::ConnectionError::InvalidConnectionUrl(message),
+        )) => PgSetupError::InvalidUrl { message },
+        PoolError::Backend(Backend::ConnectionError(other)) => PgSetupError::ConnectRejected {
+            sqlstate: None,
+            message: format!("cannot connect: {other}"),
+        },
+        // The recycling check of a pooled connection failed: the connection broke.
+        PoolError::Backend(Backend::QueryError(e)) => PgSetupError::Unreachable {
+            message: format!("a pooled connection broke: {e}"),
+        },
+        PoolError::Timeout(kind) => PgSetupError::Unreachable {
+            message: format!("no database connection within the pool's timeout ({kind:?})"),
+        },
+        PoolError::Closed | PoolError::NoRuntimeSpecified => PgSetupError::PoolUnusable {
+            message: e.to_string(),
+        },
+        PoolError::PostCreateHook(hook) => PgSetupError::ConnectRejected {
+            sqlstate: None,
+            message: format!("a new connection's setup hook failed: {hook}"),
+        },
+    }
 }
 
 /// A diesel error as a [`StoreError::Backend`], with a hint when the schema is missing.
@@ -53,7 +339,7 @@ pub(crate) fn from_diesel(what: &str, e: diesel::result::Error) -> StoreError {
 }
 
 /// A pool failure (no connection could be had) as a [`StoreError::Backend`].
-pub(crate) fn from_pool(e: diesel_async::pooled_connection::deadpool::PoolError) -> StoreError {
+pub(crate) fn from_pool(e: PoolError) -> StoreError {
     StoreError::backend(format!("no database connection: {e}"), e)
 }
 
@@ -62,5 +348,36 @@ pub(crate) fn corrupt(what: String) -> StoreError {
     StoreError::Backend {
         message: format!("unexpected data in the lease schema: {what}"),
         source: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SqlClass, target};
+
+    #[test]
+    fn sqlstates_are_classified_for_retrying() {
+        for (code, class) in [
+            ("28P01", SqlClass::Authentication),
+            ("28000", SqlClass::Authentication),
+            ("3D000", SqlClass::NoDatabase),
+            ("42501", SqlClass::Privilege),
+            ("57P03", SqlClass::Transient),
+            ("57P01", SqlClass::Transient),
+            ("53300", SqlClass::Transient),
+            ("08006", SqlClass::Transient),
+            ("XX000", SqlClass::Other),
+            ("42P01", SqlClass::Other),
+        ] {
+            assert_eq!(SqlClass::of(code), class, "{code}");
+        }
+    }
+
+    #[test]
+    fn targets_name_hosts_database_and_user_but_no_password() {
+        let t = target("postgres://app:secret@db1:6432/orders");
+        assert_eq!(t, r#"Postgres at db1:6432, database "orders", user "app""#);
+        let t = target("host=/run/pg dbname=x user=u password=hidden");
+        assert_eq!(t, r#"Postgres at /run/pg:5432, database "x", user "u""#);
     }
 }

@@ -4,8 +4,14 @@
 //! [`PgLeaseStore`] implements the [`LeaseStore`] contract with one SQL statement per
 //! operation: a steady-state heartbeat is one round trip that rewrites one row, whatever the
 //! worker holds. The database server's clock decides expiry unless a client clock is given
-//! (tests). Wake-ups travel over `LISTEN/NOTIFY`. The schema lives in its own `lease` schema,
-//! created by the embedded migrations ([`PgLeaseStore::migrate`] or `leasectl migrate`).
+//! (tests). Wake-ups travel over `LISTEN/NOTIFY`.
+//!
+//! The tables live in a schema of their own, always named `lease` (the name is fixed), created
+//! by [`PgLeaseStore::migrate`] (or `leasectl migrate`), which applies the embedded
+//! [`MIGRATIONS`] and records their versions in `lease.engine_migrations`, not in the
+//! application's diesel migrations table. It refuses a `lease` schema it did not create.
+//! [`PgLeaseStore::check_schema`] only reads: workers and monitoring need no right to create
+//! anything, and work against a hot standby.
 //!
 //! ```no_run
 //! use lease_core::{GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId};
@@ -24,14 +30,17 @@
 //! ```
 //!
 //! An application fences its own writes in its own transaction with
-//! `SELECT lease.is_current(group, bucket, worker, token)`: while the transaction holds the
-//! answer `true`, the bucket row is share-locked and no claim can take the bucket.
+//! `SELECT lease.is_current(group, bucket, worker, token)` (its role needs `USAGE` on schema
+//! `lease` and `EXECUTE` on the function, no table privilege): while the transaction holds
+//! the answer `true`, the bucket row is share-locked and no claim can take the bucket, even
+//! past the lease's expiry. Keep such transactions short.
 
 #![warn(missing_docs)]
 
 mod connect;
 mod error;
 mod feed;
+mod migrate;
 pub mod ops;
 mod prepared;
 mod schema;
@@ -48,7 +57,6 @@ use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 use lease_core::{
     Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat, Incarnation,
     Lease, LeaseStore, MemberMetadata, SessionId, ShardCount, StoreError, Ttl, WorkerId,
@@ -56,15 +64,13 @@ use lease_core::{
 };
 
 pub use error::PgSetupError;
+pub use migrate::MIGRATIONS;
 
 use crate::connect::Connector;
-use crate::error::{from_diesel, from_pool};
+use crate::error::{from_diesel, from_pool, from_pool_setup};
 use crate::feed::Notifier;
 use crate::prepared::Prepared;
 use crate::statements as sql;
-
-/// The migrations of the `lease` schema, embedded at build time from `migrations/`.
-pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../migrations");
 
 /// The pool type the store runs on.
 pub type PgPool = Pool<AsyncPgConnection>;
@@ -103,9 +109,6 @@ impl Drop for Checkout {
         }
     }
 }
-
-/// Serializes concurrent `migrate` calls from many processes (an arbitrary, fixed key).
-const MIGRATION_LOCK_KEY: i64 = 0x6c65_6173_655f_6d69; // "lease_mi"
 
 /// Options of a [`PgLeaseStore`] built from a URL.
 #[derive(Debug, Clone)]
@@ -157,7 +160,7 @@ impl PgLeaseStoreBuilder {
             self.url
                 .parse::<tokio_postgres::Config>()
                 .map_err(|e| PgSetupError::InvalidUrl {
-                    message: connect::cause_chain(&e),
+                    message: error::chain(&e),
                 })?;
         let connector = Connector::new(parsed, &self.url, self.statement_timeout);
         let mut config = ManagerConfig::default();
@@ -245,74 +248,63 @@ impl PgLeaseStore {
         &self.pool
     }
 
-    /// Apply the embedded migrations that are not applied yet; returns the versions applied.
-    /// Safe to run from many processes at once (an advisory lock serializes them).
+    /// Apply the embedded [`MIGRATIONS`] not applied yet, in version order; returns the
+    /// versions applied (empty: the schema was up to date).
+    ///
+    /// On a database without schema `lease`, creates it (the role needs `CREATE` on the
+    /// database) with its version table `lease.engine_migrations`. Refuses, writing nothing,
+    /// a `lease` schema the engine did not create ([`PgSetupError::ForeignSchema`]), and one
+    /// with migrations newer than this build. Adopts a deployment made by an earlier release,
+    /// which recorded its versions in the application's `__diesel_schema_migrations`: those
+    /// rows move to `lease.engine_migrations`; nothing else of the application's is touched.
+    /// Safe to run from many processes at once: an advisory lock, taken before anything is
+    /// read, serializes them. Each migration runs in a transaction of its own, unless its
+    /// `metadata.toml` says `run_in_transaction = false` (for `CREATE INDEX CONCURRENTLY`).
     pub async fn migrate(&self) -> Result<Vec<String>, PgSetupError> {
-        let conn = self.pool.get().await.map_err(|e| PgSetupError::Connect {
-            message: e.to_string(),
-            source: Some(Box::new(e)),
-        })?;
-        let conn = Object::take(conn);
-        // diesel's migration harness is synchronous: run it on a blocking thread, driving the
-        // async connection from there.
-        tokio::task::spawn_blocking(move || {
-            let mut conn = diesel_async::async_connection_wrapper::AsyncConnectionWrapper::<
-                AsyncPgConnection,
-            >::from(conn);
-            let lock = format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})");
-            diesel::connection::SimpleConnection::batch_execute(&mut conn, &lock).map_err(|e| {
-                PgSetupError::Migration {
-                    message: format!("taking the migration lock: {e}"),
-                }
-            })?;
-            let applied = conn
-                .run_pending_migrations(MIGRATIONS)
-                .map(|versions| versions.iter().map(ToString::to_string).collect())
-                .map_err(|e| PgSetupError::Migration {
-                    message: e.to_string(),
-                });
-            let unlock = format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})");
-            // The lock also ends with the connection, which is dropped right after.
-            diesel::connection::SimpleConnection::batch_execute(&mut conn, &unlock).ok();
-            applied
-        })
-        .await
-        .map_err(|e| PgSetupError::Migration {
-            message: format!("the migration task failed: {e}"),
-        })?
+        let conn = self.setup_connection().await?;
+        // diesel's migrations are synchronous: run the whole runner on a blocking thread,
+        // driving the async connection from there. The connection left the pool and is
+        // dropped afterwards, which also ends the advisory lock's session.
+        let task = tokio::task::spawn_blocking(move || {
+            migrate::migrate(&mut migrate::SyncConn::from(conn))
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(e) => Err(PgSetupError::Migration {
+                    message: format!("the migration task did not run: {e}"),
+                }),
+            },
+        }
     }
 
-    /// Check that the database is reachable and has every migration this build needs.
+    /// Check that the database is reachable and its `lease` schema is the engine's, with
+    /// exactly the migrations of this build: a typed error says what is wrong and whether
+    /// retrying can help ([`PgSetupError::is_transient`]).
+    ///
+    /// Read-only: it reads the catalogs and `lease.engine_migrations` and never creates
+    /// anything, so it works on a hot standby, in a read-only transaction, and for a role with
+    /// `USAGE` on schema `lease` and no other right.
     pub async fn check_schema(&self) -> Result<(), PgSetupError> {
-        let conn = self.pool.get().await.map_err(|e| PgSetupError::Connect {
-            message: e.to_string(),
-            source: Some(Box::new(e)),
-        })?;
-        let conn = Object::take(conn);
-        let missing = tokio::task::spawn_blocking(move || {
-            let mut conn = diesel_async::async_connection_wrapper::AsyncConnectionWrapper::<
-                AsyncPgConnection,
-            >::from(conn);
-            conn.pending_migrations(MIGRATIONS)
-                .map(|pending| {
-                    pending
-                        .iter()
-                        .map(|m| m.name().version().to_string())
-                        .collect::<Vec<_>>()
-                })
-                .map_err(|e| PgSetupError::Migration {
-                    message: e.to_string(),
-                })
-        })
-        .await
-        .map_err(|e| PgSetupError::Migration {
-            message: format!("the schema check failed: {e}"),
-        })??;
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(PgSetupError::SchemaMissing { missing })
+        let conn = self.setup_connection().await?;
+        let task =
+            tokio::task::spawn_blocking(move || migrate::check(&mut migrate::SyncConn::from(conn)));
+        match task.await {
+            Ok(result) => result,
+            Err(e) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(e) => Err(PgSetupError::SchemaCheck {
+                    message: format!("the schema check task did not run: {e}"),
+                }),
+            },
         }
+    }
+
+    /// A connection of its own for a setup call, out of the pool for good.
+    async fn setup_connection(&self) -> Result<AsyncPgConnection, PgSetupError> {
+        let conn = self.pool.get().await.map_err(from_pool_setup)?;
+        Ok(Object::take(conn))
     }
 
     /// Run `op` on a pooled connection, within the call timeout. The connection goes back to

@@ -84,12 +84,12 @@ async fn unreachable_server_gives_backend_errors() {
 
     let started = Instant::now();
     match store.check_schema().await {
-        Err(PgSetupError::Connect { message, .. }) => assert!(!message.is_empty()),
-        other => panic!("check_schema: expected PgSetupError::Connect, got {other:?}"),
+        Err(PgSetupError::Unreachable { message }) => assert!(!message.is_empty()),
+        other => panic!("check_schema: expected PgSetupError::Unreachable, got {other:?}"),
     }
     match store.migrate().await {
-        Err(PgSetupError::Connect { .. }) => {}
-        other => panic!("migrate: expected PgSetupError::Connect, got {other:?}"),
+        Err(PgSetupError::Unreachable { .. }) => {}
+        other => panic!("migrate: expected PgSetupError::Unreachable, got {other:?}"),
     }
     assert!(started.elapsed() <= 2 * bound, "the setup calls hung");
 }

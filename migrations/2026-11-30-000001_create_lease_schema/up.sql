@@ -1,6 +1,10 @@
 -- The lease engine's tables: one row per group, one per (group, worker) session, one per
 -- (group, bucket). See DESIGN.md, "Leases are held by sessions".
-CREATE SCHEMA IF NOT EXISTS lease;
+--
+-- Schema `lease` itself is created by the runner (PgLeaseStore::migrate) before this runs,
+-- together with its version table; the runner refuses a `lease` schema it did not create.
+-- (Earlier releases created it here with IF NOT EXISTS; deployments that applied that text
+-- are adopted with this migration recorded as applied, so it never runs there again.)
 
 -- One row per group, written before any bucket row, so a shard-count mismatch is detected
 -- before anything is written.

@@ -33,37 +33,34 @@ fn store_for(db: &DbArgs) -> Result<PgLeaseStore, Failure> {
         .map_err(|e| Failure::Usage(format!("--database-url: {e}")))
 }
 
+/// Whether waiting may help: a server that cannot be reached or cannot take connections yet.
+/// A wrong password, a missing database or schema, a missing privilege are reported at once.
 fn unreachable(e: &PgSetupError) -> bool {
-    matches!(e, PgSetupError::Connect { .. })
+    e.is_transient()
 }
 
 /// A store on `db` whose schema is in place, retrying while the database is unreachable.
 pub async fn open(db: &DbArgs) -> Result<PgLeaseStore, Failure> {
     let store = store_for(db)?;
     let mut pause = Duration::from_millis(250);
-    for attempt in 1..=ATTEMPTS {
+    let mut attempt = 1;
+    loop {
         match store.check_schema().await {
             Ok(()) => return Ok(store),
-            Err(PgSetupError::SchemaMissing { missing }) => {
-                return Err(Failure::Runtime(format!(
-                    "the database lacks the lease schema (missing migrations {}): run \
-                     `leasectl migrate` first",
-                    missing.join(", ")
-                )));
-            }
             Err(e) if unreachable(&e) && attempt < ATTEMPTS => {
                 tracing::warn!(attempt, error = %e, "database unreachable; retrying");
                 tokio::time::sleep(pause).await;
                 pause *= 2;
+                attempt += 1;
             }
-            Err(e) => {
+            Err(e) if unreachable(&e) => {
                 return Err(Failure::Runtime(format!(
                     "database unreachable after {attempt} attempts: {e}"
                 )));
             }
+            Err(e) => return Err(Failure::Runtime(e.to_string())),
         }
     }
-    Err(Failure::Runtime("database unreachable".into()))
 }
 
 /// A store failure as a runtime failure, or as a usage error for contract refusals that come
@@ -88,7 +85,8 @@ pub fn store_failure(e: StoreError) -> Failure {
 pub async fn migrate(db: DbArgs) -> Result<(), Failure> {
     let store = store_for(&db)?;
     let mut pause = Duration::from_millis(250);
-    for attempt in 1..=ATTEMPTS {
+    let mut attempt = 1;
+    loop {
         match store.migrate().await {
             Ok(applied) if applied.is_empty() => {
                 println!("the lease schema is up to date");
@@ -102,11 +100,16 @@ pub async fn migrate(db: DbArgs) -> Result<(), Failure> {
                 tracing::warn!(attempt, error = %e, "database unreachable; retrying");
                 tokio::time::sleep(pause).await;
                 pause *= 2;
+                attempt += 1;
+            }
+            Err(e) if unreachable(&e) => {
+                return Err(Failure::Runtime(format!(
+                    "database unreachable after {attempt} attempts: {e}"
+                )));
             }
             Err(e) => return Err(Failure::Runtime(e.to_string())),
         }
     }
-    Err(Failure::Runtime("database unreachable".into()))
 }
 
 fn expires_in(snap: &GroupSnapshot, t: Option<Timestamp>) -> String {

@@ -1,0 +1,1059 @@
+//! The migration runner and the start-up check on real Postgres: the engine owns its schema
+//! (refuses one it did not make, reverts only its own objects), keeps its versions out of the
+//! application's diesel table (and adopts a deployment of the earlier release that kept them
+//! there), checks without writing (on a read-only connection, as a SELECT-only role), lets a
+//! role with EXECUTE alone fence, and reports connection failures with their cause and
+//! whether to retry. Roles are made with exactly the grants each test is about.
+
+mod support;
+
+use support::process;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use diesel::QueryableByName;
+use diesel::migration::{Migration, MigrationSource};
+use diesel::pg::Pg;
+use diesel::sql_types::{Bool, Integer, Nullable, Text, Timestamptz};
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
+use lease_core::{
+    Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount,
+    Timestamp, Ttl, WorkerId,
+};
+use lease_diesel::{MIGRATIONS, PgLeaseStore, PgSetupError, ops};
+
+/// A host application's own diesel migrations (dated before the engine's).
+const APP: EmbeddedMigrations = embed_migrations!("tests/fixtures/app_migrations");
+/// The engine's migrations as the earlier release shipped and ran them (through diesel's
+/// harness, into the application's table, creating the schema with IF NOT EXISTS).
+const LEGACY: EmbeddedMigrations = embed_migrations!("tests/fixtures/legacy_migrations");
+/// The version of the app's one migration.
+const APP_VERSION: &str = "20200101000001";
+/// The password of the roles the tests make (the test cluster trusts local connections; a
+/// server named by `DATABASE_URL` may not).
+const PASSWORD: &str = "lease-test-pw";
+
+type SyncConn = AsyncConnectionWrapper<AsyncPgConnection>;
+
+async fn connect(url: &str) -> AsyncPgConnection {
+    AsyncPgConnection::establish(url)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"))
+}
+
+async fn exec(conn: &mut AsyncPgConnection, sql: &str) {
+    conn.batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+fn store(url: &str) -> PgLeaseStore {
+    PgLeaseStore::builder(url)
+        .max_connections(2)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("a store")
+}
+
+/// Run `f` on a synchronous connection to `url` (diesel's migration harness is synchronous).
+async fn sync<T, F>(url: &str, f: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce(&mut SyncConn) -> T + Send + 'static,
+{
+    let conn = connect(url).await;
+    tokio::task::spawn_blocking(move || f(&mut SyncConn::from(conn)))
+        .await
+        .expect("the blocking task")
+}
+
+/// The versions of the engine's migrations in this build, in order.
+fn engine_versions() -> Vec<String> {
+    let mut v: Vec<String> = MigrationSource::<Pg>::migrations(&MIGRATIONS)
+        .expect("the embedded migrations")
+        .iter()
+        .map(|m| m.name().version().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+fn legacy_versions() -> Vec<String> {
+    MigrationSource::<Pg>::migrations(&LEGACY)
+        .expect("the legacy migrations")
+        .iter()
+        .map(|m| m.name().version().to_string())
+        .collect()
+}
+
+/// A role name of its own (roles are cluster-wide).
+fn fresh_role(what: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "lease_{what}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// `url` logging in as `role` instead.
+fn url_as(url: &str, role: &str) -> String {
+    match url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+    {
+        Some(rest) => {
+            let scheme = &url[..url.len() - rest.len()];
+            let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let host = match rest[..authority_end].rfind('@') {
+                Some(at) => &rest[at + 1..],
+                None => rest,
+            };
+            format!("{scheme}{role}:{PASSWORD}@{host}")
+        }
+        None => format!("{url} user={role} password={PASSWORD}"),
+    }
+}
+
+/// A login role with `grants` (each `{role}` replaced by its name), on database `db`.
+async fn make_role(admin: &mut AsyncPgConnection, db: &str, what: &str, grants: &str) -> String {
+    let role = fresh_role(what);
+    exec(
+        admin,
+        &format!(
+            "CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'; \
+             GRANT CONNECT ON DATABASE \"{db}\" TO {role}; {}",
+            grants.replace("{role}", &role)
+        ),
+    )
+    .await;
+    role
+}
+
+#[derive(QueryableByName)]
+struct Name {
+    #[diesel(sql_type = Text)]
+    name: String,
+}
+
+#[derive(QueryableByName)]
+struct Flag {
+    #[diesel(sql_type = Bool)]
+    yes: bool,
+}
+
+async fn names(conn: &mut AsyncPgConnection, sql: &str) -> Vec<String> {
+    diesel::sql_query(sql)
+        .load::<Name>(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .map(|n| n.name)
+        .collect()
+}
+
+async fn flag(conn: &mut AsyncPgConnection, sql: &str) -> bool {
+    diesel::sql_query(sql)
+        .get_result::<Flag>(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .yes
+}
+
+/// Every schema, relation (tables, indexes, sequences, their types' relations), function and
+/// type outside the system schemas: what a read-only operation must leave as it found.
+async fn objects(conn: &mut AsyncPgConnection) -> BTreeSet<String> {
+    names(
+        conn,
+        r"SELECT x.name FROM (
+            SELECT 'schema ' || n.nspname AS name, n.nspname AS nsp FROM pg_namespace n
+            UNION ALL
+            SELECT 'relation ' || n.nspname || '.' || c.relname, n.nspname
+              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            UNION ALL
+            SELECT 'function ' || n.nspname || '.' || p.proname, n.nspname
+              FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+            UNION ALL
+            SELECT 'type ' || n.nspname || '.' || t.typname, n.nspname
+              FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+          ) AS x
+          WHERE x.nsp NOT LIKE 'pg\_%' AND x.nsp <> 'information_schema'
+          ORDER BY 1",
+    )
+    .await
+    .into_iter()
+    .collect()
+}
+
+async fn diesel_versions(conn: &mut AsyncPgConnection) -> Vec<String> {
+    names(
+        conn,
+        "SELECT version::text AS name FROM __diesel_schema_migrations ORDER BY version",
+    )
+    .await
+}
+
+async fn engine_table_versions(conn: &mut AsyncPgConnection) -> Vec<String> {
+    names(
+        conn,
+        "SELECT version AS name FROM lease.engine_migrations ORDER BY version",
+    )
+    .await
+}
+
+async fn relation_exists(conn: &mut AsyncPgConnection, name: &str) -> bool {
+    flag(
+        conn,
+        &format!("SELECT to_regclass('{name}') IS NOT NULL AS yes"),
+    )
+    .await
+}
+
+async fn schema_exists(conn: &mut AsyncPgConnection) -> bool {
+    flag(
+        conn,
+        "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'lease') AS yes",
+    )
+    .await
+}
+
+fn group(name: &str) -> GroupName {
+    GroupName::new(name).expect("a group name")
+}
+
+fn shards(n: u32) -> ShardCount {
+    ShardCount::new(n).expect("a shard count")
+}
+
+fn ttl_ms(ms: u64) -> Ttl {
+    Ttl::new(Duration::from_millis(ms)).expect("a ttl")
+}
+
+// ---- item 3: the engine owns its schema ----------------------------------------------------
+
+/// A user's own `lease` schema is refused, with a message naming what it holds, and nothing
+/// is written: not the engine's tables, not a version table, not diesel's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_refuses_a_lease_schema_it_did_not_create() {
+    let db = lease_testdb::empty_database().await;
+    let mut admin = connect(&db.url).await;
+    exec(
+        &mut admin,
+        "CREATE SCHEMA lease; CREATE TABLE lease.invoices (id int PRIMARY KEY); \
+         INSERT INTO lease.invoices VALUES (1), (2)",
+    )
+    .await;
+    let before = objects(&mut admin).await;
+    let store = store(&db.url);
+
+    match store.migrate().await {
+        Err(e @ PgSetupError::ForeignSchema { .. }) => {
+            assert!(!e.is_transient());
+            let text = e.to_string();
+            assert!(
+                text.contains("lease.invoices") && text.contains("nothing was written"),
+                "{text}"
+            );
+        }
+        other => panic!("migrate into a user's schema: expected ForeignSchema, got {other:?}"),
+    }
+    match store.check_schema().await {
+        Err(PgSetupError::ForeignSchema { .. }) => {}
+        other => panic!("check_schema: expected ForeignSchema, got {other:?}"),
+    }
+    assert_eq!(objects(&mut admin).await, before, "a refused migrate wrote");
+    assert!(flag(&mut admin, "SELECT count(*) = 2 AS yes FROM lease.invoices").await);
+
+    // An empty schema someone made is not the engine's either.
+    exec(&mut admin, "DROP TABLE lease.invoices").await;
+    match store.migrate().await {
+        Err(PgSetupError::ForeignSchema { found }) => assert!(found.contains("empty"), "{found}"),
+        other => panic!("migrate into an empty foreign schema: got {other:?}"),
+    }
+    assert!(!relation_exists(&mut admin, "lease.groups").await);
+}
+
+/// Tables named like the engine's, without the engine's record of them, are not adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookalike_tables_without_a_record_are_not_adopted() {
+    let db = lease_testdb::empty_database().await;
+    let mut admin = connect(&db.url).await;
+    exec(
+        &mut admin,
+        "CREATE SCHEMA lease; CREATE TABLE lease.groups (x int); \
+         CREATE TABLE lease.members (x int); CREATE TABLE lease.shards (x int)",
+    )
+    .await;
+    let before = objects(&mut admin).await;
+    match store(&db.url).migrate().await {
+        Err(PgSetupError::ForeignSchema { found }) => {
+            assert!(found.contains("no record"), "{found}")
+        }
+        other => panic!("expected ForeignSchema, got {other:?}"),
+    }
+    assert_eq!(objects(&mut admin).await, before);
+}
+
+/// Revert every migration of this build, newest first, as diesel's harness would.
+async fn revert_all(url: &str) {
+    sync(url, |c| {
+        let mut all = MigrationSource::<Pg>::migrations(&MIGRATIONS).expect("the migrations");
+        all.sort_by_key(|m| std::cmp::Reverse(m.name().version().to_string()));
+        for m in all {
+            m.revert(c)
+                .unwrap_or_else(|e| panic!("reverting {}: {e}", m.name()));
+        }
+    })
+    .await;
+}
+
+/// The engine's down migrations drop the engine's objects and leave a table someone added to
+/// the schema, and so the schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn down_migrations_drop_only_the_engines_objects() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    exec(
+        &mut admin,
+        "CREATE TABLE lease.user_notes (note text); INSERT INTO lease.user_notes VALUES ('mine')",
+    )
+    .await;
+    revert_all(&db.url).await;
+    assert!(
+        flag(
+            &mut admin,
+            "SELECT count(*) = 1 AS yes FROM lease.user_notes"
+        )
+        .await,
+        "the user's table in schema lease was dropped"
+    );
+    let left = names(
+        &mut admin,
+        "SELECT c.relname::text AS name FROM pg_class c
+           JOIN pg_namespace n ON n.oid = c.relnamespace
+          WHERE n.nspname = 'lease' AND c.relkind = 'r'
+         UNION ALL
+         SELECT p.proname::text FROM pg_proc p
+           JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'lease'",
+    )
+    .await;
+    assert_eq!(left, vec!["user_notes".to_owned()], "what is left in lease");
+}
+
+/// With nothing else in it, the schema goes too: reverting leaves the database as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn down_migrations_drop_an_engine_only_schema() {
+    let db = lease_testdb::empty_database().await;
+    let mut admin = connect(&db.url).await;
+    let before = objects(&mut admin).await;
+    store(&db.url).migrate().await.expect("migrate");
+    assert!(schema_exists(&mut admin).await);
+    revert_all(&db.url).await;
+    assert_eq!(objects(&mut admin).await, before);
+}
+
+// ---- item 4: the engine's versions are its own ---------------------------------------------
+
+async fn run_app_migrations(url: &str) {
+    sync(url, |c| {
+        c.run_pending_migrations(APP)
+            .map(|v| v.len())
+            .unwrap_or_else(|e| panic!("the app's migrations: {e}"))
+    })
+    .await;
+}
+
+/// The app's `revert_last_migration` reverts the app's last migration (not "unknown migration
+/// version" for an engine version in its table).
+async fn revert_app_migration(url: &str) {
+    let reverted = sync(url, |c| {
+        c.revert_last_migration(APP)
+            .map(|v| v.to_string())
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    assert_eq!(
+        reverted.as_deref(),
+        Ok(APP_VERSION),
+        "the app's revert_last_migration"
+    );
+}
+
+/// An application's diesel migrations table holds only the application's versions after the
+/// engine migrates, so the application can still revert its own last migration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apps_diesel_migrations_still_revert_after_the_engine_migrates() {
+    let db = lease_testdb::empty_database().await;
+    run_app_migrations(&db.url).await;
+    let store = store(&db.url);
+    assert_eq!(store.migrate().await.expect("migrate"), engine_versions());
+    revert_app_migration(&db.url).await;
+
+    let mut admin = connect(&db.url).await;
+    assert!(!relation_exists(&mut admin, "app_items").await);
+    assert!(diesel_versions(&mut admin).await.is_empty());
+    assert_eq!(engine_table_versions(&mut admin).await, engine_versions());
+    store.check_schema().await.expect("the engine is intact");
+}
+
+/// A deployment of the earlier release (schema and versions made by diesel's harness, in the
+/// application's table) is adopted: its versions move to the engine's table, its data stays,
+/// the newer migrations are applied, and the application's rows are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_of_the_earlier_release_is_adopted() {
+    let db = lease_testdb::empty_database().await;
+    run_app_migrations(&db.url).await;
+    sync(&db.url, |c| {
+        c.run_pending_migrations(LEGACY)
+            .map(|v| v.len())
+            .unwrap_or_else(|e| panic!("the earlier release's migrations: {e}"))
+    })
+    .await;
+    let store = store(&db.url);
+    let g = group("kept");
+    store.ensure_group(&g, shards(4)).await.expect("a group");
+    match store.check_schema().await {
+        Err(e @ PgSetupError::LegacySchema) => {
+            assert!(e.to_string().contains("leasectl migrate"), "{e}");
+        }
+        other => panic!("check before adoption: expected LegacySchema, got {other:?}"),
+    }
+
+    let applied = store.migrate().await.expect("migrate adopts");
+    let legacy = legacy_versions();
+    let newer: Vec<String> = engine_versions()
+        .into_iter()
+        .filter(|v| !legacy.contains(v))
+        .collect();
+    assert_eq!(
+        applied, newer,
+        "only the migrations the old release lacked ran"
+    );
+    let mut admin = connect(&db.url).await;
+    assert_eq!(engine_table_versions(&mut admin).await, engine_versions());
+    assert_eq!(
+        diesel_versions(&mut admin).await,
+        vec![APP_VERSION],
+        "the engine's rows left the app's table, and only they"
+    );
+    assert!(relation_exists(&mut admin, "app_items").await);
+    store.check_schema().await.expect("the adopted schema");
+    let snap = store.snapshot(&g).await.expect("the group survived");
+    assert_eq!(snap.shard_count.get(), 4);
+    assert!(store.migrate().await.expect("again").is_empty());
+    revert_app_migration(&db.url).await;
+}
+
+/// A deployment that stopped at the earlier release's first migration is adopted too, and
+/// brought up to date.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_of_the_earlier_first_migration_only_is_adopted() {
+    let db = lease_testdb::empty_database().await;
+    sync(&db.url, |c| {
+        c.run_next_migration(LEGACY)
+            .map(|v| v.to_string())
+            .unwrap_or_else(|e| panic!("the earlier release's first migration: {e}"))
+    })
+    .await;
+    let store = store(&db.url);
+    let applied = store.migrate().await.expect("migrate adopts");
+    assert_eq!(applied, engine_versions()[1..].to_vec());
+    store.check_schema().await.expect("up to date");
+    let mut admin = connect(&db.url).await;
+    assert!(diesel_versions(&mut admin).await.is_empty());
+    // The second migration's column is there: the store runs.
+    let me = WorkerId::new();
+    let g = group("upgraded");
+    store.ensure_group(&g, shards(2)).await.expect("ensure");
+    store
+        .heartbeat(&g, me, process(me), ttl_ms(5_000), &MemberMetadata::empty())
+        .await
+        .expect("heartbeat on the adopted schema");
+}
+
+// ---- item 6: the start-up check writes nothing ---------------------------------------------
+
+/// On a fresh database the check says "not installed" and creates nothing, also on a
+/// read-only connection (as on a hot standby).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_check_writes_nothing() {
+    let db = lease_testdb::empty_database().await;
+    let mut admin = connect(&db.url).await;
+    let before = objects(&mut admin).await;
+    let checked = store(&db.url).check_schema().await;
+    assert_eq!(
+        objects(&mut admin).await,
+        before,
+        "the check created something"
+    );
+    match checked {
+        Err(e @ PgSetupError::NotInstalled) => {
+            assert!(!e.is_transient());
+            assert!(e.to_string().contains("leasectl migrate"), "{e}");
+        }
+        other => panic!("check on a fresh database: expected NotInstalled, got {other:?}"),
+    }
+
+    exec(
+        &mut admin,
+        &format!(
+            "ALTER DATABASE \"{}\" SET default_transaction_read_only = on",
+            db.name
+        ),
+    )
+    .await;
+    let checked = store(&db.url).check_schema().await;
+    assert_eq!(objects(&mut admin).await, before);
+    match checked {
+        Err(PgSetupError::NotInstalled) => {}
+        other => panic!("check on a read-only connection: expected NotInstalled, got {other:?}"),
+    }
+}
+
+/// Several processes migrating and checking a fresh database at once: one migrates, the
+/// others find it done, and each check sees a consistent state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_and_checks_on_a_fresh_database() {
+    let db = lease_testdb::empty_database().await;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let s = store(&db.url);
+        tasks.push(tokio::spawn(async move {
+            if i % 2 == 0 {
+                Ok(s.migrate().await)
+            } else {
+                Err(s.check_schema().await)
+            }
+        }));
+    }
+    let mut applied = Vec::new();
+    for t in tasks {
+        match t.await.expect("task") {
+            Ok(migrated) => applied.push(migrated.expect("a concurrent migrate")),
+            Err(Ok(()))
+            | Err(Err(PgSetupError::NotInstalled | PgSetupError::SchemaOutdated { .. })) => {}
+            Err(Err(other)) => panic!("a concurrent check: {other:?}"),
+        }
+    }
+    applied.sort();
+    let all = engine_versions();
+    assert_eq!(applied, vec![vec![], vec![], vec![], all]);
+    store(&db.url).check_schema().await.expect("migrated");
+}
+
+/// The runner's advisory lock key (the runner's own constant).
+const RUNNER_LOCK_KEY: i64 = 0x6c65_6173_655f_6d69;
+
+#[derive(QueryableByName)]
+struct Pid {
+    #[diesel(sql_type = Integer)]
+    pid: i32,
+}
+
+/// Poll `sql` (one boolean `yes`) until it holds, failing after 20 s.
+async fn wait_until(conn: &mut AsyncPgConnection, what: &str, sql: &str) {
+    for _ in 0..2_000 {
+        if flag(conn, sql).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// A runner waiting for the migration lock holds no snapshot, so the runner holding the lock
+/// can build an index concurrently (a migration with `run_in_transaction = false`): a runner
+/// blocked in `pg_advisory_lock` made that a deadlock, which Postgres broke by failing one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_waiting_for_the_lock_lets_the_holder_build_an_index_concurrently() {
+    let db = lease_testdb::database().await;
+    let mut holder = connect(&db.url).await;
+    exec(
+        &mut holder,
+        "CREATE TABLE probe (x int); SET statement_timeout = '20s'",
+    )
+    .await;
+    exec(
+        &mut holder,
+        &format!("SELECT pg_advisory_lock({RUNNER_LOCK_KEY})"),
+    )
+    .await;
+    let holder_pid = diesel::sql_query("SELECT pg_backend_pid() AS pid")
+        .get_result::<Pid>(&mut holder)
+        .await
+        .expect("pid")
+        .pid;
+    let runner = store(&db.url);
+    let waiting = tokio::spawn(async move { runner.migrate().await });
+    let mut admin = connect(&db.url).await;
+    wait_until(
+        &mut admin,
+        "the runner to ask for the lock",
+        &format!(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                             WHERE datname = current_database()
+                               AND pid NOT IN ({holder_pid}, pg_backend_pid())
+                               AND query LIKE '%advisory_lock%') AS yes"
+        ),
+    )
+    .await;
+    holder
+        .batch_execute("CREATE INDEX CONCURRENTLY probe_idx ON probe (x)")
+        .await
+        .expect("building an index concurrently while a runner waits");
+    exec(
+        &mut holder,
+        &format!("SELECT pg_advisory_unlock({RUNNER_LOCK_KEY})"),
+    )
+    .await;
+    let applied = waiting.await.expect("the runner task");
+    assert_eq!(applied.expect("the waiting runner"), Vec::<String>::new());
+}
+
+// ---- item 7: least privilege ---------------------------------------------------------------
+
+/// A monitoring role with USAGE on the schema and SELECT on the engine's tables, whose
+/// transactions are read-only (as on a hot standby), checks the schema and reads a group;
+/// nothing is created anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_select_only_role_on_a_read_only_connection_checks_and_reads() {
+    let db = lease_testdb::database().await;
+    let owner = store(&db.url);
+    let g = group("watched");
+    owner.ensure_group(&g, shards(4)).await.expect("ensure");
+    let me = WorkerId::new();
+    let beat = owner
+        .heartbeat(
+            &g,
+            me,
+            process(me),
+            ttl_ms(30_000),
+            &MemberMetadata::empty(),
+        )
+        .await
+        .expect("heartbeat");
+    owner.claim(&g, me, beat.session, 4).await.expect("claim");
+
+    let mut admin = connect(&db.url).await;
+    exec(&mut admin, "REVOKE CREATE ON SCHEMA public FROM PUBLIC").await;
+    let role = make_role(
+        &mut admin,
+        &db.name,
+        "mon",
+        "GRANT USAGE ON SCHEMA lease TO {role}; \
+         GRANT SELECT ON lease.groups, lease.members, lease.shards TO {role}; \
+         ALTER ROLE {role} SET default_transaction_read_only = on;",
+    )
+    .await;
+    let url = url_as(&db.url, &role);
+    let mut as_role = connect(&url).await;
+    assert!(
+        flag(
+            &mut as_role,
+            "SELECT current_setting('transaction_read_only') = 'on' AS yes"
+        )
+        .await,
+        "the role's connections are not read-only: the test would prove nothing"
+    );
+    let before = objects(&mut admin).await;
+
+    let monitor = store(&url);
+    monitor
+        .check_schema()
+        .await
+        .expect("check as a SELECT-only role");
+    let snap = monitor
+        .snapshot(&g)
+        .await
+        .expect("snapshot as a SELECT-only role");
+    assert!(snap.buckets.iter().all(|b| b.owner == Some(me)));
+    assert_eq!(objects(&mut admin).await, before);
+}
+
+/// A worker's role with the engine's DML (and EXECUTE on the fencing function) and no right
+/// to create anything runs every operation, the start-up check included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_role_with_dml_only_runs_the_engine() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    exec(&mut admin, "REVOKE CREATE ON SCHEMA public FROM PUBLIC").await;
+    let role = make_role(
+        &mut admin,
+        &db.name,
+        "wkr",
+        "GRANT USAGE ON SCHEMA lease TO {role}; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON lease.groups, lease.members, lease.shards \
+           TO {role}; \
+         GRANT EXECUTE ON FUNCTION lease.is_current(text, bigint, uuid, bigint, timestamptz) \
+           TO {role};",
+    )
+    .await;
+    let before = objects(&mut admin).await;
+    let worker = store(&url_as(&db.url, &role));
+    worker
+        .check_schema()
+        .await
+        .expect("check as the worker role");
+    let g = group("work");
+    worker.ensure_group(&g, shards(4)).await.expect("ensure");
+    let me = WorkerId::new();
+    let beat = worker
+        .heartbeat(
+            &g,
+            me,
+            process(me),
+            ttl_ms(30_000),
+            &MemberMetadata::empty(),
+        )
+        .await
+        .expect("heartbeat");
+    let won = worker.claim(&g, me, beat.session, 4).await.expect("claim");
+    assert_eq!(won.len(), 4);
+    assert!(
+        worker
+            .is_current(&g, won[0].bucket, me, won[0].token)
+            .await
+            .expect("is_current")
+    );
+    worker
+        .release(&g, me, beat.session, &[won[0].bucket])
+        .await
+        .expect("release");
+    worker.changes(&g).await.expect("changes");
+    worker
+        .leave(&g, me, Some(beat.session))
+        .await
+        .expect("leave");
+    assert!(
+        worker
+            .snapshot(&g)
+            .await
+            .expect("snapshot")
+            .members
+            .is_empty()
+    );
+    assert_eq!(objects(&mut admin).await, before);
+}
+
+/// Missing, older and newer schemas, and a role that may not read the schema, are typed,
+/// permanent, and say what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_mismatches_are_typed_and_say_what_to_do() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    let store = store(&db.url);
+    let all = engine_versions();
+    let newest = all.last().expect("a migration").clone();
+
+    exec(
+        &mut admin,
+        &format!("DELETE FROM lease.engine_migrations WHERE version = '{newest}'"),
+    )
+    .await;
+    match store.check_schema().await {
+        Err(e @ PgSetupError::SchemaOutdated { .. }) => {
+            assert!(!e.is_transient());
+            assert!(e.to_string().contains("run `leasectl migrate`"), "{e}");
+            let PgSetupError::SchemaOutdated { missing } = e else {
+                unreachable!()
+            };
+            assert_eq!(missing, vec![newest.clone()]);
+        }
+        other => panic!("an older schema: got {other:?}"),
+    }
+    exec(
+        &mut admin,
+        &format!(
+            "INSERT INTO lease.engine_migrations (version, name) VALUES \
+             ('{newest}', 'back'), ('29991231000000', 'from_the_future')"
+        ),
+    )
+    .await;
+    match store.check_schema().await {
+        Err(e @ PgSetupError::SchemaNewer { .. }) => {
+            assert!(!e.is_transient());
+            assert!(e.to_string().contains("upgrade"), "{e}");
+        }
+        other => panic!("a newer schema: got {other:?}"),
+    }
+    let before = objects(&mut admin).await;
+    match store.migrate().await {
+        Err(PgSetupError::SchemaNewer { unknown }) => assert_eq!(unknown, ["29991231000000"]),
+        other => panic!("migrate on a newer schema: got {other:?}"),
+    }
+    assert_eq!(objects(&mut admin).await, before);
+    exec(
+        &mut admin,
+        "DELETE FROM lease.engine_migrations WHERE version = '29991231000000'",
+    )
+    .await;
+    store.check_schema().await.expect("as it was");
+
+    let role = make_role(&mut admin, &db.name, "nousage", "").await;
+    match self::store(&url_as(&db.url, &role)).check_schema().await {
+        Err(e @ PgSetupError::PermissionDenied { .. }) => {
+            assert!(!e.is_transient());
+            assert!(e.to_string().contains("GRANT USAGE ON SCHEMA lease"), "{e}");
+        }
+        other => panic!("a role without USAGE: got {other:?}"),
+    }
+    // Nor may it migrate a database it cannot create a schema in.
+    let empty = lease_testdb::empty_database().await;
+    let mut empty_admin = connect(&empty.url).await;
+    exec(
+        &mut empty_admin,
+        &format!("GRANT CONNECT ON DATABASE \"{}\" TO {role}", empty.name),
+    )
+    .await;
+    match self::store(&url_as(&empty.url, &role)).migrate().await {
+        Err(e @ PgSetupError::PermissionDenied { .. }) => {
+            assert!(e.to_string().contains("may not create schemas"), "{e}")
+        }
+        other => panic!("migrate without CREATE: got {other:?}"),
+    }
+    assert!(!schema_exists(&mut empty_admin).await);
+}
+
+/// A migration with work to do on a read-only connection is refused as such, not as an
+/// unreachable database; on an up-to-date one, migrating is a no-op.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrating_a_read_only_database() {
+    let fresh = lease_testdb::empty_database().await;
+    let done = lease_testdb::database().await;
+    let mut admin = connect(&fresh.url).await;
+    for name in [&fresh.name, &done.name] {
+        exec(
+            &mut admin,
+            &format!("ALTER DATABASE \"{name}\" SET default_transaction_read_only = on"),
+        )
+        .await;
+    }
+    match store(&fresh.url).migrate().await {
+        Err(e @ PgSetupError::ReadOnly) => assert!(!e.is_transient()),
+        other => panic!("migrate on a read-only database: got {other:?}"),
+    }
+    assert!(!schema_exists(&mut admin).await);
+    assert!(store(&done.url).migrate().await.expect("no-op").is_empty());
+}
+
+// ---- item 13: fencing with EXECUTE alone ---------------------------------------------------
+
+async fn wait_server_past(admin: &mut AsyncPgConnection, t: Timestamp) {
+    for _ in 0..2_000 {
+        let past = diesel::sql_query("SELECT clock_timestamp() >= $1 AS yes")
+            .bind::<Nullable<Timestamptz>, _>(Some(t))
+            .get_result::<Flag>(admin)
+            .await
+            .expect("the server clock")
+            .yes;
+        if past {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the server clock did not pass {t}");
+}
+
+/// A role with USAGE on the schema and EXECUTE on `lease.is_current`, and no privilege on any
+/// table, gets true and false right, and its `true` still holds off a takeover of the bucket
+/// past the lease's expiry, until its transaction ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn is_current_needs_only_execute_and_its_lock_holds_off_a_takeover() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    let role = make_role(
+        &mut admin,
+        &db.name,
+        "fence",
+        "GRANT USAGE ON SCHEMA lease TO {role}; \
+         GRANT EXECUTE ON FUNCTION lease.is_current(text, bigint, uuid, bigint, timestamptz) \
+           TO {role};",
+    )
+    .await;
+    let mut app = connect(&url_as(&db.url, &role)).await;
+    assert!(
+        app.batch_execute("SELECT 1 FROM lease.shards")
+            .await
+            .is_err(),
+        "the fencing role can read lease.shards: the test would prove nothing"
+    );
+
+    let g = group("fenced");
+    let mut conn = connect(&db.url).await;
+    let mut ids = [WorkerId::new(), WorkerId::new()];
+    ids.sort();
+    let [a, b] = ids;
+    ops::ensure_group(&mut conn, None, &g, shards(4))
+        .await
+        .expect("ensure");
+    let first = ops::heartbeat(
+        &mut conn,
+        None,
+        &g,
+        a,
+        process(a),
+        ttl_ms(1_000),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("a joins");
+    let leases = ops::claim(&mut conn, None, &g, a, first.session, 4)
+        .await
+        .expect("a claims");
+    let b_join = ops::heartbeat(
+        &mut conn,
+        None,
+        &g,
+        b,
+        process(b),
+        ttl_ms(60_000),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("b joins");
+    assert!(b_join.observed_at < first.expires_at, "b joined too late");
+    let lease = leases[0];
+
+    for (bucket, token, want) in [
+        (lease.bucket, lease.token, true),
+        (lease.bucket, FencingToken(lease.token.0 + 1), false),
+        (Bucket(99), lease.token, false),
+    ] {
+        let got = ops::is_current(&mut app, None, &g, bucket, a, token)
+            .await
+            .expect("is_current with EXECUTE alone");
+        assert_eq!(got, want, "is_current({bucket:?}, {token:?})");
+    }
+
+    exec(&mut app, "BEGIN").await;
+    assert!(
+        ops::is_current(&mut app, None, &g, lease.bucket, a, lease.token)
+            .await
+            .expect("is_current in a transaction")
+    );
+    wait_server_past(&mut admin, first.expires_at).await;
+    let taken = ops::claim(&mut conn, None, &g, b, b_join.session, 4)
+        .await
+        .expect("b claims");
+    assert_eq!(taken.len(), 3, "b took the bucket being written");
+    assert!(taken.iter().all(|l| l.bucket != lease.bucket));
+    exec(&mut app, "COMMIT").await;
+    let taken = ops::claim(&mut conn, None, &g, b, b_join.session, 4)
+        .await
+        .expect("b claims again");
+    assert_eq!(
+        taken.iter().map(|l| l.bucket).collect::<Vec<_>>(),
+        vec![lease.bucket]
+    );
+    let snap = ops::snapshot(&mut conn, None, &g).await.expect("snapshot");
+    assert!(
+        snap.buckets
+            .iter()
+            .all(|x| x.owner == Some(b) && x.state == BucketState::Live)
+    );
+}
+
+/// Upgrading keeps `lease.is_current` callable for the roles that could call it before (with
+/// UPDATE on lease.shards); the others need EXECUTE granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_keeps_is_current_for_the_roles_that_could_call_it() {
+    let db = lease_testdb::empty_database().await;
+    sync(&db.url, |c| {
+        c.run_pending_migrations(LEGACY)
+            .map(|v| v.len())
+            .unwrap_or_else(|e| panic!("the earlier release's migrations: {e}"))
+    })
+    .await;
+    let mut admin = connect(&db.url).await;
+    let old_app = make_role(
+        &mut admin,
+        &db.name,
+        "oldapp",
+        "GRANT USAGE ON SCHEMA lease TO {role}; \
+         GRANT SELECT, UPDATE ON lease.shards TO {role}; \
+         GRANT SELECT ON lease.members TO {role};",
+    )
+    .await;
+    let reader = make_role(
+        &mut admin,
+        &db.name,
+        "reader",
+        "GRANT USAGE ON SCHEMA lease TO {role}; GRANT SELECT ON lease.shards TO {role};",
+    )
+    .await;
+    let call = "SELECT lease.is_current('g', 0, gen_random_uuid(), 1) = false AS yes";
+    let mut old = connect(&url_as(&db.url, &old_app)).await;
+    assert!(flag(&mut old, call).await, "before the upgrade");
+
+    store(&db.url).migrate().await.expect("migrate");
+    assert!(flag(&mut old, call).await, "after the upgrade");
+    let mut read_only = connect(&url_as(&db.url, &reader)).await;
+    let denied = read_only
+        .batch_execute(call)
+        .await
+        .expect_err("a reader may take the fencing lock");
+    assert!(denied.to_string().contains("permission denied"), "{denied}");
+}
+
+// ---- item 10: connection failures ----------------------------------------------------------
+
+/// A missing database and an unknown role are permanent, a refused connection transient; each
+/// message says its cause once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_failures_say_their_cause_and_whether_to_retry() {
+    let server = lease_testdb::server();
+    let missing = format!("lease_missing_{}", std::process::id());
+    let s = store(&server.url_for(&missing));
+    for (what, result) in [
+        ("check", s.check_schema().await),
+        ("migrate", s.migrate().await.map(drop)),
+    ] {
+        match result {
+            Err(e @ PgSetupError::DatabaseNotFound { .. }) => {
+                assert!(!e.is_transient());
+                let text = e.to_string();
+                assert!(
+                    text.contains(&missing) && text.contains("does not exist"),
+                    "{text}"
+                );
+            }
+            other => panic!("{what} on a missing database: got {other:?}"),
+        }
+    }
+
+    let nobody = fresh_role("nobody"); // never created
+    let db = lease_testdb::database().await;
+    match store(&url_as(&db.url, &nobody)).check_schema().await {
+        Err(e @ PgSetupError::AuthenticationFailed { .. }) => {
+            assert!(!e.is_transient());
+            assert!(e.to_string().contains(&nobody), "{e}");
+        }
+        other => panic!("an unknown role: got {other:?}"),
+    }
+
+    // Nothing listens on a port just given back by the kernel.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let refused = store(&format!(
+        "postgres://postgres@127.0.0.1:{port}/postgres?connect_timeout=5"
+    ));
+    match refused.check_schema().await {
+        Err(e @ PgSetupError::Unreachable { .. }) => {
+            assert!(e.is_transient());
+            let text = e.to_string();
+            assert_eq!(
+                text.matches("Connection refused").count(),
+                1,
+                "the cause, once: {text}"
+            );
+            assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+        }
+        other => panic!("a refused connection: got {other:?}"),
+    }
+}

@@ -1,0 +1,247 @@
+//! `leasectl` against databases that are not ready for it: permanent failures (no such
+//! database or role, a schema that is missing or not the engine's) are reported at once with
+//! exit code 1 and their cause, transient ones (a refused connection) after the retries with
+//! their cause once; `status` needs no right to create anything and creates nothing.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use diesel::QueryableByName;
+use diesel::sql_types::Text;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use lease::diesel::PgLeaseStore;
+use lease::{GroupName, LeaseStore, ShardCount};
+use serde_json::Value;
+use support::leasectl;
+
+/// The retry warning `leasectl` logs (at `warn`) before each new attempt.
+const RETRYING: &str = "retrying";
+const PASSWORD: &str = "lease-test-pw";
+
+/// Run `leasectl` with `DATABASE_URL=url`, logging warnings: (exit code, stdout, stderr).
+fn run(args: &[&str], url: &str) -> (i32, String, String) {
+    let out = leasectl()
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env("LEASE_LOG", "warn")
+        .output()
+        .expect("running leasectl");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A failure reported at once: exit 1, no retry, a message containing each of `says`.
+#[track_caller]
+fn fails_at_once(args: &[&str], url: &str, says: &[&str]) {
+    let (code, out, err) = run(args, url);
+    assert_eq!(code, 1, "leasectl {args:?}: {err}");
+    assert!(
+        !err.contains(RETRYING),
+        "leasectl {args:?} retried a permanent failure: {err}"
+    );
+    assert!(
+        !err.contains("unreachable"),
+        "leasectl {args:?} called a permanent failure unreachable: {err}"
+    );
+    for s in says {
+        assert!(err.contains(s), "leasectl {args:?}: {s:?} not in: {err}");
+    }
+    assert!(out.is_empty(), "leasectl {args:?} printed: {out}");
+}
+
+async fn connect(url: &str) -> AsyncPgConnection {
+    AsyncPgConnection::establish(url)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"))
+}
+
+async fn exec(conn: &mut AsyncPgConnection, sql: &str) {
+    conn.batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+#[derive(QueryableByName)]
+struct Name {
+    #[diesel(sql_type = Text)]
+    name: String,
+}
+
+/// Every schema and relation outside the system schemas.
+async fn objects(conn: &mut AsyncPgConnection) -> BTreeSet<String> {
+    diesel::sql_query(
+        r"SELECT n.nspname || '.' || COALESCE(c.relname, '') AS name
+            FROM pg_namespace n LEFT JOIN pg_class c ON c.relnamespace = n.oid
+           WHERE n.nspname NOT LIKE 'pg\_%' AND n.nspname <> 'information_schema'",
+    )
+    .load::<Name>(conn)
+    .await
+    .expect("listing objects")
+    .into_iter()
+    .map(|n| n.name)
+    .collect()
+}
+
+fn fresh_role(what: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "leasectl_{what}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// `url` logging in as `role` instead.
+fn url_as(url: &str, role: &str) -> String {
+    match url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+    {
+        Some(rest) => {
+            let scheme = &url[..url.len() - rest.len()];
+            let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let host = match rest[..authority_end].rfind('@') {
+                Some(at) => &rest[at + 1..],
+                None => rest,
+            };
+            format!("{scheme}{role}:{PASSWORD}@{host}")
+        }
+        None => format!("{url} user={role} password={PASSWORD}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_database_or_role_is_reported_at_once() {
+    let server = lease_testdb::server();
+    let missing = format!("leasectl_missing_{}", std::process::id());
+    let url = server.url_for(&missing);
+    for args in [&["status", "--group", "g"][..], &["migrate"]] {
+        fails_at_once(args, &url, &["does not exist", &missing]);
+    }
+    let db = lease_testdb::database().await;
+    let nobody = fresh_role("nobody"); // never created
+    fails_at_once(
+        &["worker", "--group", "g", "--shards", "4"],
+        &url_as(&db.url, &nobody),
+        &[&nobody],
+    );
+}
+
+#[test]
+fn a_refused_connection_is_retried_and_named_once() {
+    // Nothing listens on a port just given back by the kernel.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let (code, _, err) = run(&["status", "--group", "g"], &url);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(RETRYING),
+        "a refused connection is transient: {err}"
+    );
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("leasectl: database unreachable after 5 attempts"),
+        "{err}"
+    );
+    assert_eq!(
+        last.matches("Connection refused").count(),
+        1,
+        "the cause, once: {last}"
+    );
+    assert!(last.contains(&format!("127.0.0.1:{port}")), "{last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_on_a_database_without_the_schema_creates_nothing() {
+    let db = lease_testdb::empty_database().await;
+    let mut admin = connect(&db.url).await;
+    let before = objects(&mut admin).await;
+    let (code, _, err) = run(&["status", "--group", "g"], &db.url);
+    assert_eq!(
+        objects(&mut admin).await,
+        before,
+        "status created something"
+    );
+    assert_eq!(code, 1, "{err}");
+    fails_at_once(
+        &["status", "--group", "g"],
+        &db.url,
+        &["no `lease` schema", "leasectl migrate"],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_works_for_a_select_only_role_on_a_read_only_connection() {
+    let db = lease_testdb::database().await;
+    let store = PgLeaseStore::connect(db.url.clone()).expect("a store");
+    let group = GroupName::new("watched").expect("name");
+    store
+        .ensure_group(&group, ShardCount::new(3).expect("count"))
+        .await
+        .expect("ensure");
+    let mut admin = connect(&db.url).await;
+    let role = fresh_role("mon");
+    exec(
+        &mut admin,
+        &format!(
+            "REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
+             CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'; \
+             GRANT CONNECT ON DATABASE \"{}\" TO {role}; \
+             GRANT USAGE ON SCHEMA lease TO {role}; \
+             GRANT SELECT ON lease.groups, lease.members, lease.shards TO {role}; \
+             ALTER ROLE {role} SET default_transaction_read_only = on",
+            db.name
+        ),
+    )
+    .await;
+    let before = objects(&mut admin).await;
+    let (code, out, err) = run(
+        &["status", "--group", "watched", "--json"],
+        &url_as(&db.url, &role),
+    );
+    assert_eq!(code, 0, "{err}");
+    let status: Value = serde_json::from_str(&out).expect("status --json");
+    assert_eq!(status["shard_count"], 3, "{out}");
+    assert_eq!(objects(&mut admin).await, before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_refuses_a_lease_schema_it_did_not_create() {
+    let db = lease_testdb::empty_database().await;
+    let mut admin = connect(&db.url).await;
+    exec(
+        &mut admin,
+        "CREATE SCHEMA lease; CREATE TABLE lease.invoices (id int)",
+    )
+    .await;
+    let before = objects(&mut admin).await;
+    fails_at_once(
+        &["migrate"],
+        &db.url,
+        &["not created by the lease engine", "lease.invoices"],
+    );
+    assert_eq!(objects(&mut admin).await, before, "a refused migrate wrote");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_on_a_read_only_database_says_so_at_once() {
+    let db = lease_testdb::empty_database().await;
+    let mut admin = connect(&db.url).await;
+    exec(
+        &mut admin,
+        &format!(
+            "ALTER DATABASE \"{}\" SET default_transaction_read_only = on",
+            db.name
+        ),
+    )
+    .await;
+    fails_at_once(&["migrate"], &db.url, &["read-only", "against the primary"]);
+}
