@@ -501,7 +501,7 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
     let g = 0..GROUPS.len();
     let w = 0..WORKERS;
     let counts = state.shard_counts;
-    let issued: Vec<(usize, u32, i64)> = state.issued.clone();
+    let issued: Vec<(usize, u32, i64, usize)> = state.issued.clone();
     let ttls = prop::sample::select(vec![1_000u64, 3_000]);
     let bucket_in = move |group: usize| {
         let n = counts[group];
@@ -509,24 +509,42 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
     };
     let buckets = (g.clone())
         .prop_flat_map(move |group| (Just(group), prop::collection::vec(bucket_in(group), 0..4)));
-    let is_current = if issued.is_empty() {
-        (g.clone(), 0u32..9, w.clone(), 0i64..3)
+    // Fencing checks and releases mostly name a lease some claim issued (to the worker it was
+    // issued to, with its token, or one below), so that they can succeed.
+    let (is_current, owned_release) = if issued.is_empty() {
+        let check = (g.clone(), 0u32..9, w.clone(), 0i64..3)
             .prop_map(|(group, bucket, worker, token)| Op::IsCurrent {
                 group,
                 bucket,
                 worker,
                 token,
             })
-            .boxed()
+            .boxed();
+        (check.clone(), check)
     } else {
-        (prop::sample::select(issued), w.clone(), -1i64..=1)
-            .prop_map(|((group, bucket, token), worker, delta)| Op::IsCurrent {
+        let check = (
+            prop::sample::select(issued.clone()),
+            prop_oneof![3 => Just(None), 1 => w.clone().prop_map(Some)],
+            prop_oneof![3 => Just(0i64), 1 => Just(-1i64)],
+        )
+            .prop_map(
+                |((group, bucket, token, owner), other, delta)| Op::IsCurrent {
+                    group,
+                    bucket,
+                    worker: other.unwrap_or(owner),
+                    token: token + delta,
+                },
+            )
+            .boxed();
+        let release = (prop::sample::select(issued), process(), 0u32..3)
+            .prop_map(|((group, bucket, _, worker), process, extra)| Op::Release {
                 group,
-                bucket,
                 worker,
-                token: token + delta.min(0),
+                process,
+                buckets: (0..=extra).map(|k| bucket + k).collect(),
             })
-            .boxed()
+            .boxed();
+        (check, release)
     };
     prop_oneof![
         1 => (g.clone(), prop::sample::select(SHARD_COUNTS.to_vec()))
@@ -537,12 +555,13 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
             .prop_map(|(group, worker, process, ttl_ms, want)| Op::Tick { group, worker, process, ttl_ms, want }),
         2 => (g.clone(), w.clone(), process(), 0u32..6)
             .prop_map(|(group, worker, process, want)| Op::Claim { group, worker, process, want }),
-        3 => (buckets, w.clone(), process())
+        1 => (buckets, w.clone(), process())
             .prop_map(|((group, buckets), worker, process)| Op::Release { group, worker, process, buckets }),
+        3 => owned_release,
         1 => (g.clone(), w.clone(), prop_oneof![3 => process().prop_map(Some), 1 => Just(None)])
             .prop_map(|(group, worker, process)| Op::Leave { group, worker, process }),
         1 => g.prop_map(|group| Op::Snapshot { group }),
-        2 => is_current,
+        3 => is_current,
         3 => prop::sample::select(vec![1u64, 500, 1_000, 2_999, 3_000, 7_000])
             .prop_map(|ms| Op::Advance { ms }),
     ]
@@ -691,8 +710,8 @@ pub struct Reference {
     pub last: Option<Outcome>,
     /// The risky states the sequence reached so far.
     pub reach: Reach,
-    /// Every `(group, bucket, token)` a claim has issued.
-    issued: Vec<(usize, u32, i64)>,
+    /// Every `(group, bucket, token, worker)` a claim has issued.
+    issued: Vec<(usize, u32, i64, usize)>,
     sessions: Sessions,
     names: SessionNames,
 }
@@ -758,11 +777,11 @@ impl ReferenceStateMachine for ReferenceModel {
         let before = state.model.clone();
         let mut out = apply_to_model(&mut state.model, &mut state.sessions, op, state.now);
         state.reach.count(&before, op, &out, state.now);
-        if let Op::Tick { group, .. } | Op::Claim { group, .. } = op {
-            let g = *group;
+        if let Op::Tick { group, worker, .. } | Op::Claim { group, worker, .. } = op {
+            let (g, w) = (*group, *worker);
             state
                 .issued
-                .extend(won(&out).iter().map(|l| (g, l.bucket.0, l.token.0)));
+                .extend(won(&out).iter().map(|l| (g, l.bucket.0, l.token.0, w)));
         }
         state.names.normalize(&mut out);
         state.last = Some(out);
