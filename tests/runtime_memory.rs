@@ -503,23 +503,34 @@ async fn a_shard_count_mismatch_refuses_to_start() {
     assert_eq!(err.kind(), lease::ErrorKind::ShardCountMismatch);
 }
 
+/// How a test application's handler misbehaves.
+#[derive(Clone, Copy, Default)]
+struct Slow {
+    /// Time taken by each assignment, before it is recorded.
+    assign: Duration,
+    /// Time taken by each revocation before it returns; it is recorded on return, when the
+    /// application has stopped working on the bucket.
+    revoke: Duration,
+    /// A bucket whose assignment panics.
+    panic_on: Option<u32>,
+}
+
 /// A handler that takes its time, or panics on one bucket, then records like the others; it
 /// also keeps the kinds of the errors the worker reported.
 #[derive(Clone)]
 struct SlowHandler {
     inner: RecordingHandler,
-    assign_delay: Duration,
-    panic_on: Option<u32>,
+    slow: Slow,
     errors: Arc<Mutex<Vec<Option<ErrorKind>>>>,
 }
 
 #[async_trait::async_trait]
 impl lease::OwnershipHandler for SlowHandler {
     async fn on_assigned(&self, bucket: lease::Bucket, token: lease::FencingToken) {
-        tokio::time::sleep(self.assign_delay).await;
+        tokio::time::sleep(self.slow.assign).await;
         assert_ne!(
             Some(bucket.get()),
-            self.panic_on,
+            self.slow.panic_on,
             "the application's handler failed"
         );
         self.inner.on_assigned(bucket, token).await;
@@ -531,6 +542,7 @@ impl lease::OwnershipHandler for SlowHandler {
         token: lease::FencingToken,
         reason: RevokeReason,
     ) {
+        tokio::time::sleep(self.slow.revoke).await;
         self.inner.on_revoked(bucket, token, reason).await;
     }
 
@@ -545,22 +557,31 @@ impl lease::OwnershipHandler for SlowHandler {
 
 impl Pool {
     async fn start_with(&mut self, assign_delay: Duration, panic_on: Option<u32>) -> WorkerId {
-        self.launch(None, assign_delay, panic_on).await
+        let slow = Slow {
+            assign: assign_delay,
+            panic_on,
+            ..Slow::default()
+        };
+        self.launch(None, slow).await
+    }
+
+    /// Start a worker whose application takes `delay` to stop working on a revoked bucket.
+    async fn start_slow_revoker(&mut self, delay: Duration) -> WorkerId {
+        let slow = Slow {
+            revoke: delay,
+            ..Slow::default()
+        };
+        self.launch(None, slow).await
     }
 
     /// Start a worker that uses the worker id `id` in the store, as a second process started
     /// with the id of another would; it is told apart in this pool (and in the ownership log)
     /// by the id returned.
     async fn start_as(&mut self, id: WorkerId) -> WorkerId {
-        self.launch(Some(id), Duration::ZERO, None).await
+        self.launch(Some(id), Slow::default()).await
     }
 
-    async fn launch(
-        &mut self,
-        id: Option<WorkerId>,
-        assign_delay: Duration,
-        panic_on: Option<u32>,
-    ) -> WorkerId {
+    async fn launch(&mut self, id: Option<WorkerId>, slow: Slow) -> WorkerId {
         let mut builder =
             LeaseWorker::builder(self.group.clone(), ShardCount::new(self.shards).expect("n"))
                 .ttl(TTL)
@@ -581,8 +602,7 @@ impl Pool {
         self.errors.insert(label, errors.clone());
         let handler = SlowHandler {
             inner: RecordingHandler::new(label, self.log.clone(), Arc::new(self.clock.clone())),
-            assign_delay,
-            panic_on,
+            slow,
             errors,
         };
         let handle = config.start(store, handler).await.expect("start");
@@ -696,4 +716,24 @@ async fn two_processes_with_one_worker_id_never_share_a_session() {
     assert!(taken.iter().all(|t| *t >= stopped_at));
     let summary = pool.shutdown().await;
     assert_eq!(summary.handoffs, 8);
+}
+
+/// Revoke before release, the rule a graceful handoff rests on: the worker shedding buckets
+/// releases each one only after its application acknowledged the revocation (the handler
+/// returned, 200 ms each here), so the peer the release wakes up is assigned it only after
+/// that, as the ownership log shows (a revocation is recorded when the handler returns).
+#[tokio::test(start_paused = true)]
+async fn a_shed_bucket_is_released_only_after_its_revoke_returns() {
+    let mut pool = Pool::new("orders", 8, true);
+    let a = pool.start_slow_revoker(Duration::from_millis(200)).await;
+    assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    assert_eq!(pool.owned()[&a], 8);
+    let b = pool.start().await;
+    assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    assert_eq!(pool.owned()[&b], 4);
+    let shed = pool.revoked_at(a, RevokeReason::Shed);
+    assert_eq!(shed.len(), 4);
+    // Checked here, before the workers stop (stopping hands buckets over again).
+    assert_eq!(pool.check().handoffs, 4, "the shed buckets went to b");
+    pool.shutdown().await;
 }

@@ -371,3 +371,89 @@ async fn frozen_server_processes_are_left_behind() {
         .unwrap_or_else(|e| panic!("ownership log: {e}"));
     eprintln!("ownership log: {summary:?}");
 }
+
+/// An application that takes `delay` to stop working on a revoked bucket; the revocation is
+/// recorded when it returns.
+struct SlowRevoker {
+    inner: RecordingHandler,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl lease::OwnershipHandler for SlowRevoker {
+    async fn on_assigned(&self, bucket: lease::Bucket, token: lease::FencingToken) {
+        self.inner.on_assigned(bucket, token).await;
+    }
+
+    async fn on_revoked(
+        &self,
+        bucket: lease::Bucket,
+        token: lease::FencingToken,
+        reason: RevokeReason,
+    ) {
+        tokio::time::sleep(self.delay).await;
+        self.inner.on_revoked(bucket, token, reason).await;
+    }
+}
+
+/// Revoke before release on Postgres: a worker sheds half its buckets to a joiner while its
+/// application takes 200 ms to stop on each; the joiner, woken by the release's NOTIFY (the
+/// renew interval is 5 s), is assigned each bucket only after the revocation returned, as
+/// the ownership log shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shed_bucket_is_released_only_after_its_revoke_returns() {
+    let db = lease_testdb::database().await;
+    let store = PgLeaseStore::builder(db.url.clone())
+        .max_connections(4)
+        .build()
+        .expect("store");
+    let group = GroupName::new("handoff").expect("name");
+    let log = Arc::new(Mutex::new(OwnershipLog::new()));
+    let config = |id: Option<WorkerId>| {
+        let mut b = LeaseWorker::builder(group.clone(), ShardCount::new(8).expect("n"))
+            .ttl(Duration::from_secs(16))
+            .renew_interval(Duration::from_secs(5));
+        if let Some(id) = id {
+            b = b.worker_id(id);
+        }
+        b.build().expect("config")
+    };
+    let a_config = config(None);
+    let a_id = a_config.worker_id();
+    let slow = SlowRevoker {
+        inner: RecordingHandler::new(a_id, log.clone(), Arc::new(SystemClock)),
+        delay: Duration::from_millis(200),
+    };
+    let a = a_config.start(store.clone(), slow).await.expect("start a");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a.owned().borrow().len() < 8 {
+        assert!(Instant::now() < deadline, "a never owned 8");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let b_config = config(None);
+    let b_id = b_config.worker_id();
+    let b = b_config
+        .start(
+            store.clone(),
+            RecordingHandler::new(b_id, log.clone(), Arc::new(SystemClock)),
+        )
+        .await
+        .expect("start b");
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while b.owned().borrow().len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "the joiner was not served by wake-ups within 4 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let summary = log
+        .lock()
+        .expect("log")
+        .check()
+        .unwrap_or_else(|e| panic!("ownership log: {e}"));
+    assert_eq!(summary.handoffs, 4);
+    assert_eq!(summary.revocations.get("shed"), Some(&4));
+    a.shutdown().await.expect("a clean stop");
+    b.shutdown().await.expect("a clean stop");
+}
