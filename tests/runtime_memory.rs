@@ -12,7 +12,7 @@ use lease::memory::MemoryLeaseStore;
 use lease::testing::{Faults, FaultyStore, OwnershipLog, RecordingHandler, Summary, TokioClock};
 use lease::{
     BucketState, Clock, ErrorKind, GroupName, LeaseStore, LeaseWorker, OwnershipEvent,
-    RevokeReason, ShardCount, Timestamp, WorkerError, WorkerHandle, WorkerId,
+    RevokeReason, ShardCount, Timestamp, WorkerError, WorkerFailed, WorkerHandle, WorkerId,
 };
 
 const RENEW: Duration = Duration::from_secs(1);
@@ -465,6 +465,45 @@ async fn store_errors_are_reported_and_retried_without_stopping() {
     pool.faults(a).fail_all.store(false, Ordering::SeqCst);
     assert!(ticks_until_balanced(&pool, 5).await.is_some());
     pool.shutdown().await;
+}
+
+/// A worker that cannot leave the group when stopped says so: `shutdown` fails with
+/// `LeaveFailed` naming the leave's error, whether the store fails or does not answer, and the
+/// store still holds its session (the others must wait for it to expire).
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_cannot_leave_the_group_says_so_on_shutdown() {
+    for hang in [false, true] {
+        let mut pool = Pool::new("orders", 4, false);
+        let a = pool.start().await;
+        assert!(ticks_until_balanced(&pool, 5).await.is_some());
+        let (handle, faults) = pool.workers.remove(&a).expect("a");
+        let switch = if hang { &faults.hang } else { &faults.fail_all };
+        switch.store(true, Ordering::SeqCst);
+        let failed = handle.shutdown().await;
+        match &failed {
+            Err(WorkerFailed::LeaveFailed {
+                source: WorkerError::Store { operation, source },
+            }) if !hang => {
+                assert_eq!((*operation, source.kind()), ("leave", ErrorKind::Backend));
+            }
+            Err(WorkerFailed::LeaveFailed {
+                source: WorkerError::Timeout { operation, .. },
+            }) if hang => assert_eq!(*operation, "leave"),
+            other => panic!("hang {hang}: the failed leave was not reported: {other:?}"),
+        }
+        assert_eq!(
+            pool.errors_of(a).len(),
+            1,
+            "the failed leave is also reported to on_error"
+        );
+        switch.store(false, Ordering::SeqCst);
+        let snap = pool.store.snapshot(&pool.group).await.expect("snapshot");
+        assert!(
+            snap.members.iter().any(|m| m.worker == a && m.live),
+            "hang {hang}: the worker's session is gone without a leave"
+        );
+        pool.check();
+    }
 }
 
 #[tokio::test(start_paused = true)]
