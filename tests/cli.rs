@@ -208,11 +208,30 @@ async fn a_worker_prints_json_serves_metrics_and_stops_on_sigterm() {
         ["group", "shard_count", "observed_at", "members", "buckets"]
     );
     assert_eq!(status["shard_count"], 4);
+    let member = status["members"][0].as_object().expect("a member");
+    let keys: Vec<&str> = member.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["worker", "session", "expires_at", "owned"]);
     assert_eq!(status["members"][0]["owned"], 4);
+    let session = &status["members"][0]["session"];
+    assert!(session.is_string(), "{session}");
     assert_eq!(status["buckets"].as_array().expect("buckets").len(), 4);
     for b in status["buckets"].as_array().expect("buckets") {
+        let keys: Vec<&str> = b
+            .as_object()
+            .expect("a bucket")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            ["bucket", "owner", "session", "token", "expires_at", "state"]
+        );
         assert_eq!(b["state"], "live");
         assert!(b["owner"].is_string() && b["expires_at"].is_string() && b["token"] == 1);
+        assert_eq!(
+            &b["session"], session,
+            "a bucket held under another session"
+        );
     }
     let (code, out, _) = run(&["status", "--group", "orders"], Some(&db.url));
     assert_eq!(code, 0);
@@ -246,6 +265,41 @@ async fn a_worker_prints_json_serves_metrics_and_stops_on_sigterm() {
     assert!(support::owned_by(&events).is_empty());
 }
 
+/// What `status --json` says a worker holds: its session, and its live buckets with the
+/// session and token of each.
+#[derive(Debug, PartialEq)]
+struct StoreOwnership {
+    session: Option<String>,
+    buckets: Vec<(u64, String, i64)>,
+}
+
+fn ownership_in_store(url: &str, worker: &str) -> StoreOwnership {
+    let (code, out, err) = run(&["status", "--group", "orders", "--json"], Some(url));
+    assert_eq!(code, 0, "{err}");
+    let status: Value = serde_json::from_str(out.trim()).expect("status JSON");
+    let text = |v: &Value, k: &str| v[k].as_str().map(str::to_owned);
+    let session = status["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .find(|m| m["worker"] == worker)
+        .map(|m| text(m, "session").expect("a member's session"));
+    let buckets = status["buckets"]
+        .as_array()
+        .expect("buckets")
+        .iter()
+        .filter(|b| b["owner"] == worker && b["state"] == "live")
+        .map(|b| {
+            (
+                b["bucket"].as_u64().expect("bucket"),
+                text(b, "session").expect("an owned bucket's session"),
+                b["token"].as_i64().expect("token"),
+            )
+        })
+        .collect();
+    StoreOwnership { session, buckets }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_shows_then_does_and_the_worker_recovers() {
     let db = lease_testdb::database().await;
@@ -254,6 +308,10 @@ async fn release_shows_then_does_and_the_worker_recovers() {
         w.owned().len() == 4
     });
     let id = w.worker().expect("started").to_string();
+    // The store's view, not the worker's: a release would show there at once, while the
+    // worker only hears of it at its next heartbeat.
+    let before = ownership_in_store(&db.url, &id);
+    assert_eq!(before.buckets.len(), 4, "{before:?}");
     let (code, out, _) = run(
         &["release", "--group", "orders", "--worker", &id],
         Some(&db.url),
@@ -265,13 +323,20 @@ async fn release_shows_then_does_and_the_worker_recovers() {
         out.contains("warning: this worker's session is live"),
         "{out}"
     );
-    assert_eq!(w.owned().len(), 4, "a dry run released something");
+    assert_eq!(
+        ownership_in_store(&db.url, &id),
+        before,
+        "a dry run changed the store"
+    );
     let (code, out, _) = run(
         &["release", "--group", "orders", "--worker", &id, "--force"],
         Some(&db.url),
     );
     assert_eq!(code, 0);
     assert!(out.contains("released 4 bucket(s)"), "{out}");
+    // Woken by the release, the worker may already hold a new session: never the old one.
+    let after = ownership_in_store(&db.url, &id);
+    assert_ne!(after.session, before.session, "the release left {after:?}");
     // The worker's next heartbeat starts a new session: it revokes everything, then claims again.
     wait_for(
         "the worker to revoke and reclaim",

@@ -152,12 +152,14 @@ pub fn status_json(snap: &GroupSnapshot) -> serde_json::Value {
         "observed_at": rfc3339(snap.observed_at),
         "members": snap.members.iter().map(|m| json!({
             "worker": m.worker.to_string(),
+            "session": m.session.to_string(),
             "expires_at": rfc3339(m.expires_at),
             "owned": m.owned,
         })).collect::<Vec<_>>(),
         "buckets": snap.buckets.iter().map(|b| json!({
             "bucket": b.bucket.get(),
             "owner": b.owner.map(|w| w.to_string()),
+            "session": b.session.map(|s| s.to_string()),
             "token": b.token.get(),
             "expires_at": b.expires_at.map(rfc3339),
             "state": b.state.as_str(),
