@@ -3,14 +3,17 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
+use lease::LeaseStore;
 use serde_json::Value;
 use support::{WorkerProcess, leasectl, wait_for};
 
-fn run(args: &[&str], url: Option<&str>) -> (i32, String, String) {
+/// `leasectl args`, on `url` if given, logging nothing.
+fn command(args: &[&str], url: Option<&str>) -> Command {
     let mut cmd = leasectl();
     cmd.args(args)
         .env_remove("DATABASE_URL")
@@ -18,7 +21,24 @@ fn run(args: &[&str], url: Option<&str>) -> (i32, String, String) {
     if let Some(url) = url {
         cmd.env("DATABASE_URL", url);
     }
-    let out = cmd.output().expect("running leasectl");
+    cmd
+}
+
+/// A process that is killed if the test fails before it exited: a failed test must not leave
+/// a worker running.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            self.0.kill().ok();
+            self.0.wait().ok();
+        }
+    }
+}
+
+fn run(args: &[&str], url: Option<&str>) -> (i32, String, String) {
+    let out = command(args, url).output().expect("running leasectl");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -133,27 +153,29 @@ async fn a_worker_prints_json_serves_metrics_and_stops_on_sigterm() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         listener.local_addr().expect("addr").port()
     };
-    let mut child = leasectl()
-        .args([
-            "worker",
-            "--json",
-            "--group",
-            "orders",
-            "--shards",
-            "4",
-            "--ttl",
-            "3s",
-            "--renew",
-            "1s",
-            "--metrics-addr",
-        ])
-        .arg(format!("127.0.0.1:{port}"))
-        .env("DATABASE_URL", &db.url)
-        .env("LEASE_LOG", "off")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let stdout = child.stdout.take().expect("stdout");
+    let mut child = Running(
+        leasectl()
+            .args([
+                "worker",
+                "--json",
+                "--group",
+                "orders",
+                "--shards",
+                "4",
+                "--ttl",
+                "3s",
+                "--renew",
+                "1s",
+                "--metrics-addr",
+            ])
+            .arg(format!("127.0.0.1:{port}"))
+            .env("DATABASE_URL", &db.url)
+            .env("LEASE_LOG", "off")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn"),
+    );
+    let stdout = child.0.stdout.take().expect("stdout");
     let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let sink = lines.clone();
     let reader = std::thread::spawn(move || {
@@ -241,11 +263,11 @@ async fn a_worker_prints_json_serves_metrics_and_stops_on_sigterm() {
     );
 
     let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.id().to_string()])
         .status()
         .expect("kill");
     assert!(status.success());
-    let exit = child.wait().expect("wait");
+    let exit = child.0.wait().expect("wait");
     reader.join().expect("reader");
     assert!(exit.success(), "SIGTERM exit: {exit:?}");
     let lines = lines.lock().expect("lines").clone();
@@ -449,4 +471,187 @@ async fn two_workers_given_one_worker_id_never_share_its_session() {
         .unwrap_or_else(|e| panic!("two processes with one worker id overlapped: {e}"));
     assert_eq!(summary.handoffs, 4);
     assert!(first.bad_lines().is_empty() && second.bad_lines().is_empty());
+}
+
+/// What a command's stdout is connected to.
+#[derive(Clone, Copy, Debug)]
+enum Stdout {
+    /// A pipe whose reader closed before the command started: every write fails with EPIPE.
+    ClosedPipe,
+    /// `/dev/full`: every write fails with ENOSPC.
+    Full,
+}
+
+impl Stdout {
+    fn connect(self, cmd: &mut Command) {
+        match self {
+            Self::ClosedPipe => {
+                let (reader, writer) = std::io::pipe().expect("a pipe");
+                drop(reader);
+                cmd.stdout(writer);
+            }
+            Self::Full => {
+                let full = std::fs::File::options()
+                    .write(true)
+                    .open("/dev/full")
+                    .expect("/dev/full");
+                cmd.stdout(full);
+            }
+        }
+    }
+}
+
+/// Start `cmd` with stderr captured (read as it comes, so it never blocks the command).
+fn spawn_capturing(mut cmd: Command) -> (Running, std::thread::JoinHandle<String>) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning leasectl");
+    // Our copies of the child's stdio must not keep a pipe open.
+    drop(cmd);
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        stderr.read_to_string(&mut text).ok();
+        text
+    });
+    (Running(child), reader)
+}
+
+/// Wait for `child` to exit, at most `limit` (then kill it and fail); its exit code and stderr.
+fn finish(
+    mut child: Running,
+    stderr: std::thread::JoinHandle<String>,
+    limit: Duration,
+    what: &str,
+) -> (i32, String) {
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            start.elapsed() <= limit,
+            "{what} did not exit within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let stderr = stderr.join().expect("the stderr reader");
+    assert!(!stderr.contains("panicked"), "{what} panicked: {stderr}");
+    (status.code().unwrap_or(-1), stderr)
+}
+
+/// Run `leasectl args` with stdout connected to `to`; its exit code and stderr.
+fn run_to(args: &[&str], url: Option<&str>, to: Stdout) -> (i32, String) {
+    let mut cmd = command(args, url);
+    to.connect(&mut cmd);
+    let (child, stderr) = spawn_capturing(cmd);
+    finish(
+        child,
+        stderr,
+        Duration::from_secs(60),
+        &format!("{args:?} > {to:?}"),
+    )
+}
+
+/// Start `leasectl args` writing to a pipe; returns the process, the reader of its stdout,
+/// and its stderr.
+fn spawn_piped(
+    args: &[&str],
+    url: Option<&str>,
+) -> (
+    Running,
+    BufReader<std::io::PipeReader>,
+    std::thread::JoinHandle<String>,
+) {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    let mut cmd = command(args, url);
+    cmd.stdout(writer);
+    let (child, stderr) = spawn_capturing(cmd);
+    (child, BufReader::new(reader), stderr)
+}
+
+fn first_line(reader: &mut impl BufRead) -> String {
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("reading stdout");
+    line
+}
+
+const NO_SPACE: &str = "cannot write to stdout: No space left on device";
+
+/// `demo | head -1` and `demo > /dev/full`: the story stops at once instead of running its
+/// hour; a closed pipe quietly (0), a full disk with a message (1). Help likewise.
+#[test]
+fn the_demo_stops_early_when_stdout_goes() {
+    let hour = ["demo", "--seconds", "3600"];
+    let (child, mut reader, stderr) = spawn_piped(&hour, None);
+    let line = first_line(&mut reader);
+    assert!(line.contains("cold start"), "{line}");
+    drop(reader);
+    let (code, err) = finish(child, stderr, Duration::from_secs(30), "demo | head -1");
+    assert_eq!((code, err.as_str()), (0, ""));
+    let (code, err) = run_to(&hour, None, Stdout::ClosedPipe);
+    assert_eq!((code, err.as_str()), (0, ""));
+    let (code, err) = run_to(&hour, None, Stdout::Full);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(NO_SPACE), "{err}");
+
+    let (code, err) = run_to(&["--help"], None, Stdout::ClosedPipe);
+    assert_eq!((code, err.as_str()), (0, ""));
+    let (code, err) = run_to(&["demo", "--help"], None, Stdout::Full);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(NO_SPACE), "{err}");
+}
+
+/// `migrate | head -0`, `status > /dev/full` and the like: a closed pipe ends quietly once the
+/// work is done (0), a full disk is a failure saying so (1), nothing panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_ends_quietly_and_a_full_one_fails() {
+    // The migration is applied even though nobody reads that it was.
+    let fresh = lease_testdb::empty_database().await;
+    let (code, err) = run_to(&["migrate"], Some(&fresh.url), Stdout::ClosedPipe);
+    assert_eq!((code, err.as_str()), (0, ""));
+    let (code, out, _) = run(&["migrate"], Some(&fresh.url));
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("up to date"),
+        "migrate | head -0 applied nothing: {out}"
+    );
+    // A full disk after the work: a failure that says the work was done.
+    let fresh = lease_testdb::empty_database().await;
+    let (code, err) = run_to(&["migrate"], Some(&fresh.url), Stdout::Full);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("applied migrations") && err.contains(NO_SPACE),
+        "{err}"
+    );
+
+    let db = lease_testdb::database().await;
+    let store = lease::diesel::PgLeaseStore::builder(db.url.clone())
+        .max_connections(1)
+        .build()
+        .expect("a store");
+    let group = lease::GroupName::new("orders").expect("name");
+    store
+        .ensure_group(&group, lease::ShardCount::new(4).expect("n"))
+        .await
+        .expect("the group");
+    let stranger = lease::WorkerId::new().to_string();
+    let cases: &[&[&str]] = &[
+        &["migrate"],
+        &["status", "--group", "orders"],
+        &["status", "--group", "orders", "--json"],
+        &["release", "--group", "orders", "--worker", &stranger],
+        &[
+            "release", "--group", "orders", "--worker", &stranger, "--force",
+        ],
+    ];
+    for args in cases {
+        let (code, err) = run_to(args, Some(&db.url), Stdout::ClosedPipe);
+        assert_eq!((code, err.as_str()), (0, ""), "{args:?} | head -0");
+        let (code, err) = run_to(args, Some(&db.url), Stdout::Full);
+        assert_eq!(code, 1, "{args:?} > /dev/full: {err}");
+        assert!(err.contains(NO_SPACE), "{args:?} > /dev/full: {err}");
+    }
 }
