@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use lease::LeaseStore;
 use serde_json::Value;
-use support::{WorkerProcess, leasectl, wait_for};
+use support::{FreezableProxy, WorkerProcess, leasectl, wait_for};
 
 /// `leasectl args`, on `url` if given, logging nothing.
 fn command(args: &[&str], url: Option<&str>) -> Command {
@@ -646,6 +646,7 @@ async fn a_closed_stdout_ends_quietly_and_a_full_one_fails() {
         &[
             "release", "--group", "orders", "--worker", &stranger, "--force",
         ],
+        &["worker", "--group", "orders", "--shards", "4", "--json"],
     ];
     for args in cases {
         let (code, err) = run_to(args, Some(&db.url), Stdout::ClosedPipe);
@@ -654,4 +655,163 @@ async fn a_closed_stdout_ends_quietly_and_a_full_one_fails() {
         assert_eq!(code, 1, "{args:?} > /dev/full: {err}");
         assert!(err.contains(NO_SPACE), "{args:?} > /dev/full: {err}");
     }
+    // A worker that could not announce itself never joined.
+    let snap = store.snapshot(&group).await.expect("snapshot");
+    assert!(snap.members.is_empty(), "{:?}", snap.members);
+}
+
+/// A worker whose reader goes away stops gracefully at its next event: it revokes, leaves the
+/// group (the store shows it gone) and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_stdout_closes_leaves_the_group_and_exits_0() {
+    let db = lease_testdb::database().await;
+    let (child, mut reader, stderr) = spawn_piped(
+        &[
+            "worker", "--json", "--group", "orders", "--shards", "4", "--ttl", "3s", "--renew",
+            "1s",
+        ],
+        Some(&db.url),
+    );
+    let started = support::parse_event(first_line(&mut reader).trim()).expect("started");
+    let id = started.worker.to_string();
+    wait_for("the worker's buckets", Duration::from_secs(20), || {
+        ownership_in_store(&db.url, &id).buckets.len() == 4
+    });
+    drop(reader);
+    // A joiner makes it shed, so it has something to print.
+    let mut joiner = WorkerProcess::spawn("joiner", &db.url, "orders", 4, "3s", "1s");
+    let (code, err) = finish(child, stderr, Duration::from_secs(20), "the worker");
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert_eq!(
+        ownership_in_store(&db.url, &id),
+        StoreOwnership {
+            session: None,
+            buckets: Vec::new()
+        },
+        "the worker did not leave the group"
+    );
+    wait_for("the joiner to take over", Duration::from_secs(20), || {
+        joiner.owned().len() == 4
+    });
+    joiner.signal("TERM");
+    assert!(joiner.wait(Duration::from_secs(10)).success());
+}
+
+/// A worker that cannot write its events for another reason than a closed pipe (here a file
+/// past its size limit: EFBIG) stops gracefully too, but exits 1 and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_stdout_fails_leaves_the_group_and_exits_1() {
+    let db = lease_testdb::database().await;
+    let path = std::env::temp_dir().join(format!("leasectl-efbig-{}", std::process::id()));
+    let file = std::fs::File::create(&path).expect("a file for stdout");
+    // Room for "started" and a few assignments of the eight; SIGXFSZ ignored, so writes past
+    // the limit fail with EFBIG instead of killing the process.
+    let mut cmd = Command::new("sh");
+    cmd.args([
+        "-c",
+        "trap '' XFSZ && exec prlimit --fsize=600 -- \"$@\"",
+        "sh",
+    ])
+    .arg(env!("CARGO_BIN_EXE_leasectl"))
+    .args([
+        "worker", "--json", "--group", "orders", "--shards", "8", "--ttl", "3s", "--renew", "1s",
+    ])
+    .env("DATABASE_URL", &db.url)
+    .env("LEASE_LOG", "off")
+    .stdout(file);
+    let (child, stderr) = spawn_capturing(cmd);
+    let (code, err) = finish(child, stderr, Duration::from_secs(20), "the worker");
+    let printed = std::fs::read_to_string(&path).expect("the worker's stdout");
+    std::fs::remove_file(&path).ok();
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("cannot write to stdout: File too large"),
+        "{err}"
+    );
+    let started =
+        support::parse_event(printed.lines().next().expect("a first line")).expect("started");
+    assert_eq!(started.event, "started");
+    assert_eq!(
+        ownership_in_store(&db.url, &started.worker.to_string()),
+        StoreOwnership {
+            session: None,
+            buckets: Vec::new()
+        },
+        "the worker did not leave the group"
+    );
+}
+
+/// Told to stop while the database does not answer, a worker waits for its leave call; a
+/// second signal ends it at once, with exit 1 and a message saying it did not leave, and the
+/// store still lists it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_stops_a_worker_at_once_without_leaving() {
+    let db = lease_testdb::database().await;
+    let proxy = FreezableProxy::start(&db).await;
+    // ttl 60 s: a leave call may wait 30 s before it times out.
+    let mut w = WorkerProcess::spawn("w", &proxy.url, "orders", 4, "60s", "1s");
+    wait_for("four buckets", Duration::from_secs(20), || {
+        w.owned().len() == 4
+    });
+    let id = w.worker().expect("started").to_string();
+    proxy.freeze();
+    w.signal("TERM");
+    wait_for("the notice of a stop", Duration::from_secs(20), || {
+        w.stderr().iter().any(|l| l.contains("leasectl: stopping"))
+    });
+    let second = Instant::now();
+    w.signal("INT");
+    let status = w.wait(Duration::from_secs(20));
+    let took = second.elapsed();
+    assert_eq!(status.code(), Some(1), "{:?}", w.stderr());
+    assert!(
+        took < Duration::from_secs(10),
+        "the second signal took {took:?} to end the worker"
+    );
+    let said = w.stderr().join("\n");
+    assert!(
+        said.contains("second signal") && said.contains("without leaving the group"),
+        "{said}"
+    );
+    let error = w.events().into_iter().rfind(|e| e.event == "error");
+    assert!(
+        error.is_some_and(|e| e.message.is_some_and(|m| m.contains("without leaving"))),
+        "no error event: {:?}",
+        w.events()
+    );
+    // Through the proxy nothing reached the store: it still lists the worker and its buckets.
+    let left = ownership_in_store(&db.url, &id);
+    assert!(
+        left.session.is_some() && left.buckets.len() == 4,
+        "{left:?}"
+    );
+    proxy.thaw();
+}
+
+/// A worker that cannot leave the group when told to stop (the database does not answer)
+/// exits 1 and says that its leases stay until they expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_cannot_leave_the_group_exits_1_and_says_so() {
+    let db = lease_testdb::database().await;
+    let proxy = FreezableProxy::start(&db).await;
+    let mut w = WorkerProcess::spawn("w", &proxy.url, "orders", 4, "3s", "1s");
+    wait_for("four buckets", Duration::from_secs(20), || {
+        w.owned().len() == 4
+    });
+    let id = w.worker().expect("started").to_string();
+    proxy.freeze();
+    w.signal("TERM");
+    // A call in flight and the leave each time out after 1.5 s (half the ttl).
+    let status = w.wait(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(1), "{:?}", w.stderr());
+    let said = w.stderr().join("\n");
+    assert!(
+        said.contains("could not leave the group") && said.contains("until they expire"),
+        "{said}"
+    );
+    assert!(
+        ownership_in_store(&db.url, &id).session.is_some(),
+        "the store lost the worker's membership without a leave"
+    );
+    proxy.thaw();
 }

@@ -4,7 +4,8 @@
 //! `release` work on Postgres (`--database-url` or `DATABASE_URL`).
 //!
 //! Exit codes: 0 success, 2 bad input or configuration (the message names the flag), 1 a
-//! runtime failure (database unreachable, schema missing, stdout not writable, ...). A closed stdout (`| head -1`) is not a failure: the command
+//! runtime failure (database unreachable, schema missing, stdout not writable, a worker that
+//! could not leave its group, ...). A closed stdout (`| head -1`) is not a failure: the command
 //! stops quietly with 0.
 
 mod demo;
@@ -33,7 +34,9 @@ enum Command {
     Demo(DemoArgs),
     /// Apply the embedded migrations (creates the `lease` schema); safe to run again.
     Migrate(DbArgs),
-    /// Run one worker until SIGTERM or SIGINT, printing what it is assigned and revoked.
+    /// Run one worker until SIGTERM or SIGINT, printing what it is assigned and revoked. The
+    /// first signal stops it gracefully (revoke everything, leave the group); a second one
+    /// ends it at once, without leaving, so its leases expire after the ttl.
     Worker(WorkerArgs),
     /// Show who owns which bucket of a group, the members, and the balance.
     Status(StatusArgs),
@@ -216,6 +219,8 @@ fn main() -> ExitCode {
             Command::Release(args) => status::release(args).await,
         }
     });
+    // A worker abandoned by a second signal may still wait on the database: do not wait for it.
+    runtime.shutdown_background();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => report(failure),
