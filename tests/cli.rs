@@ -604,6 +604,43 @@ fn the_demo_stops_early_when_stdout_goes() {
     assert!(err.contains(NO_SPACE), "{err}");
 }
 
+/// `demo --help` states the range of `--workers`, and the demo accepts exactly that range.
+#[test]
+fn the_demo_accepts_the_workers_its_help_promises() {
+    let (code, help, _) = run(&["demo", "--help"], None);
+    assert_eq!(code, 0);
+    let range = help
+        .split("Workers at the start (")
+        .nth(1)
+        .and_then(|rest| rest.split_once(')'))
+        .map(|(range, _)| range)
+        .unwrap_or_else(|| panic!("no range of workers in the help:\n{help}"));
+    let (low, high) = range
+        .split_once(" to ")
+        .and_then(|(l, h)| Some((l.parse::<u32>().ok()?, h.parse::<u32>().ok()?)))
+        .unwrap_or_else(|| panic!("not a range: {range:?}"));
+    for n in [low, high] {
+        // The first line shows the story started; then the demo stops as its reader goes.
+        let (child, mut reader, stderr) = spawn_piped(
+            &["demo", "--workers", &n.to_string(), "--seconds", "3600"],
+            None,
+        );
+        let line = first_line(&mut reader);
+        drop(reader);
+        let (code, err) = finish(child, stderr, Duration::from_secs(30), "demo");
+        assert_eq!(code, 0, "--workers {n}: {err}");
+        assert!(line.contains(&format!("cold start: {n} workers")), "{line}");
+    }
+    for n in [low - 1, high + 1] {
+        let (code, _, err) = run(&["demo", "--workers", &n.to_string()], None);
+        assert_eq!(code, 2, "--workers {n} was accepted");
+        assert!(
+            err.contains("--workers") && err.contains(&format!("{low} to {high}")),
+            "{err}"
+        );
+    }
+}
+
 /// `migrate | head -0`, `status > /dev/full` and the like: a closed pipe ends quietly once the
 /// work is done (0), a full disk is a failure saying so (1), nothing panics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -738,6 +775,23 @@ async fn a_worker_whose_stdout_fails_leaves_the_group_and_exits_1() {
             buckets: Vec::new()
         },
         "the worker did not leave the group"
+    );
+}
+
+/// `--ttl 30ms --renew 10ms`: the message names the flag to change, not the wake-up debounce
+/// alone, which is no flag.
+#[test]
+fn a_renew_interval_within_the_wake_up_debounce_names_renew() {
+    let (code, _, err) = run(
+        &[
+            "worker", "--group", "g", "--shards", "4", "--ttl", "30ms", "--renew", "10ms",
+        ],
+        Some("postgres://nobody@127.0.0.1:1/none"),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--renew 10ms") && err.contains("wake-up debounce"),
+        "{err}"
     );
 }
 

@@ -267,9 +267,11 @@ fn render(screen: &Screen, snapshot: Option<&lease::GroupSnapshot>, elapsed: Dur
 }
 
 fn validate(args: &DemoArgs) -> Result<(), Failure> {
+    // Workers are lettered A to Z, the joiner included.
     if !(2..=25).contains(&args.workers) {
         return Err(Failure::Usage(format!(
-            "--workers {}: the story needs 2 to 25 workers (one more joins)",
+            "--workers {}: the story needs 2 to 25 workers (one more joins, and each has a \
+             letter of its own)",
             args.workers
         )));
     }

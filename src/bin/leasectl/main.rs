@@ -55,7 +55,7 @@ struct DbArgs {
 
 #[derive(Args, Debug)]
 struct DemoArgs {
-    /// Workers at the start (2 to 26); one more joins during the story.
+    /// Workers at the start (2 to 25); one more joins during the story.
     #[arg(long, default_value_t = 4)]
     workers: u32,
     /// Buckets to share (1 to 256).

@@ -96,6 +96,13 @@ fn config_failure(e: ConfigError, args: &WorkerArgs) -> Failure {
         ),
         ConfigError::MarginZero => "--margin must be positive".to_owned(),
         ConfigError::Ttl(e) => format!("--ttl: {e}"),
+        // The debounce is not a flag: a renew interval this short is what the user can change.
+        ConfigError::DebounceTooLong { debounce, .. } => format!(
+            "--renew {} must exceed the {} wake-up debounce (the pause that folds a burst of \
+             wake-ups into one re-plan)",
+            show(args.renew),
+            show(debounce)
+        ),
         other => other.to_string(),
     })
 }
