@@ -292,6 +292,42 @@ fn validate(args: &DemoArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// When the victim's session expires, as the store's snapshot taken before the crash says;
+/// without it, whether its buckets moved early cannot be judged, which is a failure, not a 0.
+fn session_expiry(snap: &lease::GroupSnapshot, victim: WorkerId) -> Result<Timestamp, Failure> {
+    snap.members
+        .iter()
+        .find(|m| m.worker == victim)
+        .map(|m| m.expires_at)
+        .ok_or_else(|| {
+            Failure::Runtime(format!(
+                "worker {victim} has no member row in the store before its crash, so whether \
+                 its buckets moved before its lease expired cannot be checked"
+            ))
+        })
+}
+
+/// How many holdings of the crashed worker's `buckets` began after the crash but before its
+/// lease expired.
+fn taken_before_expiry(
+    log: &OwnershipLog<Timestamp>,
+    buckets: &[Bucket],
+    crashed_at: Timestamp,
+    expiry: Timestamp,
+) -> Result<usize, Failure> {
+    let holdings = log
+        .holdings()
+        .map_err(|e| Failure::Runtime(format!("the ownership log is inconsistent: {e}")))?;
+    Ok(buckets
+        .iter()
+        .filter_map(|b| holdings.get(b))
+        .flat_map(|hs| {
+            hs.iter()
+                .filter(|h| h.from >= crashed_at && h.from < expiry)
+        })
+        .count())
+}
+
 fn fmt_took(took: Option<Duration>) -> String {
     took.map_or_else(
         || "not within this phase".to_owned(),
@@ -368,11 +404,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
         .await
         .map_err(|e| Failure::Runtime(e.to_string()))?;
     let victim_id = story.workers[&victim].worker_id();
-    let victim_expiry = snap
-        .members
-        .iter()
-        .find(|m| m.worker == victim_id)
-        .map(|m| m.expires_at);
+    let victim_expiry = session_expiry(&snap, victim_id)?;
     let victim_buckets: Vec<Bucket> = snap
         .buckets
         .iter()
@@ -436,17 +468,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
     let log = lock(&story.log).clone();
     // The crashed worker's buckets: every holding that began after the crash must begin
     // after its lease expired.
-    let early: usize = match (log.holdings(), victim_expiry) {
-        (Ok(holdings), Some(expiry)) => victim_buckets
-            .iter()
-            .filter_map(|b| holdings.get(b))
-            .flat_map(|hs| {
-                hs.iter()
-                    .filter(|h| h.from >= crashed_at && h.from < expiry)
-            })
-            .count(),
-        _ => 0,
-    };
+    let early = taken_before_expiry(&log, &victim_buckets, crashed_at, victim_expiry)?;
     let checked = log.check();
     let mut summary = vec![
         String::new(),
@@ -509,4 +531,49 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
         }
     }
     verdict
+}
+
+#[cfg(test)]
+mod tests {
+    use lease::{GroupSnapshot, MemberInfo, MemberMetadata, SessionId};
+
+    use super::*;
+
+    fn snapshot_with(members: &[WorkerId]) -> GroupSnapshot {
+        let now = SystemClock.now();
+        GroupSnapshot {
+            group: GroupName::new("demo").expect("name"),
+            shard_count: ShardCount::new(4).expect("n"),
+            observed_at: now,
+            members: members
+                .iter()
+                .map(|&worker| MemberInfo {
+                    worker,
+                    session: SessionId::new(),
+                    joined_at: now,
+                    heartbeat_at: now,
+                    expires_at: now + TTL,
+                    live: true,
+                    owned: 0,
+                    metadata: MemberMetadata::empty(),
+                })
+                .collect(),
+            buckets: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_crashed_worker_without_an_expiry_is_an_error_not_zero_early() {
+        let victim = WorkerId::new();
+        let snap = snapshot_with(&[WorkerId::new()]);
+        assert!(matches!(
+            session_expiry(&snap, victim),
+            Err(Failure::Runtime(message)) if message.contains("no member row")
+        ));
+        let snap = snapshot_with(&[victim]);
+        assert_eq!(
+            session_expiry(&snap, victim).ok(),
+            Some(snap.members[0].expires_at)
+        );
+    }
 }
