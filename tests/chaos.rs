@@ -1,118 +1,25 @@
 //! Chaos with real processes on real Postgres: several `leasectl worker --json` processes,
-//! driven with signals while the database loses its connections and restarts. Judged from
-//! the merged JSON event logs: no bucket held by two running workers at once, failover only
-//! after expiry and promptly after it, a prompt graceful handoff, a served late joiner, a
-//! zombie that fences itself with tokens below the new owners', and an owned, balanced group
-//! at the end. One test per file: it restarts the server its process owns.
+//! driven with signals while the database loses its connections. Judged from the merged JSON
+//! event logs: no bucket held by two running workers at once, failover only after expiry and
+//! promptly after it, a prompt graceful handoff, a served late joiner, a zombie that fences
+//! itself with tokens below the new owners', and an owned, balanced group at the end. A
+//! server restart under such a pool is `chaos_restart.rs`, a process of its own: it needs a
+//! server it can restart, which this test does not.
 
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
-use lease::diesel::PgLeaseStore;
-use lease::ownership_log::OwnershipLog;
-use lease::{BucketState, GroupName, GroupSnapshot, LeaseStore, OwnershipEvent, RevokeReason};
+use support::pool::{LONG, Pool};
 use support::{Event, WorkerProcess, wait_for};
 
 const GROUP: &str = "chaos";
 const SHARDS: u32 = 24;
 const TTL: Duration = Duration::from_secs(3);
 const RENEW: Duration = Duration::from_secs(1);
-const LONG: Duration = Duration::from_secs(30);
-
-struct Pool {
-    url: String,
-    store: PgLeaseStore,
-    group: GroupName,
-    running: BTreeMap<String, WorkerProcess>,
-    gone: Vec<WorkerProcess>,
-}
-
-impl Pool {
-    fn start(&mut self, name: &str) {
-        let w = WorkerProcess::spawn(name, &self.url, GROUP, SHARDS, "3s", "1s");
-        self.running.insert(name.to_owned(), w);
-    }
-
-    /// The running workers' applications own every bucket, once each, evenly.
-    fn balanced(&self) -> bool {
-        let mut seen = BTreeSet::new();
-        let mut loads = Vec::new();
-        for w in self.running.values() {
-            let owned = w.owned();
-            loads.push(owned.len());
-            for b in owned.keys() {
-                if !seen.insert(*b) {
-                    return false;
-                }
-            }
-        }
-        let spread = loads
-            .iter()
-            .max()
-            .zip(loads.iter().min())
-            .map(|(a, b)| a - b);
-        seen.len() == SHARDS as usize && spread.is_some_and(|s| s <= 1)
-    }
-
-    /// Wait until every running worker's session was renewed after `t` (the store's record of
-    /// its last heartbeat), so a disruption at `t` was really lived through.
-    async fn until_renewed_after(&self, t: DateTime<Utc>, what: &str) -> Duration {
-        let ids: BTreeSet<_> = self
-            .running
-            .values()
-            .filter_map(WorkerProcess::worker)
-            .collect();
-        let start = std::time::Instant::now();
-        loop {
-            let snap = self.snapshot().await;
-            let renewed = snap
-                .members
-                .iter()
-                .filter(|m| ids.contains(&m.worker) && m.live && m.heartbeat_at > t)
-                .count();
-            if renewed == ids.len() {
-                return start.elapsed();
-            }
-            assert!(start.elapsed() < LONG, "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn until_balanced(&self, what: &str) -> Duration {
-        wait_for(what, LONG, || self.balanced())
-    }
-
-    async fn snapshot(&self) -> GroupSnapshot {
-        // The server may be restarting: retry for a while.
-        for _ in 0..300 {
-            if let Ok(s) = self.store.snapshot(&self.group).await {
-                return s;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("no snapshot within 30 s");
-    }
-
-    /// Every assignment, after `since`, of one of `buckets` by a worker other than `name`.
-    fn reassignments(
-        &self,
-        name: &str,
-        buckets: &BTreeSet<u32>,
-        since: DateTime<Utc>,
-    ) -> Vec<Event> {
-        self.running
-            .iter()
-            .filter(|(n, _)| n.as_str() != name)
-            .flat_map(|(_, w)| w.events())
-            .filter(|e| e.event == "assigned" && e.at >= since)
-            .filter(|e| e.bucket.is_some_and(|b| buckets.contains(&b)))
-            .collect()
-    }
-}
 
 fn buckets_of(w: &WorkerProcess) -> BTreeSet<u32> {
     w.owned().keys().copied().collect()
@@ -125,18 +32,7 @@ fn secs(d: chrono::Duration) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_with_real_processes() {
     let db = lease_testdb::database().await;
-    let store = PgLeaseStore::builder(db.url.clone())
-        .max_connections(2)
-        .timeout(Duration::from_secs(2))
-        .build()
-        .expect("store");
-    let mut pool = Pool {
-        url: db.url.clone(),
-        store,
-        group: GroupName::new(GROUP).expect("name"),
-        running: BTreeMap::new(),
-        gone: Vec::new(),
-    };
+    let mut pool = Pool::new(&db.url, GROUP, SHARDS);
     let mut figures: Vec<String> = Vec::new();
 
     for name in ["w1", "w2", "w3", "w4"] {
@@ -336,118 +232,50 @@ async fn chaos_with_real_processes() {
         "all connections terminated: every worker renewed again within {took:?}"
     ));
 
-    // 6. The server restarts once.
-    match lease_testdb::server().own() {
-        Some(cluster) => {
-            let restarting = std::time::Instant::now();
-            cluster.restart().expect("restarting the server");
-            let down = restarting.elapsed();
-            let back_at = Utc::now();
-            let took = pool
-                .until_renewed_after(back_at, "renewals after the restart")
-                .await;
-            pool.until_balanced("balance after the restart");
-            figures.push(format!(
-                "server restart ({down:?} from stop to ready): every worker renewed again \
-                 within {took:?} after it came back"
-            ));
-        }
-        None => eprintln!("DATABASE_URL names a server this test cannot restart: step skipped"),
-    }
     // Settle for two renew intervals, so the last word is the workers' steady state.
     tokio::time::sleep(RENEW * 2).await;
     pool.until_balanced("the final balance");
 
-    // The store agrees: every bucket live, owned by a running worker, evenly.
-    let snap = pool.snapshot().await;
-    let running_ids: BTreeSet<_> = pool
-        .running
-        .values()
-        .filter_map(WorkerProcess::worker)
-        .collect();
-    for b in &snap.buckets {
-        assert_eq!(
-            b.state,
-            BucketState::Live,
-            "bucket {} is not owned at the end",
-            b.bucket
-        );
-        assert!(b.owner.is_some_and(|o| running_ids.contains(&o)));
-    }
-    let loads: Vec<u32> = snap.live_members().iter().map(|m| m.owned).collect();
-    assert_eq!(loads.len(), pool.running.len());
-    assert!(
-        loads
-            .iter()
-            .max()
-            .zip(loads.iter().min())
-            .is_some_and(|(a, b)| a - b <= 1)
-    );
-    for w in pool.running.values() {
-        let id = w.worker().expect("started");
-        let store_view: BTreeMap<u32, i64> = snap
-            .buckets
-            .iter()
-            .filter(|b| b.owner == Some(id))
-            .map(|b| (b.bucket.get(), b.token.get()))
-            .collect();
-        assert_eq!(w.owned(), store_view, "{} and the store disagree", w.name);
-    }
+    pool.check_store().await;
 
-    // The merged log: no bucket held by two running workers at once.
-    let mut log: OwnershipLog<DateTime<Utc>> = OwnershipLog::new();
-    let mut everyone: Vec<&WorkerProcess> = pool.running.values().collect();
-    everyone.extend(pool.gone.iter());
-    let mut bad = Vec::new();
-    for w in &everyone {
-        bad.extend(w.bad_lines());
-        let id = w.worker().expect("started");
-        for e in w.events() {
-            let (Some(bucket), Some(token)) = (e.bucket, e.token) else {
+    // The merged log: no bucket held by two running workers at once. A frozen process does
+    // nothing: what it held when stopped, it held only until then, so its first revocation of
+    // each of those buckets after it continued is dated back to the stop. Only those: what it
+    // holds after rejoining is judged at the times it said.
+    let mut log = pool.merged_log(|w, events| {
+        if w.name != "w2" {
+            return;
+        }
+        let mut pending = zombie_held.clone();
+        for e in events.iter_mut() {
+            if e.event != "revoked" || e.at < continued_at {
+                continue;
+            }
+            let Some(token) = e.bucket.and_then(|b| pending.remove(&b)) else {
                 continue;
             };
-            let bucket = lease::Bucket(bucket);
-            let token = lease::FencingToken(token);
-            let event = match (e.event.as_str(), e.reason.as_deref()) {
-                ("assigned", _) => OwnershipEvent::Assigned { bucket, token },
-                ("revoked", Some(reason)) => OwnershipEvent::Revoked {
-                    bucket,
-                    token,
-                    reason: match reason {
-                        "shed" => RevokeReason::Shed,
-                        "lost" => RevokeReason::Lost,
-                        "expired" => RevokeReason::Expired,
-                        _ => RevokeReason::Shutdown,
-                    },
-                },
-                _ => continue,
-            };
-            // A frozen process does nothing: what it held when stopped, it held only until then.
-            let at = if w.name == "w2" && e.event == "revoked" && e.at >= continued_at {
-                stopped_at.min(e.at)
-            } else {
-                e.at
-            };
-            log.record(id, event, at);
+            assert_eq!(
+                e.token,
+                Some(token),
+                "the zombie revoked another lease: {e:?}"
+            );
+            e.at = stopped_at;
         }
-    }
+        assert!(
+            pending.is_empty(),
+            "the zombie never revoked {pending:?} after it continued"
+        );
+    });
     log.crashed(victim_id, killed_at);
-    assert!(bad.is_empty(), "malformed JSON lines: {bad:?}");
     let summary = log
         .check()
         .unwrap_or_else(|e| panic!("overlap in the merged event log: {e}"));
-    let errors: usize = everyone
-        .iter()
-        .map(|w| w.events().iter().filter(|e| e.event == "error").count())
-        .sum();
+    let errors = pool.error_events();
     figures.push(format!(
         "merged log: {} assignments, {} handoffs, revocations {:?}, {errors} error events \
          reported, 0 overlaps",
         summary.assignments, summary.handoffs, summary.revocations
     ));
-    for w in pool.running.values_mut() {
-        w.signal("TERM");
-        assert!(w.wait(LONG).success(), "{} did not stop cleanly", w.name);
-    }
+    pool.stop_all();
     eprintln!("chaos figures:\n  {}", figures.join("\n  "));
 }

@@ -4,7 +4,7 @@
 //! two workers at once, assignment before revocation, tokens only growing.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use lease::memory::MemoryLeaseStore;
 use lease::testing::{Faults, FaultyStore, OwnershipLog, RecordingHandler, Summary, TokioClock};
 use lease::{
     BucketState, Clock, ErrorKind, GroupName, LeaseStore, LeaseWorker, OwnershipEvent,
-    RevokeReason, ShardCount, Timestamp, WorkerError, WorkerHandle, WorkerId,
+    RevokeReason, ShardCount, Timestamp, WorkerError, WorkerFailed, WorkerHandle, WorkerId,
 };
 
 const RENEW: Duration = Duration::from_secs(1);
@@ -446,11 +446,85 @@ async fn a_new_session_revokes_everything_before_claiming_again() {
     pool.shutdown().await;
 }
 
+/// A metrics recorder of the tests' own: counters by name and labels, as
+/// `name{label="value"}`; gauges and histograms are dropped.
+#[derive(Default)]
+struct Counters(Mutex<BTreeMap<String, Arc<AtomicU64>>>);
+
+impl Counters {
+    fn get(&self, series: &str) -> u64 {
+        self.0
+            .lock()
+            .expect("counters")
+            .get(series)
+            .map_or(0, |c| c.load(Ordering::SeqCst))
+    }
+}
+
+impl metrics::Recorder for Counters {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={:?}", l.key(), l.value()))
+            .collect();
+        let series = format!("{}{{{}}}", key.name(), labels.join(","));
+        let counter = self
+            .0
+            .lock()
+            .expect("counters")
+            .entry(series)
+            .or_default()
+            .clone();
+        metrics::Counter::from_arc(counter)
+    }
+
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+/// Every failed store call is reported once to the handler's `on_error`, with the store's
+/// error, and counted in `lease_store_errors_total`; the worker retries and recovers.
 #[tokio::test(start_paused = true)]
 async fn store_errors_are_reported_and_retried_without_stopping() {
+    let counters = Counters::default();
+    // The worker registers its metrics when it starts, on this test's one thread.
+    let _recorder = metrics::set_default_local_recorder(&counters);
+    let errors_counted = || counters.get(r#"lease_store_errors_total{group="orders"}"#);
     let mut pool = Pool::new("orders", 4, false);
     let a = pool.start().await;
     assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    assert!(pool.errors_of(a).is_empty() && errors_counted() == 0);
     pool.faults(a).fail_all.store(true, Ordering::SeqCst);
     run_for(RENEW * 10).await;
     let injected = pool.faults(a).injected.load(Ordering::SeqCst);
@@ -462,9 +536,65 @@ async fn store_errors_are_reported_and_retried_without_stopping() {
         !pool.workers[&a].0.is_finished(),
         "a store error ended the worker"
     );
+    let reported = pool.errors_of(a);
+    assert_eq!(
+        reported.len() as u64,
+        injected,
+        "on_error calls for {injected} failed calls"
+    );
+    assert!(
+        reported.iter().all(|k| *k == Some(ErrorKind::Backend)),
+        "{reported:?}"
+    );
+    assert_eq!(errors_counted(), injected, "lease_store_errors_total");
     pool.faults(a).fail_all.store(false, Ordering::SeqCst);
     assert!(ticks_until_balanced(&pool, 5).await.is_some());
+    assert_eq!(
+        pool.errors_of(a).len() as u64,
+        injected,
+        "errors after healing"
+    );
+    assert_eq!(errors_counted(), injected);
     pool.shutdown().await;
+}
+
+/// A worker that cannot leave the group when stopped says so: `shutdown` fails with
+/// `LeaveFailed` naming the leave's error, whether the store fails or does not answer, and the
+/// store still holds its session (the others must wait for it to expire).
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_cannot_leave_the_group_says_so_on_shutdown() {
+    for hang in [false, true] {
+        let mut pool = Pool::new("orders", 4, false);
+        let a = pool.start().await;
+        assert!(ticks_until_balanced(&pool, 5).await.is_some());
+        let (handle, faults) = pool.workers.remove(&a).expect("a");
+        let switch = if hang { &faults.hang } else { &faults.fail_all };
+        switch.store(true, Ordering::SeqCst);
+        let failed = handle.shutdown().await;
+        match &failed {
+            Err(WorkerFailed::LeaveFailed {
+                source: WorkerError::Store { operation, source },
+            }) if !hang => {
+                assert_eq!((*operation, source.kind()), ("leave", ErrorKind::Backend));
+            }
+            Err(WorkerFailed::LeaveFailed {
+                source: WorkerError::Timeout { operation, .. },
+            }) if hang => assert_eq!(*operation, "leave"),
+            other => panic!("hang {hang}: the failed leave was not reported: {other:?}"),
+        }
+        assert_eq!(
+            pool.errors_of(a).len(),
+            1,
+            "the failed leave is also reported to on_error"
+        );
+        switch.store(false, Ordering::SeqCst);
+        let snap = pool.store.snapshot(&pool.group).await.expect("snapshot");
+        assert!(
+            snap.members.iter().any(|m| m.worker == a && m.live),
+            "hang {hang}: the worker's session is gone without a leave"
+        );
+        pool.check();
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -3,8 +3,12 @@
 //!
 //! The first test injects a client clock an hour ahead and shows what trusting such a clock
 //! would do: it takes live leases. That proves the skew is real and documents the danger the
-//! default mode avoids. The second test is the claim itself: in the default mode, a worker
-//! cannot take another's live lease, whatever its own clock says.
+//! default mode avoids. The second shows the default mode at work: with the server's clock
+//! deciding, a second worker cannot take another's live lease nor pass the fencing check for
+//! it. It injects no skew, as there is no worker clock to skew in that mode: every statement
+//! decides liveness with `COALESCE($t, clock_timestamp())`, `$t` being NULL, so the worker's
+//! clock never reaches the decision. That is a property of the statements, which this test
+//! relies on but does not observe.
 
 mod support;
 
@@ -127,16 +131,10 @@ async fn a_trusted_client_clock_an_hour_ahead_steals_live_leases() {
     }
 }
 
+/// On the server's clock (the default), worker B, through a store and pool of its own, sees A's
+/// leases live: it claims none of them, fails the fencing check for each, and A keeps them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_the_database_clock_a_worker_cannot_take_a_live_lease() {
-    // Why this is the claim "a worker whose own clock is an hour ahead cannot take a live
-    // lease": in the default mode the store never reads the worker process's clock. Every
-    // statement decides liveness with `COALESCE($t, clock_timestamp())` where `$t`, the client
-    // time, is NULL, so the server's `clock_timestamp()` alone decides. The only way a worker's
-    // clock could reach that decision is by being injected as a client clock, which is what the
-    // other test in this file does to show the danger. So worker B below, through a store of
-    // its own on the server's clock, stands for a worker with any clock at all, an hour ahead
-    // included: what it can do does not depend on its clock.
+async fn on_the_server_clock_a_second_worker_cannot_take_a_live_lease() {
     let db = lease_testdb::database().await;
     let g = group();
     let a = WorkerId::new();

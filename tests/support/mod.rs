@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod pool;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -99,6 +101,8 @@ struct Stream {
     events: Vec<Event>,
     bad_lines: Vec<String>,
     closed: bool,
+    stderr: Vec<String>,
+    stderr_closed: bool,
 }
 
 /// A `leasectl worker --json` process and everything it printed so far.
@@ -146,11 +150,23 @@ impl WorkerProcess {
             .env("LEASE_LOG", "error")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawning leasectl worker");
         let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
         let stream = Arc::new(Mutex::new(Stream::default()));
+        // Kept for the test to read, and passed on so a failing test shows what it said.
+        let sink = stream.clone();
+        let label = name.to_owned();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("[{label}] {line}");
+                lock(&sink).stderr.push(line);
+            }
+            lock(&sink).stderr_closed = true;
+        });
         let sink = stream.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
@@ -182,6 +198,11 @@ impl WorkerProcess {
         lock(&self.stream).bad_lines.clone()
     }
 
+    /// What the process wrote on stderr so far, line by line.
+    pub fn stderr(&self) -> Vec<String> {
+        lock(&self.stream).stderr.clone()
+    }
+
     /// The worker id, once the process announced itself.
     pub fn worker(&self) -> Option<WorkerId> {
         lock(&self.stream)
@@ -209,9 +230,10 @@ impl WorkerProcess {
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
-                // Let the reader drain what is left.
+                // Let the readers drain what is left.
                 let drained = Instant::now();
-                while !lock(&self.stream).closed && drained.elapsed() < Duration::from_secs(5) {
+                let done = |s: &Stream| s.closed && s.stderr_closed;
+                while !done(&lock(&self.stream)) && drained.elapsed() < Duration::from_secs(5) {
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 return status;
@@ -297,4 +319,157 @@ pub fn reason_of(text: &str) -> RevokeReason {
         "shutdown" => RevokeReason::Shutdown,
         other => panic!("unknown revocation reason {other:?}"),
     }
+}
+
+/// A TCP proxy to the test server that can be frozen: while frozen it forwards nothing either
+/// way (what it read is held, not lost) and new connections get no answer, like a network
+/// that silently drops every packet. Connect through [`url`](Self::url). Runs on the test's
+/// tokio runtime.
+pub struct FreezableProxy {
+    /// A connection URL for the database, through the proxy.
+    pub url: String,
+    frozen: tokio::sync::watch::Sender<bool>,
+}
+
+/// Where the proxy connects to.
+#[derive(Clone)]
+enum Upstream {
+    Unix(std::path::PathBuf),
+    Tcp(String),
+}
+
+impl FreezableProxy {
+    /// A proxy to `db`, forwarding.
+    pub async fn start(db: &lease_testdb::TestDb) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port for the proxy");
+        let port = listener.local_addr().expect("the proxy's address").port();
+        let (upstream, url) = match lease_testdb::server() {
+            lease_testdb::Server::Own(cluster) => (
+                Upstream::Unix(cluster.socket_dir().join(".s.PGSQL.5432")),
+                format!(
+                    "host=127.0.0.1 port={port} user=postgres dbname={}",
+                    db.name
+                ),
+            ),
+            lease_testdb::Server::External { .. } => through_port(&db.url, port),
+        };
+        let (frozen, watch) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (upstream, watch) = (upstream.clone(), watch.clone());
+                tokio::spawn(async move {
+                    match upstream {
+                        Upstream::Unix(path) => {
+                            if let Ok(server) = tokio::net::UnixStream::connect(path).await {
+                                splice(client, server, watch).await;
+                            }
+                        }
+                        Upstream::Tcp(addr) => {
+                            if let Ok(server) = tokio::net::TcpStream::connect(addr).await {
+                                splice(client, server, watch).await;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Self { url, frozen }
+    }
+
+    /// Stop forwarding, in both directions, on every connection.
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    /// Forward again, what was held first.
+    pub fn thaw(&self) {
+        self.frozen.send_replace(false);
+    }
+}
+
+/// Where `url` (a `postgres://` URL or `key=value` pairs) leads, and `url` with its host and
+/// port replaced by 127.0.0.1 and `port`.
+fn through_port(url: &str, port: u16) -> (Upstream, String) {
+    if let Some(rest) = url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+    {
+        let scheme = &url[..url.len() - rest.len()];
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (user, hostport) = match authority.rfind('@') {
+            Some(at) => (&authority[..=at], &authority[at + 1..]),
+            None => ("", authority),
+        };
+        assert!(
+            !hostport.contains(',') && !hostport.starts_with('['),
+            "the proxy handles one IPv4 or named host in DATABASE_URL, not {hostport:?}"
+        );
+        let upstream = if hostport.contains(':') {
+            hostport.to_owned()
+        } else {
+            format!("{hostport}:5432")
+        };
+        (
+            Upstream::Tcp(upstream),
+            format!("{scheme}{user}127.0.0.1:{port}{tail}"),
+        )
+    } else {
+        let mut host = "localhost".to_owned();
+        let mut upstream_port = "5432".to_owned();
+        let mut kept = Vec::new();
+        for pair in url.split_whitespace() {
+            match pair.split_once('=') {
+                Some(("host", h)) => host = h.to_owned(),
+                Some(("port", p)) => upstream_port = p.to_owned(),
+                _ => kept.push(pair),
+            }
+        }
+        let upstream = if host.starts_with('/') {
+            Upstream::Unix(std::path::Path::new(&host).join(format!(".s.PGSQL.{upstream_port}")))
+        } else {
+            Upstream::Tcp(format!("{host}:{upstream_port}"))
+        };
+        (
+            upstream,
+            format!("host=127.0.0.1 port={port} {}", kept.join(" ")),
+        )
+    }
+}
+
+/// Forward between `client` and `server` until either side closes, holding data while frozen.
+async fn splice<S>(
+    client: tokio::net::TcpStream,
+    server: S,
+    frozen: tokio::sync::watch::Receiver<bool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+{
+    let (client_read, client_write) = tokio::io::split(client);
+    let (server_read, server_write) = tokio::io::split(server);
+    tokio::join!(
+        forward(client_read, server_write, frozen.clone()),
+        forward(server_read, client_write, frozen),
+    );
+}
+
+async fn forward(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    mut to: impl tokio::io::AsyncWrite + Unpin,
+    mut frozen: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if frozen.wait_for(|f| !*f).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    to.shutdown().await.ok();
 }

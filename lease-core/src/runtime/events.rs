@@ -98,6 +98,14 @@ pub enum WorkerFailed {
     /// The worker task was cancelled from outside (its runtime shut down).
     #[error("the lease worker task was cancelled")]
     Cancelled,
+    /// Asked to stop, the worker revoked everything but could not leave the group (the store
+    /// failed or did not answer): its session and leases stay in the store until they expire,
+    /// and only then can other workers take its buckets.
+    #[error("stopped, but could not leave the group: {source}")]
+    LeaveFailed {
+        /// Why the leave failed.
+        source: WorkerError,
+    },
 }
 
 /// The application side of a worker. Calls are awaited one at a time, in order; for each

@@ -56,7 +56,9 @@ impl WorkerHandle {
     }
 
     /// Stop gracefully (revoke everything, leave the group, wake the peers) and wait for it.
-    /// Returns how the task ended: an error if it had failed before it was asked to stop.
+    /// Returns how the task ended: an error if it had failed before it was asked to stop, or
+    /// [`WorkerFailed::LeaveFailed`] if it could not leave the group (its leases then expire
+    /// after the ttl instead of passing on at once).
     pub async fn shutdown(mut self) -> Result<(), WorkerFailed> {
         self.cancel.cancel();
         self.wait().await
@@ -294,7 +296,8 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
                         source: mismatch(),
                     };
                     self.handler.on_error(&reported).await;
-                    self.stop(RevokeReason::Lost).await;
+                    // A failed leave is reported by `stop`; the mismatch is why the worker ended.
+                    self.stop(RevokeReason::Lost).await.ok();
                     return Err(WorkerFailed::Store(mismatch()));
                 }
                 Err(TickError::Retry(e)) => {
@@ -305,8 +308,9 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
             }
             self.publish();
         }
-        self.stop(RevokeReason::Shutdown).await;
-        Ok(())
+        self.stop(RevokeReason::Shutdown)
+            .await
+            .map_err(|source| WorkerFailed::LeaveFailed { source })
     }
 
     /// 100 ms, doubling per consecutive failure, capped at the renew interval.
@@ -564,12 +568,13 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
     }
 
     /// Revoke everything with `reason`, then leave the group if this worker holds a session in
-    /// it (never another process's session under the same worker id).
-    async fn stop(&mut self, reason: RevokeReason) {
+    /// it (never another process's session under the same worker id). Fails, after reporting
+    /// it, if the leave failed: the caller must know its leases were not handed on.
+    async fn stop(&mut self, reason: RevokeReason) -> Result<(), WorkerError> {
         self.revoke_all(reason).await;
         self.publish();
         let Some(session) = self.session else {
-            return;
+            return Ok(());
         };
         let (store, group, me) = (self.store.clone(), self.cfg.group.clone(), self.cfg.worker);
         match self
@@ -580,8 +585,12 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
         {
             Ok(released) => {
                 tracing::info!(released = released.len(), "left the group");
+                Ok(())
             }
-            Err(e) => self.report(&e).await,
+            Err(e) => {
+                self.report(&e).await;
+                Err(e)
+            }
         }
     }
 }

@@ -6,7 +6,7 @@
 //! overlaps the ownership log found, which must be 0.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,9 @@ use lease::{
     Bucket, BucketState, Clock, FencingToken, GroupName, LeaseStore, LeaseWorker, OwnershipEvent,
     OwnershipHandler, RevokeReason, ShardCount, SystemClock, Timestamp, WorkerHandle, WorkerId,
 };
+use tokio_util::sync::CancellationToken;
 
+use crate::output::{self, SharedOutput};
 use crate::{DemoArgs, Failure};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -49,7 +51,8 @@ struct DemoHandler {
     log: Shared<OwnershipLog<Timestamp>>,
     screen: Shared<Screen>,
     started: Instant,
-    plain: bool,
+    /// Where event lines go when there is no screen to redraw.
+    plain: Option<SharedOutput>,
 }
 
 impl DemoHandler {
@@ -70,8 +73,8 @@ impl DemoHandler {
             ),
         };
         let line = format!("{:>6.2}s  {line}", self.started.elapsed().as_secs_f64());
-        if self.plain {
-            println!("{line}");
+        if let Some(out) = &self.plain {
+            out.line(&line);
         }
         let mut screen = lock(&self.screen);
         screen.recent.push_back(line);
@@ -105,6 +108,8 @@ struct Story {
     workers: BTreeMap<char, WorkerHandle>,
     next_letter: u8,
     started: Instant,
+    out: SharedOutput,
+    /// No terminal: print events and phases as lines instead of redrawing a screen.
     plain: bool,
 }
 
@@ -125,7 +130,7 @@ impl Story {
             log: self.log.clone(),
             screen: self.screen.clone(),
             started: self.started,
-            plain: self.plain,
+            plain: self.plain.then(|| self.out.clone()),
         };
         let handle = config
             .start(self.store.clone(), handler)
@@ -160,32 +165,52 @@ impl Story {
         total == self.shards.get() as usize && spread.is_some_and(|s| s <= 1)
     }
 
-    fn phase(&self, text: String) {
+    /// Show the story's next phase; fails once stdout did, so the story stops early.
+    fn phase(&self, text: String) -> Result<(), Failure> {
         if self.plain {
-            println!("{:>6.2}s  == {text}", self.started.elapsed().as_secs_f64());
+            self.out.line(format!(
+                "{:>6.2}s  == {text}",
+                self.started.elapsed().as_secs_f64()
+            ));
         }
         lock(&self.screen).phase = text;
+        self.out.check()
+    }
+
+    /// Sleep `d`, waking early if stdout fails.
+    async fn pause(&self, d: Duration) -> Result<(), Failure> {
+        tokio::select! {
+            () = tokio::time::sleep(d) => {}
+            () = self.out.stopped().cancelled() => {}
+        }
+        self.out.check()
     }
 
     /// Wait until balanced (polling every 5 ms), at most until `deadline`; how long it took.
-    async fn until_balanced(&self, since: Instant, deadline: Instant) -> Option<Duration> {
+    async fn until_balanced(
+        &self,
+        since: Instant,
+        deadline: Instant,
+    ) -> Result<Option<Duration>, Failure> {
         loop {
             self.refresh();
             if self.balanced() {
-                return Some(since.elapsed());
+                return Ok(Some(since.elapsed()));
             }
             if Instant::now() >= deadline {
-                return None;
+                return Ok(None);
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            self.pause(Duration::from_millis(5)).await?;
         }
     }
 
-    async fn until(&self, at: Instant) {
+    async fn until(&self, at: Instant) -> Result<(), Failure> {
         while Instant::now() < at {
             self.refresh();
-            tokio::time::sleep(Duration::from_millis(20).min(at - Instant::now())).await;
+            self.pause(Duration::from_millis(20).min(at - Instant::now()))
+                .await?;
         }
+        Ok(())
     }
 }
 
@@ -242,9 +267,11 @@ fn render(screen: &Screen, snapshot: Option<&lease::GroupSnapshot>, elapsed: Dur
 }
 
 fn validate(args: &DemoArgs) -> Result<(), Failure> {
+    // Workers are lettered A to Z, the joiner included.
     if !(2..=25).contains(&args.workers) {
         return Err(Failure::Usage(format!(
-            "--workers {}: the story needs 2 to 25 workers (one more joins)",
+            "--workers {}: the story needs 2 to 25 workers (one more joins, and each has a \
+             letter of its own)",
             args.workers
         )));
     }
@@ -263,6 +290,42 @@ fn validate(args: &DemoArgs) -> Result<(), Failure> {
         )));
     }
     Ok(())
+}
+
+/// When the victim's session expires, as the store's snapshot taken before the crash says;
+/// without it, whether its buckets moved early cannot be judged, which is a failure, not a 0.
+fn session_expiry(snap: &lease::GroupSnapshot, victim: WorkerId) -> Result<Timestamp, Failure> {
+    snap.members
+        .iter()
+        .find(|m| m.worker == victim)
+        .map(|m| m.expires_at)
+        .ok_or_else(|| {
+            Failure::Runtime(format!(
+                "worker {victim} has no member row in the store before its crash, so whether \
+                 its buckets moved before its lease expired cannot be checked"
+            ))
+        })
+}
+
+/// How many holdings of the crashed worker's `buckets` began after the crash but before its
+/// lease expired.
+fn taken_before_expiry(
+    log: &OwnershipLog<Timestamp>,
+    buckets: &[Bucket],
+    crashed_at: Timestamp,
+    expiry: Timestamp,
+) -> Result<usize, Failure> {
+    let holdings = log
+        .holdings()
+        .map_err(|e| Failure::Runtime(format!("the ownership log is inconsistent: {e}")))?;
+    Ok(buckets
+        .iter()
+        .filter_map(|b| holdings.get(b))
+        .flat_map(|hs| {
+            hs.iter()
+                .filter(|h| h.from >= crashed_at && h.from < expiry)
+        })
+        .count())
 }
 
 fn fmt_took(took: Option<Duration>) -> String {
@@ -287,15 +350,17 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
         workers: BTreeMap::new(),
         next_letter: 0,
         started,
+        out: SharedOutput::new(CancellationToken::new()),
         plain: !terminal,
     };
     let quarter = Duration::from_secs(args.seconds) / 4;
 
     let renderer = terminal.then(|| {
-        let (screen, store, group) = (
+        let (screen, store, group, out) = (
             story.screen.clone(),
             story.store.clone(),
             story.group.clone(),
+            story.out.clone(),
         );
         tokio::spawn(async move {
             loop {
@@ -304,32 +369,29 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
                     let screen = lock(&screen);
                     render(&screen, snap.as_ref(), started.elapsed())
                 };
-                let written = {
-                    let mut out = std::io::stdout().lock();
-                    // Home the cursor and clear the screen, then draw.
-                    writeln!(out, "\x1b[H\x1b[2J{frame}").and_then(|()| out.flush())
-                };
-                if written.is_err() {
+                // Home the cursor and clear the screen, then draw.
+                if !out.line(format!("\x1b[H\x1b[2J{frame}")) {
                     return;
                 }
                 tokio::time::sleep(FRAME).await;
             }
         })
     });
-
-    story.phase(format!("cold start: {} workers", args.workers));
+    // Stdout failing stops the story wherever it is (`?`): the workers stop as their handles
+    // drop.
+    story.phase(format!("cold start: {} workers", args.workers))?;
     let t0 = Instant::now();
     for _ in 0..args.workers {
         story.start_worker().await?;
     }
-    let cold = story.until_balanced(t0, started + quarter).await;
-    story.until(started + quarter).await;
+    let cold = story.until_balanced(t0, started + quarter).await?;
+    story.until(started + quarter).await?;
 
     let t1 = Instant::now();
     let joiner = story.start_worker().await?;
-    story.phase(format!("{joiner} joins"));
-    let join = story.until_balanced(t1, started + quarter * 2).await;
-    story.until(started + quarter * 2).await;
+    story.phase(format!("{joiner} joins"))?;
+    let join = story.until_balanced(t1, started + quarter * 2).await?;
+    story.until(started + quarter * 2).await?;
 
     let victim = *story
         .workers
@@ -342,11 +404,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
         .await
         .map_err(|e| Failure::Runtime(e.to_string()))?;
     let victim_id = story.workers[&victim].worker_id();
-    let victim_expiry = snap
-        .members
-        .iter()
-        .find(|m| m.worker == victim_id)
-        .map(|m| m.expires_at);
+    let victim_expiry = session_expiry(&snap, victim_id)?;
     let victim_buckets: Vec<Bucket> = snap
         .buckets
         .iter()
@@ -363,9 +421,9 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
     story.phase(format!(
         "{victim} crashes holding {} buckets: they move only once its lease expires",
         victim_buckets.len()
-    ));
-    let crash = story.until_balanced(t2, started + quarter * 3).await;
-    story.until(started + quarter * 3).await;
+    ))?;
+    let crash = story.until_balanced(t2, started + quarter * 3).await?;
+    story.until(started + quarter * 3).await?;
 
     let leaver = *story
         .workers
@@ -373,7 +431,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
         .next()
         .ok_or_else(|| Failure::Runtime("no worker".into()))?;
     let t3 = Instant::now();
-    story.phase(format!("{leaver} stops gracefully"));
+    story.phase(format!("{leaver} stops gracefully"))?;
     if let Some(handle) = story.workers.remove(&leaver) {
         handle
             .shutdown()
@@ -381,10 +439,10 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::Runtime(format!("worker {leaver}: {e}")))?;
     }
     lock(&story.screen).stopped.push(leaver);
-    let stop = story.until_balanced(t3, started + quarter * 4).await;
-    story.until(started + quarter * 4).await;
+    let stop = story.until_balanced(t3, started + quarter * 4).await?;
+    story.until(started + quarter * 4).await?;
 
-    story.phase("the end: every worker stops".into());
+    story.phase("the end: every worker stops".into())?;
     let rest: Vec<char> = story.workers.keys().copied().collect();
     for letter in rest {
         if let Some(handle) = story.workers.remove(&letter) {
@@ -400,76 +458,122 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
         tokio::task::yield_now().await;
         let snap = story.store.snapshot(&story.group).await.ok();
         story.refresh();
-        println!(
+        output::line(format!(
             "\x1b[H\x1b[2J{}",
             render(&lock(&story.screen), snap.as_ref(), started.elapsed())
-        );
+        ))?;
     }
+    story.out.check()?;
 
     let log = lock(&story.log).clone();
-    // The crashed worker's buckets: every holding that began after the crash must begin after
-    // its lease expired.
-    let early: usize = match (log.holdings(), victim_expiry) {
-        (Ok(holdings), Some(expiry)) => victim_buckets
-            .iter()
-            .filter_map(|b| holdings.get(b))
-            .flat_map(|hs| {
-                hs.iter()
-                    .filter(|h| h.from >= crashed_at && h.from < expiry)
-            })
-            .count(),
-        _ => 0,
-    };
+    // The crashed worker's buckets: every holding that began after the crash must begin
+    // after its lease expired.
+    let early = taken_before_expiry(&log, &victim_buckets, crashed_at, victim_expiry)?;
     let checked = log.check();
-    println!();
-    println!("summary");
-    println!(
-        "  cold start ({} workers, {} buckets): balanced after {}",
-        args.workers,
-        args.shards,
-        fmt_took(cold)
-    );
-    println!("  {joiner} joined: balanced after {}", fmt_took(join));
-    println!(
-        "  {victim} crashed holding {} buckets: re-owned and balanced after {} (they wait for \
-         its lease, ttl {}s, to expire); taken before expiry: {early}",
-        victim_buckets.len(),
-        fmt_took(crash),
-        TTL.as_secs()
-    );
-    println!(
-        "  {leaver} stopped gracefully: its buckets re-owned and balanced after {}",
-        fmt_took(stop)
-    );
-    match checked {
-        Ok(summary) => {
-            let reasons: Vec<String> = summary
+    let mut summary = vec![
+        String::new(),
+        "summary".to_owned(),
+        format!(
+            "  cold start ({} workers, {} buckets): balanced after {}",
+            args.workers,
+            args.shards,
+            fmt_took(cold)
+        ),
+        format!("  {joiner} joined: balanced after {}", fmt_took(join)),
+        format!(
+            "  {victim} crashed holding {} buckets: re-owned and balanced after {} (they \
+             wait for its lease, ttl {}s, to expire); taken before expiry: {early}",
+            victim_buckets.len(),
+            fmt_took(crash),
+            TTL.as_secs()
+        ),
+        format!(
+            "  {leaver} stopped gracefully: its buckets re-owned and balanced after {}",
+            fmt_took(stop)
+        ),
+    ];
+    let verdict = match checked {
+        Ok(checked) => {
+            let reasons: Vec<String> = checked
                 .revocations
                 .iter()
                 .map(|(r, n)| format!("{r} {n}"))
                 .collect();
-            println!(
+            summary.push(format!(
                 "  {} assignments, {} handoffs, revocations: {}",
-                summary.assignments,
-                summary.handoffs,
+                checked.assignments,
+                checked.handoffs,
                 reasons.join(", ")
-            );
-            println!(
+            ));
+            summary.push(format!(
                 "  overlaps found: 0 (no bucket held by two workers at once, over {} events)",
                 log.entries().len()
-            );
+            ));
             if early > 0 {
-                return Err(Failure::Runtime(format!(
+                Err(Failure::Runtime(format!(
                     "{early} of the crashed worker's buckets moved before its lease expired"
-                )));
+                )))
+            } else {
+                Ok(())
             }
-            Ok(())
         }
         Err(overlap) => {
-            println!("  overlaps found: 1 or more: {overlap}");
+            summary.push(format!("  overlaps found: 1 or more: {overlap}"));
             Err(Failure::Runtime(
                 "the ownership log found an overlap".into(),
             ))
         }
+    };
+    for line in summary {
+        if let Err(lost) = output::line(line) {
+            // A defect found outranks a reader that went away.
+            return verdict.and(Err(lost.failure()));
+        }
+    }
+    verdict
+}
+
+#[cfg(test)]
+mod tests {
+    use lease::{GroupSnapshot, MemberInfo, MemberMetadata, SessionId};
+
+    use super::*;
+
+    fn snapshot_with(members: &[WorkerId]) -> GroupSnapshot {
+        let now = SystemClock.now();
+        GroupSnapshot {
+            group: GroupName::new("demo").expect("name"),
+            shard_count: ShardCount::new(4).expect("n"),
+            observed_at: now,
+            members: members
+                .iter()
+                .map(|&worker| MemberInfo {
+                    worker,
+                    session: SessionId::new(),
+                    joined_at: now,
+                    heartbeat_at: now,
+                    expires_at: now + TTL,
+                    live: true,
+                    owned: 0,
+                    metadata: MemberMetadata::empty(),
+                })
+                .collect(),
+            buckets: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_crashed_worker_without_an_expiry_is_an_error_not_zero_early() {
+        let victim = WorkerId::new();
+        let snap = snapshot_with(&[WorkerId::new()]);
+        assert!(matches!(
+            session_expiry(&snap, victim),
+            Err(Failure::Runtime(message)) if message.contains("no member row")
+        ));
+        let snap = snapshot_with(&[victim]);
+        assert_eq!(
+            session_expiry(&snap, victim).ok(),
+            Some(snap.members[0].expires_at)
+        );
     }
 }

@@ -4,10 +4,13 @@
 //! `release` work on Postgres (`--database-url` or `DATABASE_URL`).
 //!
 //! Exit codes: 0 success, 2 bad input or configuration (the message names the flag), 1 a
-//! runtime failure (database unreachable, schema missing, ...).
+//! runtime failure (database unreachable, schema missing, stdout not writable, a worker that
+//! could not leave its group, ...). A closed stdout (`| head -1`) is not a failure: the command
+//! stops quietly with 0.
 
 mod demo;
 mod duration;
+mod output;
 mod status;
 mod worker;
 
@@ -31,7 +34,9 @@ enum Command {
     Demo(DemoArgs),
     /// Apply the embedded migrations (creates the `lease` schema); safe to run again.
     Migrate(DbArgs),
-    /// Run one worker until SIGTERM or SIGINT, printing what it is assigned and revoked.
+    /// Run one worker until SIGTERM or SIGINT, printing what it is assigned and revoked. The
+    /// first signal stops it gracefully (revoke everything, leave the group); a second one
+    /// ends it at once, without leaving, so its leases expire after the ttl.
     Worker(WorkerArgs),
     /// Show who owns which bucket of a group, the members, and the balance.
     Status(StatusArgs),
@@ -50,7 +55,7 @@ struct DbArgs {
 
 #[derive(Args, Debug)]
 struct DemoArgs {
-    /// Workers at the start (2 to 26); one more joins during the story.
+    /// Workers at the start (2 to 25); one more joins during the story.
     #[arg(long, default_value_t = 4)]
     workers: u32,
     /// Buckets to share (1 to 256).
@@ -128,6 +133,8 @@ enum Failure {
     Usage(String),
     /// The operation failed: exit 1.
     Runtime(String),
+    /// Stdout's reader went away (a closed pipe): stop quietly, exit 0, as nobody reads on.
+    OutputClosed,
 }
 
 impl DbArgs {
@@ -155,8 +162,41 @@ fn init_logging() {
         .init();
 }
 
+/// Help, version and usage errors the way clap prints them, with our exit codes for output
+/// errors (clap's own `exit` ignores them).
+fn clap_exit(e: &clap::Error) -> ExitCode {
+    let code = u8::try_from(e.exit_code()).unwrap_or(2);
+    let printed = e.print();
+    if e.use_stderr() {
+        // A usage error is already a failure; a lost message changes nothing.
+        return ExitCode::from(code);
+    }
+    match printed.map_err(output::OutputError::from) {
+        Ok(()) | Err(output::OutputError::Closed) => ExitCode::from(code),
+        Err(failed) => report(failed.failure()),
+    }
+}
+
+/// The exit code of `failure`, saying why on stderr.
+fn report(failure: Failure) -> ExitCode {
+    match failure {
+        Failure::OutputClosed => ExitCode::SUCCESS,
+        Failure::Usage(message) => {
+            output::error_line(format!("leasectl: {message}"));
+            ExitCode::from(2)
+        }
+        Failure::Runtime(message) => {
+            output::error_line(format!("leasectl: {message}"));
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(&e),
+    };
     init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -165,8 +205,9 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("leasectl: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
+            return report(Failure::Runtime(format!(
+                "cannot start the async runtime: {e}"
+            )));
         }
     };
     let result = runtime.block_on(async {
@@ -178,15 +219,10 @@ fn main() -> ExitCode {
             Command::Release(args) => status::release(args).await,
         }
     });
+    // A worker abandoned by a second signal may still wait on the database: do not wait for it.
+    runtime.shutdown_background();
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Usage(message)) => {
-            eprintln!("leasectl: {message}");
-            ExitCode::from(2)
-        }
-        Err(Failure::Runtime(message)) => {
-            eprintln!("leasectl: {message}");
-            ExitCode::from(1)
-        }
+        Err(failure) => report(failure),
     }
 }

@@ -7,6 +7,7 @@ use lease::diesel::{PgLeaseStore, PgSetupError};
 use lease::{BucketState, GroupName, GroupSnapshot, LeaseStore, StoreError, Timestamp, WorkerId};
 use serde_json::json;
 
+use crate::output;
 use crate::{DbArgs, Failure, ReleaseArgs, StatusArgs};
 
 /// Connection attempts at start-up before giving up.
@@ -89,12 +90,11 @@ pub async fn migrate(db: DbArgs) -> Result<(), Failure> {
     loop {
         match store.migrate().await {
             Ok(applied) if applied.is_empty() => {
-                println!("the lease schema is up to date");
-                return Ok(());
+                return Ok(output::line("the lease schema is up to date")?);
             }
             Ok(applied) => {
-                println!("applied migrations: {}", applied.join(", "));
-                return Ok(());
+                let done = format!("applied migrations: {}", applied.join(", "));
+                return output::line(&done).map_err(|e| e.failure_after(&done));
             }
             Err(e) if unreachable(&e) && attempt < ATTEMPTS => {
                 tracing::warn!(attempt, error = %e, "database unreachable; retrying");
@@ -155,12 +155,14 @@ pub fn status_json(snap: &GroupSnapshot) -> serde_json::Value {
         "observed_at": rfc3339(snap.observed_at),
         "members": snap.members.iter().map(|m| json!({
             "worker": m.worker.to_string(),
+            "session": m.session.to_string(),
             "expires_at": rfc3339(m.expires_at),
             "owned": m.owned,
         })).collect::<Vec<_>>(),
         "buckets": snap.buckets.iter().map(|b| json!({
             "bucket": b.bucket.get(),
             "owner": b.owner.map(|w| w.to_string()),
+            "session": b.session.map(|s| s.to_string()),
             "token": b.token.get(),
             "expires_at": b.expires_at.map(rfc3339),
             "state": b.state.as_str(),
@@ -219,9 +221,9 @@ pub async fn status(args: StatusArgs) -> Result<(), Failure> {
     let store = open(&args.db).await?;
     let snap = store.snapshot(&group).await.map_err(store_failure)?;
     if args.json {
-        println!("{}", status_json(&snap));
+        output::line(status_json(&snap))?;
     } else {
-        print!("{}", status_table(&snap));
+        output::text(status_table(&snap))?;
     }
     Ok(())
 }
@@ -256,39 +258,39 @@ pub async fn release(args: ReleaseArgs) -> Result<(), Failure> {
                    cannot be stopped.";
     if !args.force {
         match member {
-            None => println!(
+            None => output::line(format!(
                 "worker {worker} is not a member of group {:?}",
                 group.as_str()
-            ),
+            ))?,
             Some(m) => {
-                println!(
+                output::line(format!(
                     "would release {} bucket(s) {held:?} of worker {worker} ({}) in group {:?} \
                      and remove its membership; its next heartbeat would start a new session \
                      and revoke everything it held.",
                     held.len(),
                     if m.live { "live" } else { "expired" },
                     group.as_str()
-                );
+                ))?;
                 if live {
-                    println!("{warning}");
+                    output::line(warning)?;
                 }
-                println!(
+                output::line(format!(
                     "To do it, run:\n  leasectl release --group {} --worker {worker} --force",
                     shell_quote(group.as_str())
-                );
+                ))?;
             }
         }
         return Ok(());
     }
     if live {
-        eprintln!("{warning}");
+        output::error_line(warning);
     }
     let released = store
         .leave(&group, worker, None)
         .await
         .map_err(store_failure)?;
     let released: Vec<u32> = released.iter().map(|b| b.get()).collect();
-    println!(
+    let done = format!(
         "released {} bucket(s) {released:?} of worker {worker} in group {:?}{}",
         released.len(),
         group.as_str(),
@@ -298,7 +300,7 @@ pub async fn release(args: ReleaseArgs) -> Result<(), Failure> {
             " (it was not a member)"
         }
     );
-    Ok(())
+    output::line(&done).map_err(|e| e.failure_after(&done))
 }
 
 #[cfg(test)]

@@ -1,28 +1,32 @@
 //! `leasectl worker`: one worker on Postgres until SIGTERM or SIGINT.
 
-use std::io::Write;
-
 use async_trait::async_trait;
 use lease::{
     Bucket, ConfigError, FencingToken, LeaseStore, LeaseWorker, MemberMetadata, OwnershipHandler,
     RevokeReason, ShardCount, WorkerError, WorkerFailed, WorkerId,
 };
 use serde_json::{Value, json};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::duration::show;
+use crate::output::{self, SharedOutput};
 use crate::status::{group_arg, now_rfc3339, open, store_failure};
 use crate::{Failure, WorkerArgs};
 
-/// Prints the worker's events on stdout, one line each, flushed at once.
+/// Prints the worker's events on stdout, one line each, flushed at once. Once stdout fails the
+/// worker is stopped gracefully (through the shared output's token, the worker's own).
+#[derive(Clone)]
 struct Printer {
     json: bool,
     group: String,
     worker: WorkerId,
+    out: SharedOutput,
 }
 
 impl Printer {
-    fn emit(&self, event: &str, fields: Value, readable: String) {
+    /// Print one event; false if stdout failed, now or earlier.
+    fn emit(&self, event: &str, fields: Value, readable: String) -> bool {
         let line = if self.json {
             let mut object = json!({
                 "event": event,
@@ -37,11 +41,15 @@ impl Printer {
         } else {
             format!("{} {readable}", now_rfc3339())
         };
-        let mut out = std::io::stdout().lock();
-        if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
-            // Nowhere left to report but the log.
-            tracing::error!(error = %e, "cannot write to stdout");
-        }
+        self.out.line(line)
+    }
+
+    fn error(&self, message: &str) {
+        self.emit(
+            "error",
+            json!({ "message": message }),
+            format!("error: {message}"),
+        );
     }
 }
 
@@ -67,11 +75,7 @@ impl OwnershipHandler for Printer {
     }
 
     async fn on_error(&self, error: &WorkerError) {
-        self.emit(
-            "error",
-            json!({ "message": error.to_string() }),
-            format!("error: {error}"),
-        );
+        self.error(&error.to_string());
     }
 }
 
@@ -92,24 +96,47 @@ fn config_failure(e: ConfigError, args: &WorkerArgs) -> Failure {
         ),
         ConfigError::MarginZero => "--margin must be positive".to_owned(),
         ConfigError::Ttl(e) => format!("--ttl: {e}"),
+        // The debounce is not a flag: a renew interval this short is what the user can change.
+        ConfigError::DebounceTooLong { debounce, .. } => format!(
+            "--renew {} must exceed the {} wake-up debounce (the pause that folds a burst of \
+             wake-ups into one re-plan)",
+            show(args.renew),
+            show(debounce)
+        ),
         other => other.to_string(),
     })
 }
 
-async fn signalled(cancel: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot listen for SIGTERM/SIGINT; stop the worker with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, both meaning "stop".
+struct Signals(Option<(Signal, Signal)>);
+
+impl Signals {
+    /// Listen from now on: a signal sent once this returns is never missed.
+    fn listen() -> Self {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Self(Some((term, int))),
+            _ => {
+                tracing::error!("cannot listen for SIGTERM/SIGINT; stop the worker with SIGKILL");
+                Self(None)
+            }
+        }
     }
-    cancel.cancel();
+
+    /// The next SIGTERM or SIGINT (never, if they cannot be listened for).
+    async fn recv(&mut self) {
+        match &mut self.0 {
+            Some((term, int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
 }
 
 pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
@@ -150,19 +177,19 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
         .ensure_group(&group, shards)
         .await
         .map_err(store_failure)?;
+    // From here on a signal stops the worker instead of killing the process; until here,
+    // nothing is held that a kill could leave behind.
+    let mut signals = Signals::listen();
     let printer = Printer {
         json: args.json,
         group: group.as_str().to_owned(),
         worker,
+        out: SharedOutput::new(cancel.clone()),
     };
-    tokio::spawn(signalled(cancel.clone()));
-    let announce = Printer {
-        json: args.json,
-        group: group.as_str().to_owned(),
-        worker,
-    };
+    let out = printer.out.clone();
+    let announce = printer.clone();
     // Announced before the task starts, so "started" precedes the first assignment.
-    announce.emit(
+    let announced = announce.emit(
         "started",
         json!({}),
         format!(
@@ -172,34 +199,69 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
             show(args.renew)
         ),
     );
+    if !announced {
+        return out.check();
+    }
     let mut handle = config.start(store, printer).await.map_err(store_failure)?;
-    let failed = tokio::select! {
+    let ended = tokio::select! {
+        () = signals.recv() => {
+            output::error_line(
+                "leasectl: stopping: revoking every bucket and leaving the group (send SIGTERM \
+                 or SIGINT again to stop at once, without leaving)",
+            );
+            None
+        }
+        // Stdout failed: the printer cancelled the worker.
         () = cancel.cancelled() => None,
-        result = handle.wait() => Some(result),
+        ended = handle.wait() => Some(ended),
     };
-    let ended = match failed {
-        None => handle.shutdown().await,
-        // The task ended without being asked to: say so and exit, rather than wait for a
-        // signal with nothing running.
-        Some(Ok(())) => Err(WorkerFailed::Cancelled),
-        Some(Err(e)) => Err(e),
+    let ended = match ended {
+        Some(ended) => ended,
+        None => {
+            cancel.cancel();
+            tokio::select! {
+                ended = handle.wait() => ended,
+                () = signals.recv() => {
+                    // The graceful stop may wait on a database that does not answer for as
+                    // long as a call's timeout; the operator chose not to.
+                    let message = format!(
+                        "stopped at once by a second signal, without leaving the group: its \
+                         leases stay in the store until they expire (ttl {}), and only then do \
+                         other workers take its buckets",
+                        show(args.ttl)
+                    );
+                    announce.error(&message);
+                    return Err(Failure::Runtime(message));
+                }
+            }
+        }
     };
     match ended {
-        Ok(()) => {
+        Ok(()) if cancel.is_cancelled() => {
+            out.check()?;
             announce.emit("stopped", json!({}), format!("worker {worker} stopped"));
-            Ok(())
+            out.check()
         }
-        Err(e) => {
-            let message = e.to_string();
-            announce.emit(
-                "error",
-                json!({ "message": message }),
-                format!("error: {message}"),
-            );
-            Err(match e {
-                WorkerFailed::Store(e) => store_failure(e),
-                other => Failure::Runtime(other.to_string()),
-            })
-        }
+        // The task ended without being asked to: say so and exit, rather than wait for a
+        // signal with nothing running.
+        Ok(()) => Err(worker_failure(&announce, WorkerFailed::Cancelled, &args)),
+        Err(e) => Err(worker_failure(&announce, e, &args)),
+    }
+}
+
+/// How a worker task that failed ends the command, said on stdout as an `error` event too.
+fn worker_failure(announce: &Printer, failed: WorkerFailed, args: &WorkerArgs) -> Failure {
+    let message = match &failed {
+        WorkerFailed::LeaveFailed { .. } => format!(
+            "{failed}; its leases stay in the store until they expire (ttl {}), and only then \
+             do other workers take its buckets",
+            show(args.ttl)
+        ),
+        other => other.to_string(),
+    };
+    announce.error(&message);
+    match failed {
+        WorkerFailed::Store(e) => store_failure(e),
+        _ => Failure::Runtime(message),
     }
 }
