@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The README's test command: makes sure the system programs the tests start are installed, then
+# runs every test of the workspace. As root it installs what is missing with apt-get; otherwise
+# it names the Debian packages to install and stops. Arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+
+# The Postgres tests start their own throwaway server from the server binaries (lease-testdb),
+# unless DATABASE_URL names a server to use instead.
+if [ -z "${DATABASE_URL:-}" ] && [ -z "${LEASE_PG_BINDIR:-}" ] \
+    && ! command -v initdb >/dev/null 2>&1 \
+    && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+    missing+=(postgresql)
+fi
+# Process tests signal workers and frozen server processes with kill(1).
+command -v kill >/dev/null 2>&1 || missing+=(procps)
+
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing the packages the tests need: ${missing[*]}" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    else
+        echo "the tests need these Debian packages: ${missing[*]}" >&2
+        echo "install them (apt-get install -y ${missing[*]}) and run this again, or run it as root" >&2
+        exit 1
+    fi
+fi
+
+exec cargo test --workspace "$@"
