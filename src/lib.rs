@@ -3,15 +3,16 @@
 
 //! ## This crate
 //!
-//! The facade re-exports the pieces: [`core`] (types, the `LeaseStore` contract, the policy,
-//! the worker runtime), [`memory`] (the in-memory backend) and [`diesel`] (the Postgres
-//! backend).
+//! The facade re-exports the pieces: the types, the `LeaseStore` contract and the policy of
+//! `lease-core` and the worker runtime of `lease-worker` at the root, [`memory`] (the
+//! in-memory backend) and [`diesel`] (the Postgres backend).
 
-pub use lease_core as core;
 pub use lease_core::*;
 pub use lease_diesel as diesel;
 pub use lease_memory as memory;
+pub use lease_worker::*;
 
-/// Test support (feature `testing`): the conformance suite, the model, the ownership log.
+/// Test support (feature `testing`): the conformance suite, the model, the differential
+/// harness, fault injection, a recording handler.
 #[cfg(feature = "testing")]
-pub use lease_core::testing;
+pub use lease_testing as testing;

@@ -1,7 +1,12 @@
 //! Wake-ups: a store tells the workers of a group that membership or ownership moved, so they
 //! re-plan at once instead of at their next renew tick.
 
-use tokio::sync::broadcast;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use futures_core::Stream;
 
 use crate::ids::WorkerId;
 
@@ -15,38 +20,55 @@ pub enum Change {
     Left(WorkerId),
     /// A worker released buckets.
     Released(WorkerId),
-    /// Changes were dropped because the receiver fell behind; re-plan anyway.
+    /// Changes were dropped because the receiver fell behind, or the store lost its channel
+    /// for a while; re-plan anyway.
     Missed,
 }
 
 /// A subscription to one group's changes. Wake-ups are hints: a worker that misses one still
 /// converges at its next renew tick.
-#[derive(Debug)]
+///
+/// A feed is any stream of changes, so that this crate needs no async runtime: a store built
+/// on tokio wraps a broadcast receiver, say, mapping "lagged" to [`Change::Missed`].
 pub struct ChangeFeed {
-    rx: broadcast::Receiver<Change>,
+    // Only ever reached through `&mut self` (`Mutex::get_mut`, no locking): the mutex is there
+    // so that a feed is `Sync` whatever the stream is, as a worker's state holding it must be.
+    changes: Mutex<Pin<Box<dyn Stream<Item = Change> + Send>>>,
+}
+
+impl fmt::Debug for ChangeFeed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChangeFeed").finish_non_exhaustive()
+    }
 }
 
 impl ChangeFeed {
-    /// Wrap a broadcast receiver that a store feeds.
-    pub fn new(rx: broadcast::Receiver<Change>) -> Self {
-        Self { rx }
+    /// A feed of the changes `changes` yields; it ends when the stream does (the store went
+    /// away).
+    pub fn new(changes: impl Stream<Item = Change> + Send + 'static) -> Self {
+        Self {
+            changes: Mutex::new(Box::pin(changes)),
+        }
     }
 
-    /// The next change; `None` once the store has dropped the feed's sender.
+    fn stream(&mut self) -> Pin<&mut (dyn Stream<Item = Change> + Send)> {
+        self.changes
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+    }
+
+    /// The next change; `None` once the store has ended the feed.
     pub async fn recv(&mut self) -> Option<Change> {
-        match self.rx.recv().await {
-            Ok(change) => Some(change),
-            Err(broadcast::error::RecvError::Lagged(_)) => Some(Change::Missed),
-            Err(broadcast::error::RecvError::Closed) => None,
-        }
+        std::future::poll_fn(|cx| self.stream().poll_next(cx)).await
     }
 
     /// A change already waiting, without waiting for one.
     pub fn try_recv(&mut self) -> Option<Change> {
-        match self.rx.try_recv() {
-            Ok(change) => Some(change),
-            Err(broadcast::error::TryRecvError::Lagged(_)) => Some(Change::Missed),
-            Err(_) => None,
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.stream().poll_next(&mut cx) {
+            Poll::Ready(change) => change,
+            Poll::Pending => None,
         }
     }
 }

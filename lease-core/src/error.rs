@@ -1,62 +1,9 @@
 //! Errors of the store surface: bad input, contract refusals and backend failures.
 
 use std::error::Error as StdError;
-use std::time::Duration;
 
 use crate::ids::{Bucket, GroupName, ShardCount, WorkerId};
-
-/// A value that failed validation when it was built. Never a panic.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum InvalidInput {
-    /// A group name must not be empty.
-    #[error("group name is empty")]
-    EmptyGroupName,
-    /// A group name is longer than allowed.
-    #[error("group name is {bytes} bytes long; at most {max} are allowed")]
-    GroupNameTooLong {
-        /// Its length.
-        bytes: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// A group name contains a NUL character, which Postgres text cannot store.
-    #[error("group name contains a NUL character")]
-    GroupNameHasNul,
-    /// A shard count outside `1..=65_536`.
-    #[error("shard count {value} is out of range; it must be between 1 and 65536")]
-    ShardCountOutOfRange {
-        /// The value given.
-        value: i64,
-    },
-    /// A ttl outside its bounds.
-    #[error("ttl {value:?} is out of range; it must be between {min:?} and {max:?}")]
-    TtlOutOfRange {
-        /// The value given.
-        value: Duration,
-        /// The shortest allowed.
-        min: Duration,
-        /// The longest allowed.
-        max: Duration,
-    },
-    /// A worker id that is not a UUID.
-    #[error("worker id {value:?} is not a UUID")]
-    WorkerIdNotUuid {
-        /// The text given (at most 64 characters of it).
-        value: String,
-    },
-    /// Member metadata longer than allowed.
-    #[error("member metadata is {bytes} bytes long; at most {max} are allowed")]
-    MetadataTooLong {
-        /// Its length.
-        bytes: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// Member metadata containing a NUL character.
-    #[error("member metadata contains a NUL character")]
-    MetadataHasNul,
-}
+use crate::invalid::InvalidInput;
 
 /// Everything a [`LeaseStore`](crate::LeaseStore) operation can fail with.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use uuid::Uuid;
 
-use crate::error::InvalidInput;
+use crate::invalid::InvalidInput;
 
 /// The name of a group of buckets: a subscription, a consumer group, a queue.
 ///

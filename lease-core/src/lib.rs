@@ -8,8 +8,10 @@
 //! each change of owner raising the bucket's [`FencingToken`].
 //!
 //! The store contract is written on [`LeaseStore`] ("# Contract" sections) and checked by the
-//! conformance suite in the `testing` module (feature `testing`). The policy in [`policy`] is pure: it
-//! turns a heartbeat's view into a [`Plan`].
+//! conformance suite of `lease-testing`, which every backend runs. The policy in [`policy`] is
+//! pure: it turns a heartbeat's view into a [`Plan`]. This crate does no I/O, reads no clock
+//! and needs no async runtime: the worker runtime is `lease-worker`, the backends
+//! `lease-memory` and `lease-diesel`.
 //!
 //! A tick of one worker, by hand, on the in-memory backend:
 //!
@@ -40,27 +42,23 @@
 
 mod change;
 mod error;
+mod event;
 mod ids;
+mod invalid;
 pub mod ownership_log;
 pub mod policy;
-pub mod runtime;
 mod store;
 mod time;
 mod view;
 
-#[cfg(feature = "testing")]
-pub mod testing;
-
 pub use change::{Change, ChangeFeed};
-pub use error::{ErrorKind, InvalidInput, StoreError};
+pub use error::{ErrorKind, StoreError};
+pub use event::{OwnershipEvent, RevokeReason};
 pub use ids::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
+pub use invalid::InvalidInput;
 pub use policy::{Plan, plan};
-pub use runtime::{
-    ConfigError, EventSender, LeaseWorker, LeaseWorkerBuilder, Owned, OwnershipEvent,
-    OwnershipHandler, RevokeReason, WorkerError, WorkerFailed, WorkerHandle, event_channel,
-};
 pub use store::LeaseStore;
 #[cfg(any(test, feature = "mock"))]
 pub use store::MockLeaseStore;

@@ -2,16 +2,13 @@
 //! prove that no bucket was ever held by two workers at the same instant, that each worker
 //! saw each bucket assigned before revoked, and that tokens only grew. The tests, the chaos
 //! test and `leasectl demo` all judge runs with it; an application can audit its own logs.
+//! (`lease_testing::RecordingHandler` records a worker's events into one.)
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex, PoisonError};
 
-use async_trait::async_trait;
-
+use crate::event::{OwnershipEvent, RevokeReason};
 use crate::ids::{Bucket, FencingToken, WorkerId};
-use crate::runtime::{OwnershipEvent, OwnershipHandler, RevokeReason};
-use crate::time::{Clock, Timestamp};
 
 /// One recorded event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,7 +50,7 @@ pub struct Summary {
 }
 
 /// A log of ownership events from many workers. Times are any ordered type: a tokio
-/// `Instant`, a store [`Timestamp`], the RFC 3339 times of `leasectl worker --json` parsed.
+/// `Instant`, a store [`Timestamp`](crate::Timestamp), the RFC 3339 times of `leasectl worker --json` parsed.
 #[derive(Clone, Debug)]
 pub struct OwnershipLog<T> {
     entries: Vec<Entry<T>>,
@@ -203,50 +200,6 @@ impl<T: Ord + Copy + Debug> OwnershipLog<T> {
             }
         }
         Ok(summary)
-    }
-}
-
-/// A handler that records into a shared [`OwnershipLog`], stamping events with a store-side
-/// [`Clock`] (a `TokioClock` (feature `testing`) in paused-time tests), and keeps
-/// the worker's own event list.
-#[derive(Clone, Debug)]
-pub struct RecordingHandler {
-    worker: WorkerId,
-    log: Arc<Mutex<OwnershipLog<Timestamp>>>,
-    clock: Arc<dyn Clock>,
-}
-
-impl RecordingHandler {
-    /// A handler for `worker` writing to `log`.
-    pub fn new(
-        worker: WorkerId,
-        log: Arc<Mutex<OwnershipLog<Timestamp>>>,
-        clock: Arc<dyn Clock>,
-    ) -> Self {
-        Self { worker, log, clock }
-    }
-
-    fn push(&self, event: OwnershipEvent) {
-        let at = self.clock.now();
-        self.log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .record(self.worker, event, at);
-    }
-}
-
-#[async_trait]
-impl OwnershipHandler for RecordingHandler {
-    async fn on_assigned(&self, bucket: Bucket, token: FencingToken) {
-        self.push(OwnershipEvent::Assigned { bucket, token });
-    }
-
-    async fn on_revoked(&self, bucket: Bucket, token: FencingToken, reason: RevokeReason) {
-        self.push(OwnershipEvent::Revoked {
-            bucket,
-            token,
-            reason,
-        });
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, TimeZone, Utc};
 
-use crate::error::InvalidInput;
+use crate::invalid::InvalidInput;
 
 /// A point in time on the store's clock, in UTC. Stores keep microseconds (as Postgres does).
 pub type Timestamp = DateTime<Utc>;

@@ -21,6 +21,7 @@ use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::StreamExt;
 use lease_core::{Change, ChangeFeed, StoreError, WorkerId};
 use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio_stream::wrappers::BroadcastStream;
 use uuid::Uuid;
 
 /// Unread changes a feed buffers before it reports [`Change::Missed`].
@@ -106,7 +107,10 @@ impl Notifier {
             (rx, ack_rx)
         };
         match tokio::time::timeout(SUBSCRIBE_TIMEOUT, ack).await {
-            Ok(Ok(result)) => result.map(|()| ChangeFeed::new(rx)),
+            Ok(Ok(result)) => result.map(|()| {
+                // A receiver that fell behind hears `Missed` and re-plans.
+                ChangeFeed::new(BroadcastStream::new(rx).map(|c| c.unwrap_or(Change::Missed)))
+            }),
             Ok(Err(_)) => Err(StoreError::Backend {
                 message: "the LISTEN task stopped before listening".into(),
                 source: None,

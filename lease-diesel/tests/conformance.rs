@@ -4,7 +4,7 @@
 use lease_core::ManualClock;
 use lease_diesel::PgLeaseStore;
 
-lease_core::conformance_suite!(|clock: ManualClock| async move {
+lease_testing::conformance_suite!(|clock: ManualClock| async move {
     let db = lease_testdb::database().await;
     PgLeaseStore::builder(db.url)
         .max_connections(12)

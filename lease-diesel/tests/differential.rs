@@ -1,12 +1,12 @@
 //! Postgres, the in-memory backend and the reference model in lockstep on random operation
 //! sequences (up to 40 operations by 3 workers over 2 groups, with clock moves). Every result is
 //! compared and the invariants are checked after every step; see
-//! `lease_core::testing::differential`. `PROPTEST_CASES` raises the case count.
+//! `lease_testing::differential`. `PROPTEST_CASES` raises the case count.
 
-use lease_core::testing::differential::{Differential, StoreFactory, config};
 use lease_core::{LeaseStore, ManualClock};
 use lease_diesel::PgLeaseStore;
 use lease_memory::MemoryLeaseStore;
+use lease_testing::differential::{Differential, StoreFactory, config};
 use proptest_state_machine::prop_state_machine;
 use tokio::runtime::Runtime;
 

@@ -48,6 +48,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use lease_core::{
     Bucket, BucketInfo, BucketState, Change, ChangeFeed, Clock, FencingToken, GroupName,
     GroupSnapshot, GroupView, Heartbeat, Incarnation, Lease, LeaseStore, MemberInfo, MemberLoad,
@@ -55,6 +56,7 @@ use lease_core::{
     store_precision,
 };
 use tokio::sync::broadcast;
+use tokio_stream::wrappers::BroadcastStream;
 
 /// How many unread changes a feed buffers before reporting [`Change::Missed`].
 const FEED_CAPACITY: usize = 256;
@@ -495,6 +497,8 @@ impl LeaseStore for MemoryLeaseStore {
             .feeds
             .entry(group.clone())
             .or_insert_with(|| broadcast::channel(FEED_CAPACITY).0);
-        Ok(Some(ChangeFeed::new(tx.subscribe())))
+        // A receiver that fell behind hears `Missed` and re-plans.
+        let changes = BroadcastStream::new(tx.subscribe()).map(|c| c.unwrap_or(Change::Missed));
+        Ok(Some(ChangeFeed::new(changes)))
     }
 }

@@ -3,6 +3,6 @@
 use lease_core::ManualClock;
 use lease_memory::MemoryLeaseStore;
 
-lease_core::conformance_suite!(
-    |clock: ManualClock| async move { MemoryLeaseStore::with_clock(clock) }
-);
+lease_testing::conformance_suite!(|clock: ManualClock| async move {
+    MemoryLeaseStore::with_clock(clock)
+});

@@ -2,8 +2,8 @@
 
 use lease_core::LeaseStore;
 use lease_core::ManualClock;
-use lease_core::testing::differential::{Differential, StoreFactory, config};
 use lease_memory::MemoryLeaseStore;
+use lease_testing::differential::{Differential, StoreFactory, config};
 use proptest_state_machine::prop_state_machine;
 use tokio::runtime::Runtime;
 
@@ -30,7 +30,7 @@ prop_state_machine! {
 /// exercising takeovers, releases, fencing checks or a worker id in use.
 #[test]
 fn the_generator_reaches_the_risky_states() {
-    use lease_core::testing::differential::{Reach, ReferenceModel};
+    use lease_testing::differential::{Reach, ReferenceModel};
     use proptest::strategy::{Strategy, ValueTree};
     use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
     use proptest_state_machine::ReferenceStateMachine;

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 
-use crate::ids::GroupName;
-use crate::runtime::events::RevokeReason;
+use lease_core::GroupName;
+use lease_core::RevokeReason;
 
 pub(crate) struct Metrics {
     owned: Gauge,

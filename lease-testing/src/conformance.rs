@@ -5,7 +5,7 @@
 //! [`conformance_suite!`](crate::conformance_suite):
 //!
 //! ```ignore
-//! lease_core::conformance_suite!(|clock: lease_core::ManualClock| async move {
+//! lease_testing::conformance_suite!(|clock: lease_core::ManualClock| async move {
 //!     lease_memory::MemoryLeaseStore::with_clock(clock)
 //! });
 //! ```
@@ -17,14 +17,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::change::{Change, ChangeFeed};
-use crate::error::{ErrorKind, StoreError};
-use crate::ids::{
+use lease_core::LeaseStore;
+use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
-use crate::store::LeaseStore;
-use crate::time::{Clock, ManualClock, Ttl};
-use crate::view::{BucketState, Heartbeat, Lease};
+use lease_core::{BucketState, Heartbeat, Lease};
+use lease_core::{Change, ChangeFeed};
+use lease_core::{Clock, ManualClock, Ttl};
+use lease_core::{ErrorKind, StoreError};
 
 /// The name of every case, in the order the macro runs them.
 pub const CASES: &[&str] = &[
@@ -139,16 +139,16 @@ macro_rules! __conformance_tests {
         $(
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                let clock = $crate::ManualClock::new();
+                let clock = $crate::__private::ManualClock::new();
                 let store = ($make)(clock.clone()).await;
-                $crate::testing::conformance::$case(store, clock).await;
+                $crate::conformance::$case(store, clock).await;
             }
         )+
 
         #[test]
         fn conformance_suite_runs_every_case() {
             let generated: &[&str] = &[$(stringify!($case)),+];
-            assert_eq!(generated, $crate::testing::conformance::CASES);
+            assert_eq!(generated, $crate::conformance::CASES);
         }
     };
 }

@@ -5,56 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 
-use crate::error::StoreError;
-use crate::ids::{Bucket, FencingToken};
-
-/// Why the application must stop working on a bucket.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum RevokeReason {
-    /// The fair share moved: the worker gives the bucket up for another member. It is released
-    /// only after the handler returns.
-    Shed,
-    /// The store says the worker does not own the bucket any more.
-    Lost,
-    /// The worker could not renew in time (store unreachable, process paused, or the store
-    /// reported the session expired): the lease can no longer be trusted.
-    Expired,
-    /// The worker is stopping.
-    Shutdown,
-}
-
-impl RevokeReason {
-    /// `shed`, `lost`, `expired` or `shutdown`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Shed => "shed",
-            Self::Lost => "lost",
-            Self::Expired => "expired",
-            Self::Shutdown => "shutdown",
-        }
-    }
-}
-
-/// A change of what the application owns.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum OwnershipEvent {
-    /// Start working on `bucket`, fencing writes with `token`.
-    Assigned {
-        /// The bucket.
-        bucket: Bucket,
-        /// Its fencing token.
-        token: FencingToken,
-    },
-    /// Stop working on `bucket` now.
-    Revoked {
-        /// The bucket.
-        bucket: Bucket,
-        /// The token it was held with.
-        token: FencingToken,
-        /// Why.
-        reason: RevokeReason,
-    },
-}
+use lease_core::{Bucket, FencingToken, OwnershipEvent, RevokeReason, StoreError};
 
 /// A failure the worker survived; it keeps running and retries with backoff.
 #[derive(Debug, thiserror::Error)]

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::ids::{GroupName, MemberMetadata, ShardCount, WorkerId};
-use crate::time::Ttl;
+use lease_core::Ttl;
+use lease_core::{GroupName, MemberMetadata, ShardCount, WorkerId};
 
 /// A configuration the worker cannot run with. Each rule has its own variant.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,14 +53,15 @@ pub enum ConfigError {
     },
     /// The ttl itself is invalid.
     #[error(transparent)]
-    Ttl(#[from] crate::error::InvalidInput),
+    Ttl(#[from] lease_core::InvalidInput),
 }
 
 /// A validated worker configuration; [`start`](LeaseWorker::start) runs it.
 ///
 /// ```
 /// use std::time::Duration;
-/// use lease_core::{GroupName, LeaseWorker, ShardCount};
+/// use lease_core::{GroupName, ShardCount};
+/// use lease_worker::LeaseWorker;
 /// let worker = LeaseWorker::builder(GroupName::new("orders")?, ShardCount::new(64)?)
 ///     .ttl(Duration::from_secs(30))
 ///     .renew_interval(Duration::from_secs(10))

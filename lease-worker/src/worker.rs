@@ -12,14 +12,15 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::change::{Change, ChangeFeed};
-use crate::error::StoreError;
-use crate::ids::{Bucket, FencingToken, Incarnation, SessionId, WorkerId};
-use crate::policy;
-use crate::runtime::config::LeaseWorker;
-use crate::runtime::events::{OwnershipHandler, RevokeReason, WorkerError, WorkerFailed};
-use crate::runtime::metrics::Metrics;
-use crate::store::LeaseStore;
+use crate::config::LeaseWorker;
+use crate::events::{OwnershipHandler, WorkerError, WorkerFailed};
+use crate::metrics::Metrics;
+use lease_core::LeaseStore;
+use lease_core::RevokeReason;
+use lease_core::StoreError;
+use lease_core::policy;
+use lease_core::{Bucket, FencingToken, Incarnation, SessionId, WorkerId};
+use lease_core::{Change, ChangeFeed};
 
 /// The buckets the application currently owns, with their tokens.
 pub type Owned = BTreeMap<Bucket, FencingToken>;
@@ -208,7 +209,7 @@ enum TickError {
     /// The group holds another shard count than the worker's: stop.
     ShardCountChanged {
         /// The stored count.
-        found: crate::ids::ShardCount,
+        found: lease_core::ShardCount,
     },
 }
 
@@ -600,11 +601,11 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::ids::{GroupName, SessionId, ShardCount};
-    use crate::runtime::event_channel;
-    use crate::store::MockLeaseStore;
-    use crate::time::{Clock, ManualClock};
-    use crate::view::{GroupView, Heartbeat, Lease, MemberLoad};
+    use crate::event_channel;
+    use lease_core::MockLeaseStore;
+    use lease_core::{Clock, ManualClock};
+    use lease_core::{GroupName, SessionId, ShardCount};
+    use lease_core::{GroupView, Heartbeat, Lease, MemberLoad};
 
     /// Counts of each store call the mock saw.
     #[derive(Default)]
@@ -726,8 +727,8 @@ mod tests {
         let mut revoked = 0;
         while let Ok(e) = events.try_recv() {
             match e {
-                crate::runtime::OwnershipEvent::Assigned { .. } => assigned += 1,
-                crate::runtime::OwnershipEvent::Revoked { reason, .. } => {
+                lease_core::OwnershipEvent::Assigned { .. } => assigned += 1,
+                lease_core::OwnershipEvent::Revoked { reason, .. } => {
                     assert_eq!(reason, RevokeReason::Shutdown);
                     revoked += 1;
                 }

@@ -12,7 +12,7 @@
 //!     }
 //! }
 //! proptest_state_machine::prop_state_machine! {
-//!     #![proptest_config(lease_core::testing::differential::config(64))]
+//!     #![proptest_config(lease_testing::differential::config(64))]
 //!     #[test]
 //!     fn memory_matches_the_model(sequential 1..40 => Differential<Memory>);
 //! }
@@ -48,14 +48,14 @@ use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tokio::runtime::Runtime;
 use uuid::Uuid;
 
-use crate::error::StoreError;
-use crate::ids::{
+use crate::model::Model;
+use lease_core::LeaseStore;
+use lease_core::StoreError;
+use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
-use crate::store::LeaseStore;
-use crate::testing::model::Model;
-use crate::time::{Clock, ManualClock, Timestamp, Ttl};
-use crate::view::{BucketState, GroupSnapshot, Heartbeat, Lease};
+use lease_core::{BucketState, GroupSnapshot, Heartbeat, Lease};
+use lease_core::{Clock, ManualClock, Timestamp, Ttl};
 
 /// The groups operations pick from: a plain name and one full of quotes and SQL.
 pub const GROUPS: [&str; 2] = ["orders", "it's \"odd\"; DROP TABLE lease.shards; --"];

@@ -6,14 +6,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::change::ChangeFeed;
-use crate::error::StoreError;
-use crate::ids::{
+use lease_core::ChangeFeed;
+use lease_core::LeaseStore;
+use lease_core::StoreError;
+use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
-use crate::store::LeaseStore;
-use crate::time::{Clock, ManualClock, Timestamp, Ttl, store_precision};
-use crate::view::{GroupSnapshot, Heartbeat, Lease};
+use lease_core::{Clock, ManualClock, Timestamp, Ttl, store_precision};
+use lease_core::{GroupSnapshot, Heartbeat, Lease};
 
 /// A [`Clock`] that reads tokio's clock, so a store's expiry follows `tokio::time::pause` and
 /// `advance` in tests. Starts at the same instant as [`ManualClock::new`].

@@ -8,14 +8,14 @@ use std::collections::BTreeMap;
 
 use uuid::Uuid;
 
-use crate::error::StoreError;
-use crate::ids::{
+use lease_core::StoreError;
+use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
-use crate::time::{Timestamp, Ttl, store_precision};
-use crate::view::{
+use lease_core::{
     BucketInfo, BucketState, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo, MemberLoad,
 };
+use lease_core::{Timestamp, Ttl, store_precision};
 
 #[derive(Clone, Debug)]
 struct ModelBucket {
@@ -84,7 +84,7 @@ impl ModelGroup {
     }
 }
 
-/// The reference model of a [`LeaseStore`](crate::LeaseStore). Cloning it forks the state.
+/// The reference model of a [`LeaseStore`](lease_core::LeaseStore). Cloning it forks the state.
 #[derive(Clone, Debug, Default)]
 pub struct Model {
     groups: BTreeMap<GroupName, ModelGroup>,
@@ -113,7 +113,7 @@ impl Model {
             })
     }
 
-    /// See [`LeaseStore::ensure_group`](crate::LeaseStore::ensure_group).
+    /// See [`LeaseStore::ensure_group`](lease_core::LeaseStore::ensure_group).
     pub fn ensure_group(
         &mut self,
         group: &GroupName,
@@ -147,7 +147,7 @@ impl Model {
         }
     }
 
-    /// See [`LeaseStore::heartbeat`](crate::LeaseStore::heartbeat).
+    /// See [`LeaseStore::heartbeat`](lease_core::LeaseStore::heartbeat).
     pub fn heartbeat(
         &mut self,
         group: &GroupName,
@@ -229,7 +229,7 @@ impl Model {
         })
     }
 
-    /// See [`LeaseStore::claim`](crate::LeaseStore::claim).
+    /// See [`LeaseStore::claim`](lease_core::LeaseStore::claim).
     pub fn claim(
         &mut self,
         group: &GroupName,
@@ -265,7 +265,7 @@ impl Model {
         Ok(won.into_iter().filter_map(|b| g.lease(b, worker)).collect())
     }
 
-    /// See [`LeaseStore::release`](crate::LeaseStore::release).
+    /// See [`LeaseStore::release`](lease_core::LeaseStore::release).
     pub fn release(
         &mut self,
         group: &GroupName,
@@ -298,7 +298,7 @@ impl Model {
         Ok(released)
     }
 
-    /// See [`LeaseStore::leave`](crate::LeaseStore::leave).
+    /// See [`LeaseStore::leave`](lease_core::LeaseStore::leave).
     pub fn leave(
         &mut self,
         group: &GroupName,
@@ -320,7 +320,7 @@ impl Model {
         Ok(released)
     }
 
-    /// See [`LeaseStore::snapshot`](crate::LeaseStore::snapshot).
+    /// See [`LeaseStore::snapshot`](lease_core::LeaseStore::snapshot).
     pub fn snapshot(&self, group: &GroupName, now: Timestamp) -> Result<GroupSnapshot, StoreError> {
         let now = store_precision(now);
         let g = self.group(group)?;
@@ -376,7 +376,7 @@ impl Model {
         })
     }
 
-    /// See [`LeaseStore::is_current`](crate::LeaseStore::is_current).
+    /// See [`LeaseStore::is_current`](lease_core::LeaseStore::is_current).
     pub fn is_current(
         &self,
         group: &GroupName,

@@ -1,7 +1,7 @@
 //! The worker runtime: one tokio task per `(group, worker)` that turns leases into "you own
 //! bucket 7 with token 42: start" and "stop working on bucket 7 now".
 //!
-//! Each tick: `heartbeat` (one round trip in steady state) → the pure [`plan`](crate::plan) →
+//! Each tick: `heartbeat` (one round trip in steady state) → the pure [`plan`](lease_core::plan) →
 //! `claim` or shed → tell the application. Ticks run every renew interval, and at once when
 //! the store's change feed reports a join, a leave or a release.
 //!
@@ -18,7 +18,8 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use lease_core::{GroupName, LeaseWorker, ShardCount, event_channel, OwnershipEvent};
+//! use lease_core::{GroupName, OwnershipEvent, ShardCount};
+//! use lease_worker::{LeaseWorker, event_channel};
 //! use lease_memory::MemoryLeaseStore;
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -40,14 +41,13 @@
 //! # }).unwrap();
 //! ```
 
+#![warn(missing_docs)]
+
 mod config;
 mod events;
 mod metrics;
 mod worker;
 
 pub use config::{ConfigError, LeaseWorker, LeaseWorkerBuilder};
-pub use events::{
-    EventSender, OwnershipEvent, OwnershipHandler, RevokeReason, WorkerError, WorkerFailed,
-    event_channel,
-};
+pub use events::{EventSender, OwnershipHandler, WorkerError, WorkerFailed, event_channel};
 pub use worker::{Owned, WorkerHandle};

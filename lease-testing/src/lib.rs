@@ -1,0 +1,31 @@
+//! Test support every backend of the lease engine runs, written once.
+//!
+//! - [`conformance`]: one async function per rule of the [`LeaseStore`](lease_core::LeaseStore)
+//!   contract, and the [`conformance_suite!`] macro that runs them all against a backend, each
+//!   as its own test, with a guard that no case is missed.
+//! - [`model`]: the reference model, the contract as plain synchronous code.
+//! - [`differential`]: random operation sequences run on the model and on real stores in
+//!   lockstep (proptest-state-machine), comparing every result and checking invariants.
+//! - [`faults`]: a fault-injecting store wrapper and a clock following tokio's paused time.
+//! - [`RecordingHandler`]: a worker handler that records into an ownership log.
+//!
+//! Backends depend on it as a dev-dependency only.
+
+#![warn(missing_docs)]
+
+pub mod conformance;
+pub mod differential;
+pub mod faults;
+pub mod model;
+mod recording;
+
+pub use faults::{Faults, FaultyStore, TokioClock};
+pub use lease_core::ownership_log::{OwnershipLog, Summary};
+pub use model::Model;
+pub use recording::RecordingHandler;
+
+/// What the macros of this crate name; not part of its API.
+#[doc(hidden)]
+pub mod __private {
+    pub use lease_core::ManualClock;
+}
