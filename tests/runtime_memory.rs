@@ -575,11 +575,14 @@ async fn a_worker_that_cannot_leave_the_group_says_so_on_shutdown() {
             Err(WorkerFailed::LeaveFailed {
                 source: WorkerError::Store { operation, source },
             }) if !hang => {
-                assert_eq!((*operation, source.kind()), ("leave", ErrorKind::Backend));
+                assert_eq!(
+                    (*operation, source.kind()),
+                    (lease::Operation::Leave, ErrorKind::Backend)
+                );
             }
             Err(WorkerFailed::LeaveFailed {
                 source: WorkerError::Timeout { operation, .. },
-            }) if hang => assert_eq!(*operation, "leave"),
+            }) if hang => assert_eq!(*operation, lease::Operation::Leave),
             other => panic!("hang {hang}: the failed leave was not reported: {other:?}"),
         }
         assert_eq!(

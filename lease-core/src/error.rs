@@ -66,28 +66,161 @@ pub enum StoreError {
     /// A value failed validation.
     #[error(transparent)]
     InvalidInput(#[from] InvalidInput),
-    /// The backend failed: connection refused or lost, query error, pool timeout. The
-    /// operation may or may not have been applied; retrying it is safe (every operation is
-    /// idempotent for the same caller, except that a retried claim may win other buckets).
-    #[error("store backend failed: {message}")]
+    /// The backend could not carry the operation out. [`failure`](BackendFailure) says why,
+    /// and whether retrying can help ([`StoreError::is_transient`]); `source` holds the
+    /// underlying error, if any. The operation may or may not have been applied; retrying it
+    /// is safe (every operation is idempotent for the same caller, except that a retried claim
+    /// may win other buckets).
+    #[error("{failure}{}", detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
     Backend {
-        /// What failed, for people.
-        message: String,
-        /// The underlying error, if any.
+        /// The operation that failed.
+        operation: Operation,
+        /// What went wrong, in the store's terms.
+        failure: BackendFailure,
+        /// What the store adds that the source does not say (which value was corrupt, say).
+        detail: Option<String>,
+        /// The underlying error.
         #[source]
         source: Option<Box<dyn StdError + Send + Sync + 'static>>,
     },
 }
 
+/// A [`LeaseStore`](crate::LeaseStore) operation, for errors and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Operation {
+    /// [`ensure_group`](crate::LeaseStore::ensure_group).
+    EnsureGroup,
+    /// [`heartbeat`](crate::LeaseStore::heartbeat).
+    Heartbeat,
+    /// [`claim`](crate::LeaseStore::claim).
+    Claim,
+    /// [`release`](crate::LeaseStore::release).
+    Release,
+    /// [`leave`](crate::LeaseStore::leave).
+    Leave,
+    /// [`snapshot`](crate::LeaseStore::snapshot).
+    Snapshot,
+    /// [`is_current`](crate::LeaseStore::is_current).
+    IsCurrent,
+    /// [`changes`](crate::LeaseStore::changes).
+    Changes,
+}
+
+impl Operation {
+    /// The operation's name: `heartbeat`, `claim`...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EnsureGroup => "ensure_group",
+            Self::Heartbeat => "heartbeat",
+            Self::Claim => "claim",
+            Self::Release => "release",
+            Self::Leave => "leave",
+            Self::Snapshot => "snapshot",
+            Self::IsCurrent => "is_current",
+            Self::Changes => "changes",
+        }
+    }
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a backend could not carry an operation out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendFailure {
+    /// No connection, a lost one, or a server that is starting, stopping, read-only or a
+    /// standby. Transient.
+    #[error("the store is unavailable")]
+    Unavailable,
+    /// The store did not answer in time. Transient.
+    #[error("the store did not answer in time")]
+    Timeout,
+    /// The store aborted the operation in a conflict with another (a serialization failure,
+    /// a deadlock). Transient.
+    #[error("the store aborted the operation in a conflict with another")]
+    Conflict,
+    /// The store's schema is missing, or older or newer than this build. Permanent: run the
+    /// migrations, or upgrade.
+    #[error("the lease schema is missing or of another version (run `leasectl migrate`)")]
+    SchemaMismatch,
+    /// The store's role lacks a privilege the operation needs. Permanent.
+    #[error("permission denied")]
+    PermissionDenied,
+    /// The store refused the credentials. Permanent.
+    #[error("authentication failed")]
+    Authentication,
+    /// The store's configuration cannot work: an invalid address, a database that does not
+    /// exist, a pool that cannot hand out connections. Permanent.
+    #[error("the store is misconfigured")]
+    Misconfigured,
+    /// The connection's TLS settings cannot work (no certificate the server accepts, a name
+    /// or authority that does not match). Permanent.
+    #[error("TLS is misconfigured")]
+    Tls,
+    /// The store holds data that breaks the schema's own rules, or the store itself broke
+    /// (an in-memory store poisoned by a panic). Permanent.
+    #[error("the store holds unexpected data")]
+    Corrupt,
+    /// An error the backend does not recognise. Taken as transient, so that an unknown error
+    /// is retried and reported rather than stopping workers.
+    #[error("the store failed")]
+    Other,
+}
+
+impl BackendFailure {
+    /// Whether retrying can help.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            Self::Unavailable | Self::Timeout | Self::Conflict | Self::Other
+        )
+    }
+}
+
 impl StoreError {
-    /// A backend failure with an underlying cause.
+    /// A backend failure of `operation`, caused by `source`.
     pub fn backend(
-        message: impl Into<String>,
+        operation: Operation,
+        failure: BackendFailure,
         source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
     ) -> Self {
         Self::Backend {
-            message: message.into(),
+            operation,
+            failure,
+            detail: None,
             source: Some(source.into()),
+        }
+    }
+
+    /// A backend failure of `operation` with no underlying error: `detail` says what is wrong.
+    pub fn backend_detail(
+        operation: Operation,
+        failure: BackendFailure,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self::Backend {
+            operation,
+            failure,
+            detail: Some(detail.into()),
+            source: None,
+        }
+    }
+
+    /// Whether retrying the operation later can succeed without anyone changing anything:
+    /// a transient backend failure, a session that expired (the next heartbeat starts one),
+    /// or a worker id another process holds (its session ends eventually). Everything else
+    /// (an unknown group, a shard-count mismatch, a bucket out of range, bad input, a missing
+    /// schema, a refused privilege...) needs someone to act first.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::SessionExpired { .. } | Self::WorkerIdInUse { .. } => true,
+            Self::Backend { failure, .. } => failure.is_transient(),
+            _ => false,
         }
     }
 
@@ -103,6 +236,27 @@ impl StoreError {
             Self::InvalidInput(_) => ErrorKind::InvalidInput,
             Self::Backend { .. } => ErrorKind::Backend,
         }
+    }
+}
+
+/// An error and its sources, each once, joined by `: `: `heartbeat failed: the store is
+/// unavailable: error connecting to server: Connection refused`.
+pub struct Chain<'a>(pub &'a (dyn StdError + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut shown: Vec<String> = Vec::new();
+        let mut next = Some(self.0);
+        while let Some(err) = next {
+            let text = err.to_string();
+            // A source whose text its wrapper already shows (a transparent wrapper, or one
+            // that embeds its cause) is not repeated.
+            if !text.is_empty() && !shown.iter().any(|s| s.ends_with(&text)) {
+                shown.push(text);
+            }
+            next = err.source();
+        }
+        f.write_str(&shown.join(": "))
     }
 }
 

@@ -52,7 +52,7 @@ mod time;
 mod view;
 
 pub use change::{Change, ChangeFeed};
-pub use error::{ErrorKind, StoreError};
+pub use error::{BackendFailure, Chain, ErrorKind, Operation, StoreError};
 pub use event::{OwnershipEvent, RevokeReason};
 pub use ids::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,

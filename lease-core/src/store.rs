@@ -207,6 +207,9 @@ pub trait LeaseStore: Send + Sync {
     }
 }
 
+// Every method forwarded: a default one would skip the inner store's own behaviour (a feed
+// that exists would look absent).
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {

@@ -2,7 +2,7 @@
 
 use diesel::result::DatabaseErrorKind;
 use diesel_async::pooled_connection::deadpool::PoolError;
-use lease_core::StoreError;
+use lease_core::{BackendFailure, Operation, StoreError};
 
 /// Why the Postgres backend could not be set up, checked or migrated.
 ///
@@ -327,57 +327,77 @@ pub(crate) fn from_pool_setup(e: PoolError) -> PgSetupError {
     }
 }
 
-/// A diesel error as a [`StoreError::Backend`], with a hint when the schema is missing.
-pub(crate) fn from_diesel(what: &str, e: diesel::result::Error) -> StoreError {
-    let text = e.to_string();
-    let hint = if text.contains("does not exist") && text.contains("lease") {
-        " (the lease schema is missing: run `leasectl migrate`)"
-    } else {
-        ""
+/// A diesel error as a [`StoreError::Backend`], classified.
+///
+/// diesel-async keeps the SQLSTATE only for a few kinds (serialization failure, read-only
+/// transaction...); for the others the server's message is read, in English, Postgres's
+/// default. A server set to another `lc_messages` gives unrecognised messages, which count as
+/// [`BackendFailure::Other`]: retried and reported, never stopping a worker.
+pub(crate) fn from_diesel(op: Operation, e: diesel::result::Error) -> StoreError {
+    use diesel::result::Error as E;
+    let failure = match &e {
+        E::DatabaseError(kind, info) => match kind {
+            DatabaseErrorKind::UnableToSendCommand
+            | DatabaseErrorKind::ClosedConnection
+            | DatabaseErrorKind::ReadOnlyTransaction => BackendFailure::Unavailable,
+            DatabaseErrorKind::SerializationFailure => BackendFailure::Conflict,
+            _ => from_message(info.message()),
+        },
+        E::DeserializationError(_) | E::SerializationError(_) => BackendFailure::Corrupt,
+        E::BrokenTransactionManager => BackendFailure::Unavailable,
+        _ => BackendFailure::Other,
     };
-    StoreError::backend(format!("{what}: {text}{hint}"), e)
+    StoreError::backend(op, failure, e)
 }
 
-/// A pool failure (no connection could be had) as a [`StoreError::Backend`].
-pub(crate) fn from_pool(e: PoolError) -> StoreError {
-    StoreError::backend(format!("no database connection: {e}"), e)
+/// What a server error's (English) message says about retrying.
+fn from_message(message: &str) -> BackendFailure {
+    let has = |needle: &str| message.contains(needle);
+    if has("statement timeout") || has("lock timeout") {
+        BackendFailure::Timeout
+    } else if has("deadlock detected") || has("could not serialize") {
+        BackendFailure::Conflict
+    } else if has("permission denied") {
+        BackendFailure::PermissionDenied
+    } else if has("does not exist") {
+        // A relation, function, column or schema of the engine's is missing: the schema is
+        // not there, or older than this build.
+        BackendFailure::SchemaMismatch
+    } else if has("terminating connection")
+        || has("the database system is")
+        || has("connection")
+        || has("read-only transaction")
+        || has("recovery is in progress")
+    {
+        BackendFailure::Unavailable
+    } else {
+        BackendFailure::Other
+    }
+}
+
+/// A pool failure (no connection could be had) as a [`StoreError::Backend`], classified as the
+/// setup calls classify it.
+pub(crate) fn from_pool(op: Operation, e: PoolError) -> StoreError {
+    let setup = from_pool_setup(e);
+    let failure = match &setup {
+        PgSetupError::Unreachable { .. }
+        | PgSetupError::MigrationBusy { .. }
+        | PgSetupError::SchemaCheck { .. }
+        | PgSetupError::ReadOnly => BackendFailure::Unavailable,
+        PgSetupError::AuthenticationFailed { .. } => BackendFailure::Authentication,
+        PgSetupError::PermissionDenied { .. } => BackendFailure::PermissionDenied,
+        PgSetupError::NotInstalled
+        | PgSetupError::SchemaOutdated { .. }
+        | PgSetupError::LegacySchema
+        | PgSetupError::SchemaNewer { .. }
+        | PgSetupError::ForeignSchema { .. }
+        | PgSetupError::Migration { .. } => BackendFailure::SchemaMismatch,
+        _ => BackendFailure::Misconfigured,
+    };
+    StoreError::backend(op, failure, setup)
 }
 
 /// A value read from the database that breaks the schema's own constraints.
-pub(crate) fn corrupt(what: String) -> StoreError {
-    StoreError::Backend {
-        message: format!("unexpected data in the lease schema: {what}"),
-        source: None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{SqlClass, target};
-
-    #[test]
-    fn sqlstates_are_classified_for_retrying() {
-        for (code, class) in [
-            ("28P01", SqlClass::Authentication),
-            ("28000", SqlClass::Authentication),
-            ("3D000", SqlClass::NoDatabase),
-            ("42501", SqlClass::Privilege),
-            ("57P03", SqlClass::Transient),
-            ("57P01", SqlClass::Transient),
-            ("53300", SqlClass::Transient),
-            ("08006", SqlClass::Transient),
-            ("XX000", SqlClass::Other),
-            ("42P01", SqlClass::Other),
-        ] {
-            assert_eq!(SqlClass::of(code), class, "{code}");
-        }
-    }
-
-    #[test]
-    fn targets_name_hosts_database_and_user_but_no_password() {
-        let t = target("postgres://app:secret@db1:6432/orders");
-        assert_eq!(t, r#"Postgres at db1:6432, database "orders", user "app""#);
-        let t = target("host=/run/pg dbname=x user=u password=hidden");
-        assert_eq!(t, r#"Postgres at /run/pg:5432, database "x", user "u""#);
-    }
+pub(crate) fn corrupt(op: Operation, what: String) -> StoreError {
+    StoreError::backend_detail(op, BackendFailure::Corrupt, what)
 }

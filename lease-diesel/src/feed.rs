@@ -19,7 +19,7 @@ use std::time::Duration;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::StreamExt;
-use lease_core::{Change, ChangeFeed, StoreError, WorkerId};
+use lease_core::{BackendFailure, Change, ChangeFeed, Operation, StoreError, WorkerId};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_stream::wrappers::BroadcastStream;
 use uuid::Uuid;
@@ -100,10 +100,7 @@ impl Notifier {
                 channel,
                 ack: ack_tx,
             })
-            .map_err(|_| StoreError::Backend {
-                message: "the LISTEN task stopped".into(),
-                source: None,
-            })?;
+            .map_err(|_| stopped("the LISTEN task stopped"))?;
             (rx, ack_rx)
         };
         match tokio::time::timeout(SUBSCRIBE_TIMEOUT, ack).await {
@@ -111,16 +108,20 @@ impl Notifier {
                 // A receiver that fell behind hears `Missed` and re-plans.
                 ChangeFeed::new(BroadcastStream::new(rx).map(|c| c.unwrap_or(Change::Missed)))
             }),
-            Ok(Err(_)) => Err(StoreError::Backend {
-                message: "the LISTEN task stopped before listening".into(),
-                source: None,
-            }),
-            Err(_) => Err(StoreError::Backend {
-                message: format!("LISTEN did not succeed within {SUBSCRIBE_TIMEOUT:?}"),
-                source: None,
-            }),
+            Ok(Err(_)) => Err(stopped("the LISTEN task stopped before listening")),
+            Err(_) => Err(StoreError::backend_detail(
+                Operation::Changes,
+                BackendFailure::Timeout,
+                format!("LISTEN did not succeed within {SUBSCRIBE_TIMEOUT:?}"),
+            )),
         }
     }
+}
+
+/// The listening task is gone: it ends only when its connection cannot be had at all or the
+/// store is dropped.
+fn stopped(detail: &str) -> StoreError {
+    StoreError::backend_detail(Operation::Changes, BackendFailure::Unavailable, detail)
 }
 
 fn parse(payload: &str) -> Change {
@@ -146,7 +147,7 @@ async fn connect(pool: &Pool<AsyncPgConnection>) -> Result<AsyncPgConnection, St
     pool.get()
         .await
         .map(Object::take)
-        .map_err(crate::error::from_pool)
+        .map_err(|e| crate::error::from_pool(Operation::Changes, e))
 }
 
 fn listen_sql(channel: &str) -> String {
@@ -219,7 +220,7 @@ async fn listen_loop(
                     } else {
                         conn.batch_execute(&listen_sql(&channel))
                             .await
-                            .map_err(|e| crate::error::from_diesel("LISTEN", e))
+                            .map_err(|e| crate::error::from_diesel(Operation::Changes, e))
                     };
                     let failed = result.is_err();
                     if !failed {

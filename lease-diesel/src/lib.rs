@@ -58,9 +58,9 @@ use diesel_async::pooled_connection::{
 };
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use lease_core::{
-    Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat, Incarnation,
-    Lease, LeaseStore, MemberMetadata, SessionId, ShardCount, StoreError, Ttl, WorkerId,
-    store_precision,
+    BackendFailure, Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat,
+    Incarnation, Lease, LeaseStore, MemberMetadata, Operation, SessionId, ShardCount, StoreError,
+    Ttl, WorkerId, store_precision,
 };
 
 pub use error::PgSetupError;
@@ -88,10 +88,13 @@ const DEFAULT_LISTEN_CHECK: Duration = Duration::from_secs(5);
 struct Checkout(Option<Object<AsyncPgConnection>>);
 
 impl Checkout {
-    fn conn(&mut self) -> Result<&mut AsyncPgConnection, StoreError> {
-        self.0.as_deref_mut().ok_or_else(|| StoreError::Backend {
-            message: "a connection was used after it was given back".into(),
-            source: None,
+    fn conn(&mut self, op: Operation) -> Result<&mut AsyncPgConnection, StoreError> {
+        self.0.as_deref_mut().ok_or_else(|| {
+            StoreError::backend_detail(
+                op,
+                BackendFailure::Corrupt,
+                "a connection was used after it was given back",
+            )
         })
     }
 
@@ -314,19 +317,20 @@ impl PgLeaseStore {
     /// may be broken; both are closed, so the next operation gets a working connection.
     async fn with_conn<T>(
         &self,
-        operation: &'static str,
+        operation: Operation,
         op: impl AsyncFnOnce(&mut AsyncPgConnection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut checkout = Checkout(Some(self.pool.get().await.map_err(from_pool)?));
-        let conn: &mut AsyncPgConnection = checkout.conn()?;
+        let pooled = self.pool.get().await.map_err(|e| from_pool(operation, e))?;
+        let mut checkout = Checkout(Some(pooled));
+        let conn: &mut AsyncPgConnection = checkout.conn(operation)?;
         let result = tokio::time::timeout(self.call_timeout, op(conn))
             .await
-            .map_err(|_| StoreError::Backend {
-                message: format!(
-                    "{operation}: no answer from the server within {:?}",
-                    self.call_timeout
-                ),
-                source: None,
+            .map_err(|_| {
+                StoreError::backend_detail(
+                    operation,
+                    BackendFailure::Timeout,
+                    format!("no answer from the server within {:?}", self.call_timeout),
+                )
             })?;
         if !matches!(result, Err(StoreError::Backend { .. })) {
             checkout.keep();
@@ -344,7 +348,7 @@ impl PgLeaseStore {
 impl LeaseStore for PgLeaseStore {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
         let at = self.at();
-        self.with_conn("ensure_group", async |c| {
+        self.with_conn(Operation::EnsureGroup, async |c| {
             ops::ensure_group(c, at, group, shards).await
         })
         .await
@@ -359,7 +363,7 @@ impl LeaseStore for PgLeaseStore {
         metadata: &MemberMetadata,
     ) -> Result<Heartbeat, StoreError> {
         let at = self.at();
-        self.with_conn("heartbeat", async |c| {
+        self.with_conn(Operation::Heartbeat, async |c| {
             ops::heartbeat(c, at, group, worker, incarnation, ttl, metadata).await
         })
         .await
@@ -373,7 +377,7 @@ impl LeaseStore for PgLeaseStore {
         want: u32,
     ) -> Result<Vec<Lease>, StoreError> {
         let at = self.at();
-        self.with_conn("claim", async |c| {
+        self.with_conn(Operation::Claim, async |c| {
             ops::claim(c, at, group, worker, session, want).await
         })
         .await
@@ -387,7 +391,7 @@ impl LeaseStore for PgLeaseStore {
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
         let at = self.at();
-        self.with_conn("release", async |c| {
+        self.with_conn(Operation::Release, async |c| {
             ops::release(c, at, group, worker, session, buckets).await
         })
         .await
@@ -400,7 +404,7 @@ impl LeaseStore for PgLeaseStore {
         session: Option<SessionId>,
     ) -> Result<Vec<Bucket>, StoreError> {
         let at = self.at();
-        self.with_conn("leave", async |c| {
+        self.with_conn(Operation::Leave, async |c| {
             ops::leave(c, at, group, worker, session).await
         })
         .await
@@ -408,8 +412,10 @@ impl LeaseStore for PgLeaseStore {
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
         let at = self.at();
-        self.with_conn("snapshot", async |c| ops::snapshot(c, at, group).await)
-            .await
+        self.with_conn(Operation::Snapshot, async |c| {
+            ops::snapshot(c, at, group).await
+        })
+        .await
     }
 
     async fn is_current(
@@ -420,7 +426,7 @@ impl LeaseStore for PgLeaseStore {
         token: FencingToken,
     ) -> Result<bool, StoreError> {
         let at = self.at();
-        self.with_conn("is_current", async |c| {
+        self.with_conn(Operation::IsCurrent, async |c| {
             ops::is_current(c, at, group, bucket, worker, token).await
         })
         .await
@@ -428,11 +434,11 @@ impl LeaseStore for PgLeaseStore {
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
         let row: sql::ChannelRow = self
-            .with_conn("changes", async |c| {
+            .with_conn(Operation::Changes, async |c| {
                 Prepared(diesel::sql_query(sql::CHANNEL).bind::<Text, _>(group.as_str()))
                     .get_result(c)
                     .await
-                    .map_err(|e| from_diesel("changes", e))
+                    .map_err(|e| from_diesel(Operation::Changes, e))
             })
             .await?;
         self.notifier

@@ -14,8 +14,8 @@ use diesel::sql_types::{
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use lease_core::{
     Bucket, BucketInfo, BucketState, FencingToken, GroupName, GroupSnapshot, GroupView, Heartbeat,
-    Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata, SessionId, ShardCount, StoreError,
-    Timestamp, Ttl, WorkerId,
+    Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata, Operation, SessionId, ShardCount,
+    StoreError, Timestamp, Ttl, WorkerId,
 };
 use uuid::Uuid;
 
@@ -23,19 +23,19 @@ use crate::error::{corrupt, from_diesel};
 use crate::prepared::Prepared;
 use crate::statements as sql;
 
-fn shard_count(group: &GroupName, n: i32) -> Result<ShardCount, StoreError> {
+fn shard_count(op: Operation, group: &GroupName, n: i32) -> Result<ShardCount, StoreError> {
     ShardCount::try_from_i64(i64::from(n))
-        .map_err(|_| corrupt(format!("group {group:?} has shard count {n}")))
+        .map_err(|_| corrupt(op, format!("group {group:?} has shard count {n}")))
 }
 
-fn bucket(n: i32) -> Result<Bucket, StoreError> {
+fn bucket(op: Operation, n: i32) -> Result<Bucket, StoreError> {
     u32::try_from(n)
         .map(Bucket)
-        .map_err(|_| corrupt(format!("bucket number {n}")))
+        .map_err(|_| corrupt(op, format!("bucket number {n}")))
 }
 
-fn count(n: i32) -> Result<u32, StoreError> {
-    u32::try_from(n).map_err(|_| corrupt(format!("owned count {n}")))
+fn count(op: Operation, n: i32) -> Result<u32, StoreError> {
+    u32::try_from(n).map_err(|_| corrupt(op, format!("owned count {n}")))
 }
 
 fn not_found(group: &GroupName) -> StoreError {
@@ -45,20 +45,24 @@ fn not_found(group: &GroupName) -> StoreError {
 }
 
 fn leases(
+    op: Operation,
     owner: WorkerId,
     buckets: &[i32],
     tokens: &[i64],
     expires_at: DateTime<Utc>,
 ) -> Result<Vec<Lease>, StoreError> {
     if buckets.len() != tokens.len() {
-        return Err(corrupt("bucket and token lists differ in length".into()));
+        return Err(corrupt(
+            op,
+            "bucket and token lists differ in length".into(),
+        ));
     }
     buckets
         .iter()
         .zip(tokens)
         .map(|(&b, &t)| {
             Ok(Lease {
-                bucket: bucket(b)?,
+                bucket: bucket(op, b)?,
                 owner,
                 token: FencingToken(t),
                 expires_at,
@@ -67,8 +71,8 @@ fn leases(
         .collect()
 }
 
-fn bucket_list(buckets: &[i32]) -> Result<Vec<Bucket>, StoreError> {
-    buckets.iter().map(|&b| bucket(b)).collect()
+fn bucket_list(op: Operation, buckets: &[i32]) -> Result<Vec<Bucket>, StoreError> {
+    buckets.iter().map(|&b| bucket(op, b)).collect()
 }
 
 /// [`LeaseStore::ensure_group`](lease_core::LeaseStore::ensure_group) on `conn`; `at` is the client clock's time (`None`: the server's).
@@ -87,7 +91,7 @@ pub async fn ensure_group(
     .get_result(conn)
     .await
     .optional()
-    .map_err(|e| from_diesel("ensure_group", e))?;
+    .map_err(|e| from_diesel(Operation::EnsureGroup, e))?;
     if created.is_some() {
         return Ok(());
     }
@@ -97,8 +101,8 @@ pub async fn ensure_group(
         Prepared(diesel::sql_query(sql::GROUP_SHARD_COUNT).bind::<Text, _>(group.as_str()))
             .get_result(conn)
             .await
-            .map_err(|e| from_diesel("ensure_group", e))?;
-    let found = shard_count(group, found.shard_count)?;
+            .map_err(|e| from_diesel(Operation::EnsureGroup, e))?;
+    let found = shard_count(Operation::EnsureGroup, group, found.shard_count)?;
     if found == shards {
         Ok(())
     } else {
@@ -133,7 +137,7 @@ pub async fn heartbeat(
     .get_result(conn)
     .await
     .optional()
-    .map_err(|e| from_diesel("heartbeat", e))?;
+    .map_err(|e| from_diesel(Operation::Heartbeat, e))?;
     let row = row.ok_or_else(|| not_found(group))?;
     if !row.mine {
         return Err(StoreError::WorkerIdInUse {
@@ -142,11 +146,20 @@ pub async fn heartbeat(
             expires_at: row.expires_at,
         });
     }
-    let shard_count = shard_count(group, row.shard_count)?;
-    let mut owned = leases(worker, &row.buckets, &row.tokens, row.expires_at)?;
+    let shard_count = shard_count(Operation::Heartbeat, group, row.shard_count)?;
+    let mut owned = leases(
+        Operation::Heartbeat,
+        worker,
+        &row.buckets,
+        &row.tokens,
+        row.expires_at,
+    )?;
     owned.sort_by_key(|l| l.bucket);
     if row.other_workers.len() != row.other_owned.len() {
-        return Err(corrupt("member and load lists differ in length".into()));
+        return Err(corrupt(
+            Operation::Heartbeat,
+            "member and load lists differ in length".into(),
+        ));
     }
     let mut members = vec![MemberLoad {
         worker,
@@ -155,7 +168,7 @@ pub async fn heartbeat(
     for (&w, &n) in row.other_workers.iter().zip(&row.other_owned) {
         members.push(MemberLoad {
             worker: WorkerId::from_uuid(w),
-            owned: count(n)?,
+            owned: count(Operation::Heartbeat, n)?,
         });
     }
     members.sort_by_key(|m| m.worker);
@@ -195,7 +208,7 @@ pub async fn claim(
     .get_result(conn)
     .await
     .optional()
-    .map_err(|e| from_diesel("claim", e))?;
+    .map_err(|e| from_diesel(Operation::Claim, e))?;
     let row = row.ok_or_else(|| not_found(group))?;
     let (Some(_session), Some(expires_at)) = (row.session_id, row.expires_at) else {
         return Err(StoreError::SessionExpired {
@@ -203,7 +216,13 @@ pub async fn claim(
             worker,
         });
     };
-    leases(worker, &row.buckets, &row.tokens, expires_at)
+    leases(
+        Operation::Claim,
+        worker,
+        &row.buckets,
+        &row.tokens,
+        expires_at,
+    )
 }
 
 /// [`LeaseStore::release`](lease_core::LeaseStore::release) on `conn`: one statement.
@@ -227,9 +246,9 @@ pub async fn release(
     .get_result(conn)
     .await
     .optional()
-    .map_err(|e| from_diesel("release", e))?;
+    .map_err(|e| from_diesel(Operation::Release, e))?;
     let row = row.ok_or_else(|| not_found(group))?;
-    let shards = shard_count(group, row.shard_count)?;
+    let shards = shard_count(Operation::Release, group, row.shard_count)?;
     if let Some(&bucket) = buckets.iter().find(|&&b| !shards.contains(b)) {
         return Err(StoreError::BucketOutOfRange {
             group: group.clone(),
@@ -237,7 +256,7 @@ pub async fn release(
             shard_count: shards,
         });
     }
-    bucket_list(&row.buckets)
+    bucket_list(Operation::Release, &row.buckets)
 }
 
 /// [`LeaseStore::leave`](lease_core::LeaseStore::leave) on `conn`: one statement.
@@ -258,9 +277,9 @@ pub async fn leave(
     .get_result(conn)
     .await
     .optional()
-    .map_err(|e| from_diesel("leave", e))?;
+    .map_err(|e| from_diesel(Operation::Leave, e))?;
     let row = row.ok_or_else(|| not_found(group))?;
-    bucket_list(&row.buckets)
+    bucket_list(Operation::Leave, &row.buckets)
 }
 
 /// [`LeaseStore::snapshot`](lease_core::LeaseStore::snapshot) on `conn`: a read-only repeatable-read transaction.
@@ -326,8 +345,12 @@ pub async fn snapshot(
             Ok::<_, diesel::result::Error>((now.now, count, member_rows, shard_rows))
         })
         .await
-        .map_err(|e| from_diesel("snapshot", e))?;
-    let shard_count = shard_count(group, stored_count.ok_or_else(|| not_found(group))?)?;
+        .map_err(|e| from_diesel(Operation::Snapshot, e))?;
+    let shard_count = shard_count(
+        Operation::Snapshot,
+        group,
+        stored_count.ok_or_else(|| not_found(group))?,
+    )?;
     let mut sessions: HashMap<(Uuid, Uuid), DateTime<Utc>> = HashMap::new();
     let mut members = Vec::with_capacity(member_rows.len());
     for (worker, session, joined_at, heartbeat_at, expires_at, owned, metadata) in member_rows {
@@ -340,9 +363,13 @@ pub async fn snapshot(
             heartbeat_at,
             expires_at,
             live,
-            owned: if live { count(owned)? } else { 0 },
+            owned: if live {
+                count(Operation::Snapshot, owned)?
+            } else {
+                0
+            },
             metadata: MemberMetadata::new(metadata)
-                .map_err(|e| corrupt(format!("member metadata: {e}")))?,
+                .map_err(|e| corrupt(Operation::Snapshot, format!("member metadata: {e}")))?,
         });
     }
     let buckets = shard_rows
@@ -357,7 +384,7 @@ pub async fn snapshot(
                 (Some(_), _) => BucketState::Expired,
             };
             Ok(BucketInfo {
-                bucket: bucket(b)?,
+                bucket: bucket(Operation::Snapshot, b)?,
                 owner: owner.map(WorkerId::from_uuid),
                 session: session.map(SessionId::from_uuid),
                 token: FencingToken(token),
@@ -395,6 +422,6 @@ pub async fn is_current(
     )
     .get_result(conn)
     .await
-    .map_err(|e| from_diesel("is_current", e))?;
+    .map_err(|e| from_diesel(Operation::IsCurrent, e))?;
     Ok(row.current)
 }

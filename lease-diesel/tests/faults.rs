@@ -17,8 +17,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
-    Bucket, BucketState, Change, FencingToken, GroupName, LeaseStore, MemberMetadata, SessionId,
-    ShardCount, Ttl,
+    BackendFailure, Bucket, BucketState, Change, FencingToken, GroupName, LeaseStore,
+    MemberMetadata, SessionId, ShardCount, StoreError, Ttl,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError};
 
@@ -463,6 +463,13 @@ async fn a_statement_stuck_on_a_lock_times_out() {
     )
     .await
     .expect("the heartbeat hung past the statement timeout");
+    match &stuck {
+        Err(StoreError::Backend { failure, .. }) => {
+            assert_eq!(*failure, BackendFailure::Timeout);
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(stuck.as_ref().is_err_and(StoreError::is_transient));
     let message = expect_backend("a heartbeat behind a held lock", stuck);
     assert!(message.contains("statement timeout"), "{message}");
     eprintln!(
@@ -521,4 +528,57 @@ async fn a_frozen_listening_connection_is_replaced() {
         .expect("no wake-up after the listening connection was replaced");
     assert_eq!(joined, Some(Change::Joined(w)));
     assert!(frozen.all_stopped());
+}
+
+/// Errors say whether retrying can help: a role without the privileges the engine needs gets a
+/// permanent `PermissionDenied` (a worker stops on it), an unreachable server a transient
+/// `Unavailable` (a worker retries), and the message names the cause once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_classified_permanent_or_transient() {
+    let db = lease_testdb::database().await;
+    let g = group("classified");
+    let owner = PgLeaseStore::builder(db.url.clone())
+        .max_connections(1)
+        .build()
+        .expect("store");
+    owner.ensure_group(&g, shards(2)).await.expect("ensure");
+    let role = format!("r_{}", db.name);
+    let mut admin = AsyncPgConnection::establish(&db.url).await.expect("admin");
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA lease TO {role};"
+        ))
+        .await
+        .expect("a role without table privileges");
+    let url = format!("{} user={role}", db.url);
+    let store = PgLeaseStore::builder(url)
+        .max_connections(1)
+        .build()
+        .expect("store");
+    let w = support::worker();
+    let denied = store
+        .heartbeat(&g, w, process(w), ttl(30), &MemberMetadata::empty())
+        .await;
+    match &denied {
+        Err(e @ StoreError::Backend { failure, .. }) => {
+            assert_eq!(*failure, BackendFailure::PermissionDenied, "{e:?}");
+            assert!(!e.is_transient());
+            let text = lease_core::Chain(e).to_string();
+            assert!(text.starts_with("permission denied: "), "{text}");
+            assert_eq!(text.matches("permission denied").count(), 2, "{text}");
+        }
+        other => panic!("expected permission denied, got {other:?}"),
+    }
+    let gone = PgLeaseStore::builder("host=/nonexistent-dir port=5432 user=postgres dbname=x")
+        .max_connections(1)
+        .timeout(Duration::from_secs(1))
+        .build()
+        .expect("store");
+    match gone.snapshot(&g).await {
+        Err(e @ StoreError::Backend { failure, .. }) => {
+            assert_eq!(failure, BackendFailure::Unavailable, "{e:?}");
+            assert!(e.is_transient());
+        }
+        other => panic!("expected unavailable, got {other:?}"),
+    }
 }

@@ -50,10 +50,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use lease_core::{
-    Bucket, BucketInfo, BucketState, Change, ChangeFeed, Clock, FencingToken, GroupName,
-    GroupSnapshot, GroupView, Heartbeat, Incarnation, Lease, LeaseStore, MemberInfo, MemberLoad,
-    MemberMetadata, SessionId, ShardCount, StoreError, SystemClock, Timestamp, Ttl, WorkerId,
-    store_precision,
+    BackendFailure, Bucket, BucketInfo, BucketState, Change, ChangeFeed, Clock, FencingToken,
+    GroupName, GroupSnapshot, GroupView, Heartbeat, Incarnation, Lease, LeaseStore, MemberInfo,
+    MemberLoad, MemberMetadata, Operation, SessionId, ShardCount, StoreError, SystemClock,
+    Timestamp, Ttl, WorkerId, store_precision,
 };
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
@@ -183,10 +183,13 @@ impl MemoryLeaseStore {
         }
     }
 
-    fn lock(&self) -> Result<(MutexGuard<'_, State>, Timestamp), StoreError> {
-        let guard = self.state.lock().map_err(|_| StoreError::Backend {
-            message: "memory store state was poisoned by a panic in another thread".into(),
-            source: None,
+    fn lock(&self, op: Operation) -> Result<(MutexGuard<'_, State>, Timestamp), StoreError> {
+        let guard = self.state.lock().map_err(|_| {
+            StoreError::backend_detail(
+                op,
+                BackendFailure::Corrupt,
+                "the memory store's state was poisoned by a panic in another thread",
+            )
         })?;
         // Read the clock under the lock, so operations are ordered as their times are.
         Ok((guard, store_precision(self.clock.now())))
@@ -196,7 +199,7 @@ impl MemoryLeaseStore {
 #[async_trait]
 impl LeaseStore for MemoryLeaseStore {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
-        let (mut state, _now) = self.lock()?;
+        let (mut state, _now) = self.lock(Operation::EnsureGroup)?;
         match state.groups.get(group) {
             Some(g) if g.shards == shards => Ok(()),
             Some(g) => Err(StoreError::ShardCountMismatch {
@@ -233,7 +236,7 @@ impl LeaseStore for MemoryLeaseStore {
         ttl: Ttl,
         metadata: &MemberMetadata,
     ) -> Result<Heartbeat, StoreError> {
-        let (mut state, now) = self.lock()?;
+        let (mut state, now) = self.lock(Operation::Heartbeat)?;
         let g = state.group_mut(group)?;
         if let Some(other) = g
             .live_member(worker, now)
@@ -263,13 +266,13 @@ impl LeaseStore for MemoryLeaseStore {
             );
         }
         let g = state.group_mut(group)?;
-        let me = g
-            .members
-            .get_mut(&worker)
-            .ok_or_else(|| StoreError::Backend {
-                message: "memory store lost a member row it had just written".into(),
-                source: None,
-            })?;
+        let me = g.members.get_mut(&worker).ok_or_else(|| {
+            StoreError::backend_detail(
+                Operation::Heartbeat,
+                BackendFailure::Corrupt,
+                "the memory store lost a member row it had just written",
+            )
+        })?;
         me.expires_at = expires_at;
         me.heartbeat_at = now;
         me.metadata = metadata.clone();
@@ -319,7 +322,7 @@ impl LeaseStore for MemoryLeaseStore {
         session: SessionId,
         want: u32,
     ) -> Result<Vec<Lease>, StoreError> {
-        let (mut state, now) = self.lock()?;
+        let (mut state, now) = self.lock(Operation::Claim)?;
         let g = state.group_mut(group)?;
         let expires_at = g
             .live_session_mut(worker, session, now)
@@ -367,7 +370,7 @@ impl LeaseStore for MemoryLeaseStore {
         session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
-        let (mut state, now) = self.lock()?;
+        let (mut state, now) = self.lock(Operation::Release)?;
         let g = state.group_mut(group)?;
         if let Some(&bucket) = buckets.iter().find(|&&b| !g.shards.contains(b)) {
             return Err(StoreError::BucketOutOfRange {
@@ -400,7 +403,7 @@ impl LeaseStore for MemoryLeaseStore {
         worker: WorkerId,
         session: Option<SessionId>,
     ) -> Result<Vec<Bucket>, StoreError> {
-        let (mut state, now) = self.lock()?;
+        let (mut state, now) = self.lock(Operation::Leave)?;
         let g = state.group_mut(group)?;
         let holds = |m: &MemberRow| session.is_none_or(|s| s == m.session);
         if !g.members.get(&worker).is_some_and(holds) {
@@ -422,7 +425,7 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
-        let (state, now) = self.lock()?;
+        let (state, now) = self.lock(Operation::Snapshot)?;
         let g = state.group(group)?;
         let members = g
             .members
@@ -480,7 +483,7 @@ impl LeaseStore for MemoryLeaseStore {
         worker: WorkerId,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
-        let (state, now) = self.lock()?;
+        let (state, now) = self.lock(Operation::IsCurrent)?;
         let Some(g) = state.groups.get(group) else {
             return Ok(false);
         };
@@ -492,7 +495,7 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
-        let (mut state, _now) = self.lock()?;
+        let (mut state, _now) = self.lock(Operation::Changes)?;
         let tx = state
             .feeds
             .entry(group.clone())

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use lease_core::ChangeFeed;
 use lease_core::LeaseStore;
-use lease_core::StoreError;
+use lease_core::{BackendFailure, Operation, StoreError};
 use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
@@ -54,10 +54,12 @@ impl Clock for TokioClock {
 /// The switches of a [`FaultyStore`]. Shared: flip them while the worker runs.
 #[derive(Debug, Default)]
 pub struct Faults {
-    /// Every call fails with a backend error.
+    /// Every call fails with a transient backend error (the store is unavailable).
     pub fail_all: AtomicBool,
     /// Heartbeats fail with a backend error.
     pub fail_heartbeats: AtomicBool,
+    /// Every call fails with a backend error retrying cannot fix (permission denied).
+    pub fail_permanently: AtomicBool,
     /// Every call hangs until this is cleared (a network cut without resets).
     pub hang: AtomicBool,
     /// `changes` returns no feed.
@@ -87,8 +89,9 @@ impl<S> FaultyStore<S> {
         self.faults.clone()
     }
 
-    async fn gate(&self, heartbeat: bool) -> Result<(), StoreError> {
+    async fn gate(&self, op: Operation) -> Result<(), StoreError> {
         let f = &self.faults;
+        let heartbeat = op == Operation::Heartbeat;
         if f.hang.load(Ordering::SeqCst) {
             f.injected.fetch_add(1, Ordering::SeqCst);
             while f.hang.load(Ordering::SeqCst) {
@@ -99,19 +102,30 @@ impl<S> FaultyStore<S> {
             || (heartbeat && f.fail_heartbeats.load(Ordering::SeqCst))
         {
             f.injected.fetch_add(1, Ordering::SeqCst);
-            return Err(StoreError::Backend {
-                message: "injected fault".into(),
-                source: None,
-            });
+            return Err(StoreError::backend_detail(
+                op,
+                BackendFailure::Unavailable,
+                "injected fault",
+            ));
+        }
+        if f.fail_permanently.load(Ordering::SeqCst) {
+            f.injected.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::backend_detail(
+                op,
+                BackendFailure::PermissionDenied,
+                "injected fault",
+            ));
         }
         Ok(())
     }
 }
 
+// Every method forwarded: a default one would skip the inner store's own behaviour.
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
-        self.gate(false).await?;
+        self.gate(Operation::EnsureGroup).await?;
         self.inner.ensure_group(group, shards).await
     }
 
@@ -123,7 +137,7 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
         ttl: Ttl,
         metadata: &MemberMetadata,
     ) -> Result<Heartbeat, StoreError> {
-        self.gate(true).await?;
+        self.gate(Operation::Heartbeat).await?;
         self.inner
             .heartbeat(group, worker, incarnation, ttl, metadata)
             .await
@@ -136,7 +150,7 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
         session: SessionId,
         want: u32,
     ) -> Result<Vec<Lease>, StoreError> {
-        self.gate(false).await?;
+        self.gate(Operation::Claim).await?;
         self.inner.claim(group, worker, session, want).await
     }
 
@@ -147,7 +161,7 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
         session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
-        self.gate(false).await?;
+        self.gate(Operation::Release).await?;
         self.inner.release(group, worker, session, buckets).await
     }
 
@@ -157,12 +171,12 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
         worker: WorkerId,
         session: Option<SessionId>,
     ) -> Result<Vec<Bucket>, StoreError> {
-        self.gate(false).await?;
+        self.gate(Operation::Leave).await?;
         self.inner.leave(group, worker, session).await
     }
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
-        self.gate(false).await?;
+        self.gate(Operation::Snapshot).await?;
         self.inner.snapshot(group).await
     }
 
@@ -173,7 +187,7 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
         worker: WorkerId,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
-        self.gate(false).await?;
+        self.gate(Operation::IsCurrent).await?;
         self.inner.is_current(group, bucket, worker, token).await
     }
 

@@ -5,17 +5,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 
-use lease_core::{Bucket, FencingToken, OwnershipEvent, RevokeReason, StoreError};
+use lease_core::{Bucket, FencingToken, Operation, OwnershipEvent, RevokeReason, StoreError};
 
 /// A failure the worker survived; it keeps running and retries with backoff.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkerError {
-    /// A store operation failed.
-    #[error("{operation} failed: {source}")]
+    /// A store operation failed; `source` says why (and whether it is transient).
+    #[error("{operation} failed")]
     Store {
         /// Which operation.
-        operation: &'static str,
+        operation: Operation,
         /// The store's error.
         #[source]
         source: StoreError,
@@ -24,7 +24,7 @@ pub enum WorkerError {
     #[error("{operation} did not answer within {after:?}")]
     Timeout {
         /// Which operation.
-        operation: &'static str,
+        operation: Operation,
         /// How long it was given.
         after: Duration,
     },

@@ -17,10 +17,10 @@ use crate::events::{OwnershipHandler, WorkerError, WorkerFailed};
 use crate::metrics::Metrics;
 use lease_core::LeaseStore;
 use lease_core::RevokeReason;
-use lease_core::StoreError;
 use lease_core::policy;
 use lease_core::{Bucket, FencingToken, Incarnation, SessionId, WorkerId};
 use lease_core::{Change, ChangeFeed};
+use lease_core::{Operation, StoreError};
 
 /// The buckets the application currently owns, with their tokens.
 pub type Owned = BTreeMap<Bucket, FencingToken>;
@@ -293,7 +293,7 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
                     tracing::error!(error = %mismatch(), "stopping the worker");
                     self.metrics.error();
                     let reported = WorkerError::Store {
-                        operation: "heartbeat",
+                        operation: Operation::Heartbeat,
                         source: mismatch(),
                     };
                     self.handler.on_error(&reported).await;
@@ -334,7 +334,7 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
     }
 
     async fn report(&self, e: &WorkerError) {
-        tracing::warn!(error = %e, "lease worker error; retrying");
+        tracing::warn!(error = %lease_core::Chain(e), "lease worker error; retrying");
         self.metrics.error();
         self.handler.on_error(e).await;
     }
@@ -415,7 +415,7 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
     /// the call timeout.
     async fn call<T>(
         &mut self,
-        operation: &'static str,
+        operation: Operation,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, WorkerError> {
         tokio::pin!(fut);
@@ -451,7 +451,7 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
             let (store, group, me) = (self.store.clone(), self.cfg.group.clone(), self.cfg.worker);
             let buckets: Vec<Bucket> = self.unreleased.iter().copied().collect();
             let released = self
-                .call("release", async move {
+                .call(Operation::Release, async move {
                     store.release(&group, me, session, &buckets).await
                 })
                 .await?;
@@ -475,7 +475,7 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
         let (ttl, metadata, incarnation) = (cfg.ttl, cfg.metadata.clone(), self.incarnation);
         let sent_at = Instant::now();
         let beat = self
-            .call("heartbeat", async move {
+            .call(Operation::Heartbeat, async move {
                 store
                     .heartbeat(&group, me, incarnation, ttl, &metadata)
                     .await
@@ -548,7 +548,7 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
         let (store, group, session) = (self.store.clone(), self.cfg.group.clone(), beat.session);
         let want = plan.claim.min(CLAIM_BATCH);
         let won = self
-            .call("claim", async move {
+            .call(Operation::Claim, async move {
                 store.claim(&group, me, session, want).await
             })
             .await?;
@@ -579,7 +579,7 @@ impl<S: LeaseStore + 'static, H: OwnershipHandler> Task<S, H> {
         };
         let (store, group, me) = (self.store.clone(), self.cfg.group.clone(), self.cfg.worker);
         match self
-            .call("leave", async move {
+            .call(Operation::Leave, async move {
                 store.leave(&group, me, Some(session)).await
             })
             .await

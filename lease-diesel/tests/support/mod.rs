@@ -28,7 +28,7 @@ pub fn tokens(leases: &[Lease]) -> Vec<(u32, i64)> {
 #[track_caller]
 pub fn expect_backend<T: Debug>(what: &str, result: Result<T, StoreError>) -> String {
     match result {
-        Err(e) if e.kind() == ErrorKind::Backend => e.to_string(),
+        Err(e) if e.kind() == ErrorKind::Backend => lease_core::Chain(&e).to_string(),
         other => panic!("{what}: expected a Backend error, got {other:?}"),
     }
 }

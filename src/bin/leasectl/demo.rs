@@ -14,8 +14,9 @@ use async_trait::async_trait;
 use lease::memory::MemoryLeaseStore;
 use lease::ownership_log::OwnershipLog;
 use lease::{
-    Bucket, BucketState, Clock, FencingToken, GroupName, LeaseStore, LeaseWorker, OwnershipEvent,
-    OwnershipHandler, RevokeReason, ShardCount, SystemClock, Timestamp, WorkerHandle, WorkerId,
+    Bucket, BucketState, Chain, Clock, FencingToken, GroupName, LeaseStore, LeaseWorker,
+    OwnershipEvent, OwnershipHandler, RevokeReason, ShardCount, SystemClock, Timestamp,
+    WorkerHandle, WorkerId,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -135,7 +136,7 @@ impl Story {
         let handle = config
             .start(self.store.clone(), handler)
             .await
-            .map_err(|e| Failure::Runtime(format!("starting worker {letter}: {e}")))?;
+            .map_err(|e| Failure::Runtime(format!("starting worker {letter}: {}", Chain(&e))))?;
         self.workers.insert(letter, handle);
         Ok(letter)
     }
@@ -402,7 +403,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
         .store
         .snapshot(&story.group)
         .await
-        .map_err(|e| Failure::Runtime(e.to_string()))?;
+        .map_err(|e| Failure::Runtime(Chain(&e).to_string()))?;
     let victim_id = story.workers[&victim].worker_id();
     let victim_expiry = session_expiry(&snap, victim_id)?;
     let victim_buckets: Vec<Bucket> = snap
@@ -436,7 +437,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
         handle
             .shutdown()
             .await
-            .map_err(|e| Failure::Runtime(format!("worker {leaver}: {e}")))?;
+            .map_err(|e| Failure::Runtime(format!("worker {leaver}: {}", Chain(&e))))?;
     }
     lock(&story.screen).stopped.push(leaver);
     let stop = story.until_balanced(t3, started + quarter * 4).await?;
@@ -449,7 +450,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
             handle
                 .shutdown()
                 .await
-                .map_err(|e| Failure::Runtime(format!("worker {letter}: {e}")))?;
+                .map_err(|e| Failure::Runtime(format!("worker {letter}: {}", Chain(&e))))?;
         }
     }
     if let Some(r) = renderer {

@@ -79,7 +79,7 @@ pub fn store_failure(e: StoreError) -> Failure {
             "--shards: group {group:?} exists with {found} shards, not {configured}; \
              a group's shard count cannot change"
         )),
-        other => Failure::Runtime(other.to_string()),
+        other => Failure::Runtime(lease::Chain(&other).to_string()),
     }
 }
 

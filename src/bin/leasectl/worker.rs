@@ -2,8 +2,8 @@
 
 use async_trait::async_trait;
 use lease::{
-    Bucket, ConfigError, FencingToken, LeaseStore, LeaseWorker, MemberMetadata, OwnershipHandler,
-    RevokeReason, ShardCount, WorkerError, WorkerFailed, WorkerId,
+    Bucket, Chain, ConfigError, FencingToken, LeaseStore, LeaseWorker, MemberMetadata,
+    OwnershipHandler, RevokeReason, ShardCount, WorkerError, WorkerFailed, WorkerId,
 };
 use serde_json::{Value, json};
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -75,7 +75,7 @@ impl OwnershipHandler for Printer {
     }
 
     async fn on_error(&self, error: &WorkerError) {
-        self.error(&error.to_string());
+        self.error(&Chain(error).to_string());
     }
 }
 
@@ -257,7 +257,7 @@ fn worker_failure(announce: &Printer, failed: WorkerFailed, args: &WorkerArgs) -
              do other workers take its buckets",
             show(args.ttl)
         ),
-        other => other.to_string(),
+        other => Chain(other).to_string(),
     };
     announce.error(&message);
     match failed {
