@@ -633,7 +633,10 @@ async fn a_shard_count_mismatch_refuses_to_start() {
         .start(pool.store.clone(), lease::event_channel(8).0)
         .await
         .expect_err("a mismatched worker started");
-    assert_eq!(err.kind(), lease::ErrorKind::ShardCountMismatch);
+    assert_eq!(
+        err.store_error().map(lease::StoreError::kind),
+        Some(lease::ErrorKind::ShardCountMismatch)
+    );
 }
 
 /// How a test application's handler misbehaves.

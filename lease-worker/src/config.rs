@@ -5,6 +5,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use lease_core::Ttl;
+
+use crate::registry::RunFlag;
 use lease_core::{GroupName, MemberMetadata, ShardCount, WorkerId};
 
 /// A configuration the worker cannot run with. Each rule has its own variant.
@@ -84,7 +86,10 @@ pub struct LeaseWorker {
     pub(crate) worker: WorkerId,
     pub(crate) metadata: MemberMetadata,
     pub(crate) wake_debounce: Duration,
+    pub(crate) ack_limit: Option<Duration>,
     pub(crate) cancel: CancellationToken,
+    /// Shared with clones: one of them runs at a time.
+    pub(crate) running: RunFlag,
 }
 
 /// Builds a [`LeaseWorker`].
@@ -98,6 +103,7 @@ pub struct LeaseWorkerBuilder {
     worker: Option<WorkerId>,
     metadata: MemberMetadata,
     wake_debounce: Duration,
+    ack_limit: Option<Duration>,
     cancel: Option<CancellationToken>,
 }
 
@@ -120,6 +126,7 @@ impl LeaseWorker {
             worker: None,
             metadata: MemberMetadata::empty(),
             wake_debounce: Self::DEFAULT_WAKE_DEBOUNCE,
+            ack_limit: None,
             cancel: None,
         }
     }
@@ -197,6 +204,16 @@ impl LeaseWorkerBuilder {
         self
     }
 
+    /// How long the application may take to stop working on a revoked bucket (to drop its
+    /// [`BucketLease`](crate::BucketLease)) before the worker reports the bucket stuck and keeps
+    /// it, never released, out of the store's hands until its session ends (default: the
+    /// ttl). A handler's revocation is acknowledged when `on_revoked` returns, which the worker
+    /// awaits whatever this says.
+    pub fn revoke_ack_limit(mut self, limit: Duration) -> Self {
+        self.ack_limit = Some(limit);
+        self
+    }
+
     /// Stop gracefully when `token` is cancelled (default: a token of the worker's own).
     pub fn cancellation_token(mut self, token: CancellationToken) -> Self {
         self.cancel = Some(token);
@@ -239,7 +256,9 @@ impl LeaseWorkerBuilder {
             worker: self.worker.unwrap_or_default(),
             metadata: self.metadata,
             wake_debounce: self.wake_debounce,
+            ack_limit: Some(self.ack_limit.unwrap_or(ttl_d)),
             cancel: self.cancel.unwrap_or_default(),
+            running: RunFlag::default(),
         })
     }
 }

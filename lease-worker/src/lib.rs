@@ -44,10 +44,13 @@
 #![warn(missing_docs)]
 
 mod config;
+mod driver;
 mod events;
+pub mod machine;
 mod metrics;
-mod worker;
+mod registry;
 
 pub use config::{ConfigError, LeaseWorker, LeaseWorkerBuilder};
+pub use driver::{StartError, WorkerHandle};
 pub use events::{EventSender, OwnershipHandler, WorkerError, WorkerFailed, event_channel};
-pub use worker::{Owned, WorkerHandle};
+pub use machine::Owned;

@@ -7,6 +7,7 @@
 //! | `lease_claimed_total` | counter | buckets won by claims |
 //! | `lease_revoked_total` | counter | revocations, by `reason` (shed, lost, expired, shutdown) |
 //! | `lease_store_errors_total` | counter | failed or timed-out store calls |
+//! | `lease_stuck_total` | counter | revocations the application did not acknowledge in time |
 //! | `lease_tick_seconds` | histogram | duration of a tick |
 
 use std::time::Duration;
@@ -24,6 +25,7 @@ pub(crate) struct Metrics {
     expired: Counter,
     shutdown: Counter,
     errors: Counter,
+    stuck: Counter,
     tick: Histogram,
 }
 
@@ -39,6 +41,7 @@ impl Metrics {
             expired: revoked(RevokeReason::Expired),
             shutdown: revoked(RevokeReason::Shutdown),
             errors: counter!("lease_store_errors_total", "group" => g.clone()),
+            stuck: counter!("lease_stuck_total", "group" => g.clone()),
             tick: histogram!("lease_tick_seconds", "group" => g),
         }
     }
@@ -63,6 +66,10 @@ impl Metrics {
 
     pub(crate) fn error(&self) {
         self.errors.increment(1);
+    }
+
+    pub(crate) fn stuck(&self) {
+        self.stuck.increment(1);
     }
 
     pub(crate) fn tick(&self, took: Duration) {

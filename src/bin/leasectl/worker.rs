@@ -202,7 +202,10 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
     if !announced {
         return out.check();
     }
-    let mut handle = config.start(store, printer).await.map_err(store_failure)?;
+    let mut handle = config.start(store, printer).await.map_err(|e| match e {
+        lease::StartError::Store(e) => store_failure(e),
+        other => Failure::Runtime(Chain(&other).to_string()),
+    })?;
     let ended = tokio::select! {
         () = signals.recv() => {
             output::error_line(

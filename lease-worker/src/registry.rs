@@ -1,0 +1,41 @@
+//! A worker configuration runs as one task at a time: a clone of a running configuration
+//! started again is refused, as two tasks of one worker would break contract rule G8 (one
+//! caller per incarnation) and compete for its session.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use lease_core::{GroupName, WorkerId};
+
+use crate::driver::StartError;
+
+/// Whether a configuration (and its clones) is running; shared by the clones.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunFlag(Arc<AtomicBool>);
+
+/// A configuration running; dropping it (when the worker task ends) lets it start again.
+#[derive(Debug)]
+pub(crate) struct Running(Arc<AtomicBool>);
+
+impl RunFlag {
+    /// Mark the configuration running, or say it runs already.
+    pub(crate) fn claim(&self, group: &GroupName, worker: WorkerId) -> Result<Running, StartError> {
+        if self
+            .0
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return Err(StartError::AlreadyRunning {
+                group: group.clone(),
+                worker,
+            });
+        }
+        Ok(Running(self.0.clone()))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
