@@ -18,12 +18,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::LeaseWorker;
 use crate::events::{OwnershipHandler, WorkerError, WorkerFailed};
+use crate::leases::{LeaseSender, Leases};
 use crate::machine::{Delivery, Input, Machine, Output, Owned, Report, Rules, StoreCall};
 use crate::metrics::Metrics;
 use crate::registry::Running;
 
 /// How the driver reaches the application: through an [`OwnershipHandler`] (each event awaited
-/// in turn) or, later, through per-bucket leases.
+/// in turn) or through per-bucket leases ([`LeaseSender`]).
 #[async_trait]
 pub(crate) trait Application: Send + 'static {
     /// Tell the application it owns `bucket`.
@@ -35,6 +36,12 @@ pub(crate) trait Application: Send + 'static {
 
     /// Report an error the worker survived.
     async fn error(&mut self, error: &WorkerError);
+
+    /// The next revoked bucket the application stopped working on, when acknowledgements
+    /// come later than [`revoke`](Self::revoke) returns; pending for ever otherwise.
+    async fn next_ack(&mut self) -> Bucket {
+        std::future::pending().await
+    }
 }
 
 /// An [`OwnershipHandler`]: a revocation is acknowledged when `on_revoked` returns.
@@ -70,6 +77,8 @@ pub(crate) struct Driver<S, A> {
     feed: Option<ChangeFeed>,
     cancel: CancellationToken,
     published: Published,
+    /// Until when the leases are trusted, for per-bucket leases to watch.
+    trust: watch::Sender<Option<std::time::Instant>>,
     metrics: Metrics,
     call: Option<Call>,
     metadata: MemberMetadata,
@@ -180,6 +189,9 @@ impl<S: LeaseStore + 'static, A: Application> Driver<S, A> {
                 () = sleep_until_or_never(self.machine.poll_timeout()) => {
                     self.machine.handle_timeout(now());
                 }
+                bucket = self.app.next_ack() => {
+                    self.machine.handle(now(), Input::Acked(bucket));
+                }
                 change = next_change(&mut self.feed) => match change {
                     Some(change) => {
                         tracing::debug!(?change, "woken by a change");
@@ -279,8 +291,18 @@ impl<S: LeaseStore + 'static, A: Application> Driver<S, A> {
         }
     }
 
-    /// Make the published owned set equal to the machine's (after a tick, and on stopping).
+    /// Make the published owned set equal to the machine's (after a tick, and on stopping), and
+    /// the trust deadline the leases watch.
     fn publish(&self) {
+        let trusted = self
+            .machine
+            .trusted_until()
+            .filter(|_| !self.machine.is_finished());
+        self.trust.send_if_modified(|t| {
+            let changed = *t != trusted;
+            *t = trusted;
+            changed
+        });
         let owned = self.machine.owned();
         self.metrics.owned(owned.len());
         self.published.0.send_if_modified(|current| {
@@ -438,10 +460,33 @@ impl LeaseWorker {
         S: LeaseStore + 'static,
         H: OwnershipHandler,
     {
-        self.launch(store, Handler(handler)).await
+        let (trust, _) = watch::channel(None);
+        self.launch(store, Handler(handler), trust).await
     }
 
-    async fn launch<S, A>(self, store: S, app: A) -> Result<WorkerHandle, StartError>
+    /// Like [`start`](Self::start), handing the application a [`BucketLease`](crate::BucketLease) per bucket it
+    /// owns instead of calling a handler: work on a bucket until the lease's
+    /// [`revoked`](crate::BucketLease::revoked) fires, then drop the lease. The worker releases a
+    /// shed bucket only once its lease is dropped (see
+    /// [`revoke_ack_limit`](crate::LeaseWorkerBuilder::revoke_ack_limit) for an application
+    /// that does not). Up to 64 leases wait in the channel before the worker waits for the
+    /// application to take them.
+    pub async fn start_leases<S>(self, store: S) -> Result<(WorkerHandle, Leases), StartError>
+    where
+        S: LeaseStore + 'static,
+    {
+        let (trust, watching) = watch::channel(None);
+        let (sender, leases) = LeaseSender::new(64, watching);
+        let handle = self.launch(store, sender, trust).await?;
+        Ok((handle, leases))
+    }
+
+    async fn launch<S, A>(
+        self,
+        store: S,
+        app: A,
+        trust: watch::Sender<Option<std::time::Instant>>,
+    ) -> Result<WorkerHandle, StartError>
     where
         S: LeaseStore + 'static,
         A: Application,
@@ -471,6 +516,7 @@ impl LeaseWorker {
             feed,
             cancel: self.cancel.clone(),
             published: Published(tx),
+            trust,
             metrics: Metrics::new(&self.group),
             call: None,
             metadata: self.metadata.clone(),

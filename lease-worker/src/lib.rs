@@ -46,6 +46,7 @@
 mod config;
 mod driver;
 mod events;
+mod leases;
 pub mod machine;
 mod metrics;
 mod registry;
@@ -53,4 +54,5 @@ mod registry;
 pub use config::{ConfigError, LeaseWorker, LeaseWorkerBuilder};
 pub use driver::{StartError, WorkerHandle};
 pub use events::{EventSender, OwnershipHandler, WorkerError, WorkerFailed, event_channel};
+pub use leases::{BucketLease, Leases};
 pub use machine::Owned;
