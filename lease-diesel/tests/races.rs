@@ -1,7 +1,7 @@
 //! Deterministic interleavings of a renewal and a claim on Postgres, with the server's clock,
-//! one connection per side, for each concurrency rule of DESIGN.md. Each step waits for a
-//! condition the server reports (a backend blocked on a lock, the server clock past an
-//! expiry), never for a guessed time. In every interleaving exactly one side owns the buckets.
+//! one connection per side, for each concurrency rule in docs/ARCHITECTURE.md. Each step
+//! waits for a condition the server reports (a backend blocked on a lock, the server clock
+//! past an expiry), never for a guessed time. In every interleaving exactly one side owns the buckets.
 
 use std::time::Duration;
 

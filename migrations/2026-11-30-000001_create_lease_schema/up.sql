@@ -1,5 +1,5 @@
 -- The lease engine's tables: one row per group, one per (group, worker) session, one per
--- (group, bucket). See DESIGN.md, "Leases are held by sessions".
+-- (group, bucket). See docs/ARCHITECTURE.md, "Data model and session rules".
 --
 -- Schema `lease` itself is created by the runner (PgLeaseStore::migrate) before this runs,
 -- together with its version table; the runner refuses a `lease` schema it did not create.
