@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
-use lease::diesel::{PgLeaseStore, ops};
+use lease::postgres::{PgLeaseStore, ops};
 use lease::{
     Bucket, FencingToken, GroupName, Incarnation, LeaseStore, LeaseWorker, MemberMetadata,
     OwnershipHandler, RevokeReason, ShardCount, Ttl, WorkerError, WorkerHandle, WorkerId,

@@ -41,7 +41,7 @@ use diesel::pg::Pg;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use lease::diesel::{PgLeaseStore, ops};
+use lease::postgres::{PgLeaseStore, ops};
 use lease::{
     GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId, policy,
 };

@@ -3,16 +3,32 @@
 
 //! ## This crate
 //!
-//! The facade re-exports the pieces: the types, the `LeaseStore` contract and the policy of
-//! `lease-core` and the worker runtime of `lease-worker` at the root, [`memory`] (the
-//! in-memory backend) and [`diesel`] (the Postgres backend).
+//! The facade an application depends on: the types, the `LeaseStore` contract and the policy of
+//! `lease-core` and the worker runtime of `lease-worker` at the root; the backends as modules
+//! named for what they are, each behind a feature of the same name (both on by default):
+//! [`postgres`] and [`memory`]. The command line is the separate `leasectl` package, so this
+//! crate pulls in no CLI, logging-subscriber or metrics-exporter dependency.
 
 pub use lease_core::*;
-pub use lease_diesel as diesel;
-pub use lease_memory as memory;
 pub use lease_worker::*;
 
-/// Test support (feature `testing`): the conformance suite, the model, the differential
-/// harness, fault injection, a recording handler.
+/// The Postgres backend (feature `postgres`): [`postgres::PgLeaseStore`], its migrations and
+/// its set-up errors.
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    pub use lease_diesel::*;
+}
+
+/// The in-memory backend (feature `memory`): [`memory::MemoryLeaseStore`], the executable
+/// specification of the contract, for one process and for tests.
+#[cfg(feature = "memory")]
+pub mod memory {
+    pub use lease_memory::*;
+}
+
+/// Test support (feature `testing`): the conformance and runtime suites, the model, the
+/// differential harness, fault injection, a recording handler.
 #[cfg(feature = "testing")]
-pub use lease_testing as testing;
+pub mod testing {
+    pub use lease_testing::*;
+}

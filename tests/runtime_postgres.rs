@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
-use lease::diesel::PgLeaseStore;
+use lease::postgres::PgLeaseStore;
 use lease::testing::{Faults, FaultyStore, OwnershipLog, RecordingHandler};
 use lease::{
     Clock, GroupName, LeaseStore, LeaseWorker, OwnershipEvent, RevokeReason, ShardCount,

@@ -52,7 +52,7 @@ pub enum WorkerFailed {
     /// Asked to stop, the worker revoked everything but could not leave the group (the store
     /// failed or did not answer): its session and leases stay in the store until they expire,
     /// and only then can other workers take its buckets.
-    #[error("stopped, but could not leave the group: {source}")]
+    #[error("stopped, but could not leave the group")]
     LeaveFailed {
         /// Why the leave failed.
         source: WorkerError,

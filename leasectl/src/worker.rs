@@ -1,6 +1,9 @@
 //! `leasectl worker`: one worker on Postgres until SIGTERM or SIGINT.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
+use clap::Args;
 use lease::{
     Bucket, Chain, ConfigError, FencingToken, LeaseStore, LeaseWorker, MemberMetadata,
     OwnershipHandler, RevokeReason, ShardCount, WorkerError, WorkerFailed, WorkerId,
@@ -9,10 +12,43 @@ use serde_json::{Value, json};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-use crate::duration::show;
+use crate::common::{DbArgs, Failure, group_arg, now_rfc3339, store_failure};
+use crate::duration::{self, show};
 use crate::output::{self, SharedOutput};
-use crate::status::{group_arg, now_rfc3339, open, store_failure};
-use crate::{Failure, WorkerArgs};
+
+/// `leasectl worker`'s arguments.
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The group (subscription, consumer group) to share.
+    #[arg(long)]
+    group: String,
+    /// How many buckets the group has; must match the stored group if it exists.
+    #[arg(long)]
+    shards: u32,
+    /// A stable worker id (a UUID), e.g. a stateful-set pod's, instead of a fresh one per
+    /// start. While another process holds this id's live session, this one waits for that
+    /// session to end (printing an error each time it is refused) and never shares it.
+    #[arg(long, value_name = "UUID")]
+    worker_id: Option<String>,
+    /// How long the worker's session lives after a heartbeat (e.g. 500ms, 3s, 1m).
+    #[arg(long, default_value = "30s", value_parser = duration::parse)]
+    ttl: Duration,
+    /// How often the worker heartbeats and re-plans; the ttl must exceed twice this.
+    #[arg(long, default_value = "10s", value_parser = duration::parse)]
+    renew: Duration,
+    /// How long before the store could expire its leases the worker stops trusting them
+    /// (default: a sixth of the ttl); must be positive and below ttl - 1.5 x renew.
+    #[arg(long, value_parser = duration::parse)]
+    margin: Option<Duration>,
+    /// Print one JSON object per line on stdout instead of readable lines.
+    #[arg(long)]
+    json: bool,
+    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
+}
 
 /// Prints the worker's events on stdout, one line each, flushed at once. Once stdout fails the
 /// worker is stopped gracefully (through the shared output's token, the worker's own).
@@ -139,6 +175,7 @@ impl Signals {
     }
 }
 
+/// Run the worker until a signal stops it, stdout fails, or the worker fails.
 pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
     let group = group_arg(&args.group)?;
     let shards =
@@ -171,7 +208,7 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
             .install()
             .map_err(|e| Failure::Usage(format!("--metrics-addr {addr}: {e}")))?;
     }
-    let store = open(&args.db).await?;
+    let store = args.db.open().await?;
     // Refuse a shard-count mismatch before announcing anything (start checks it again).
     store
         .ensure_group(&group, shards)
@@ -256,8 +293,9 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
 fn worker_failure(announce: &Printer, failed: WorkerFailed, args: &WorkerArgs) -> Failure {
     let message = match &failed {
         WorkerFailed::LeaveFailed { .. } => format!(
-            "{failed}; its leases stay in the store until they expire (ttl {}), and only then \
+            "{}; its leases stay in the store until they expire (ttl {}), and only then \
              do other workers take its buckets",
+            Chain(&failed),
             show(args.ttl)
         ),
         other => Chain(other).to_string(),

@@ -688,7 +688,7 @@ async fn a_closed_stdout_ends_quietly_and_a_full_one_fails() {
     );
 
     let db = lease_testdb::database().await;
-    let store = lease::diesel::PgLeaseStore::builder(db.url.clone())
+    let store = lease::postgres::PgLeaseStore::builder(db.url.clone())
         .max_connections(1)
         .build()
         .expect("a store");

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use lease::diesel::PgLeaseStore;
 use lease::ownership_log::OwnershipLog;
+use lease::postgres::PgLeaseStore;
 use lease::{BucketState, GroupName, GroupSnapshot, LeaseStore};
 
 use super::{Event, WorkerProcess, record, wait_for};

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use diesel::QueryableByName;
 use diesel::sql_types::Text;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use lease::diesel::PgLeaseStore;
+use lease::postgres::PgLeaseStore;
 use lease::{GroupName, LeaseStore, ShardCount};
 use serde_json::Value;
 use support::leasectl;

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::Failure;
+use crate::common::Failure;
 
 /// Why a line could not be written to stdout.
 #[derive(Debug)]

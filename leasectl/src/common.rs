@@ -1,0 +1,162 @@
+//! What the subcommands share: where the database is and how to reach it (one retry loop),
+//! how a failure ends the command (exit codes), and how store errors read on the command line.
+
+use std::future::Future;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chrono::{SecondsFormat, Utc};
+use clap::Args;
+use lease::postgres::{PgLeaseStore, PgSetupError};
+use lease::{Chain, GroupName, StoreError, Timestamp};
+
+use crate::output;
+
+/// Why `leasectl` failed, and so its exit code.
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad input or configuration: exit 2.
+    Usage(String),
+    /// The operation failed: exit 1.
+    Runtime(String),
+    /// Stdout's reader went away (a closed pipe): stop quietly, exit 0, as nobody reads on.
+    OutputClosed,
+}
+
+/// The exit code of `failure`, saying why on stderr.
+pub fn exit_code(failure: Failure) -> ExitCode {
+    match failure {
+        Failure::OutputClosed => ExitCode::SUCCESS,
+        Failure::Usage(message) => {
+            output::error_line(format!("leasectl: {message}"));
+            ExitCode::from(2)
+        }
+        Failure::Runtime(message) => {
+            output::error_line(format!("leasectl: {message}"));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Help, version and usage errors the way clap prints them, with our exit codes for output
+/// errors (clap's own `exit` ignores them).
+pub fn clap_exit(e: &clap::Error) -> ExitCode {
+    let code = u8::try_from(e.exit_code()).unwrap_or(2);
+    let printed = e.print();
+    if e.use_stderr() {
+        // A usage error is already a failure; a lost message changes nothing.
+        return ExitCode::from(code);
+    }
+    match printed.map_err(output::OutputError::from) {
+        Ok(()) | Err(output::OutputError::Closed) => ExitCode::from(code),
+        Err(failed) => exit_code(failed.failure()),
+    }
+}
+
+/// Where the database is.
+#[derive(Args, Debug, Clone)]
+pub struct DbArgs {
+    /// Postgres connection URL, e.g. postgres://user:pass@host:5432/db or
+    /// "host=/var/run/postgresql user=app dbname=app".
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+}
+
+impl DbArgs {
+    fn url(&self) -> Result<&str, Failure> {
+        self.database_url
+            .as_deref()
+            .filter(|u| !u.trim().is_empty())
+            .ok_or_else(|| {
+                Failure::Usage(
+                    "--database-url is required (or set DATABASE_URL), e.g. \
+                     postgres://user:pass@localhost:5432/app"
+                        .into(),
+                )
+            })
+    }
+
+    /// A store on this database; nothing is connected yet.
+    pub fn store(&self) -> Result<PgLeaseStore, Failure> {
+        PgLeaseStore::builder(self.url()?)
+            .max_connections(8)
+            .timeout(Duration::from_secs(3))
+            .build()
+            .map_err(|e| Failure::Usage(format!("--database-url: {e}")))
+    }
+
+    /// A store on this database whose schema is in place, retrying while the database is
+    /// unreachable.
+    pub async fn open(&self) -> Result<PgLeaseStore, Failure> {
+        let store = self.store()?;
+        retry_while_unreachable(|| store.check_schema()).await?;
+        Ok(store)
+    }
+}
+
+/// Attempts at an operation on a database that cannot be reached before giving up.
+const ATTEMPTS: u32 = 5;
+
+/// Run `operation` until it answers, retrying (250 ms, doubling, [`ATTEMPTS`] in all) while
+/// the server cannot be reached or cannot take connections yet. A wrong password, a missing
+/// database or schema, a missing privilege are reported at once: waiting does not fix them.
+pub async fn retry_while_unreachable<T, F, Fut>(mut operation: F) -> Result<T, Failure>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, PgSetupError>>,
+{
+    let mut pause = Duration::from_millis(250);
+    let mut attempt = 1;
+    loop {
+        match operation().await {
+            Ok(answer) => return Ok(answer),
+            Err(e) if e.is_transient() && attempt < ATTEMPTS => {
+                tracing::warn!(attempt, error = %Chain(&e), "database unreachable; retrying");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                attempt += 1;
+            }
+            Err(e) if e.is_transient() => {
+                return Err(Failure::Runtime(format!(
+                    "database unreachable after {attempt} attempts: {}",
+                    Chain(&e)
+                )));
+            }
+            Err(e) => return Err(Failure::Runtime(Chain(&e).to_string())),
+        }
+    }
+}
+
+/// A store failure as a runtime failure, or as a usage error for contract refusals that come
+/// from the command line (unknown group, shard-count mismatch).
+pub fn store_failure(e: StoreError) -> Failure {
+    match e {
+        StoreError::GroupNotFound { group } => Failure::Usage(format!(
+            "--group: group {group:?} does not exist (a worker creates it when it starts)"
+        )),
+        StoreError::ShardCountMismatch {
+            group,
+            configured,
+            found,
+        } => Failure::Usage(format!(
+            "--shards: group {group:?} exists with {found} shards, not {configured}; \
+             a group's shard count cannot change"
+        )),
+        other => Failure::Runtime(Chain(&other).to_string()),
+    }
+}
+
+/// `--group`, validated.
+pub fn group_arg(name: &str) -> Result<GroupName, Failure> {
+    GroupName::new(name).map_err(|e| Failure::Usage(format!("--group: {e}")))
+}
+
+/// A time the way every subcommand prints it (RFC 3339, microseconds, UTC).
+pub fn rfc3339(t: Timestamp) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// Now on the local clock, formatted like the JSON events' times.
+pub fn now_rfc3339() -> String {
+    rfc3339(Utc::now())
+}

@@ -1,0 +1,132 @@
+//! The story, one phase per quarter of its length. Each phase changes the pool once, waits
+//! until the workers are balanced again (or the phase is over) and returns what it measured.
+
+use std::time::{Duration, Instant};
+
+use lease::{Bucket, BucketState, Chain, Clock, LeaseStore, SystemClock, Timestamp};
+use tokio::task::JoinHandle;
+
+use super::screen::render;
+use super::story::{Story, lock};
+use crate::common::Failure;
+use crate::output;
+
+/// How long the pool took to balance after a change; `None` if not within the phase.
+pub type Took = Option<Duration>;
+
+/// `workers` start at once; the first quarter ends at `quarter`.
+pub async fn cold_start(
+    story: &mut Story,
+    workers: u32,
+    quarter: Duration,
+) -> Result<Took, Failure> {
+    story.phase(format!("cold start: {workers} workers"))?;
+    let since = Instant::now();
+    for _ in 0..workers {
+        story.start_worker().await?;
+    }
+    let end = story.started + quarter;
+    let took = story.until_balanced(since, end).await?;
+    story.until(end).await?;
+    Ok(took)
+}
+
+/// A worker joins and gets its share at once.
+pub async fn join(story: &mut Story, end: Duration) -> Result<(char, Took), Failure> {
+    let since = Instant::now();
+    let joiner = story.start_worker().await?;
+    story.phase(format!("{joiner} joins"))?;
+    let end = story.started + end;
+    let took = story.until_balanced(since, end).await?;
+    story.until(end).await?;
+    Ok((joiner, took))
+}
+
+/// What the crash phase saw.
+pub struct Crash {
+    /// The crashed worker's letter.
+    pub letter: char,
+    /// The buckets it held when it crashed.
+    pub buckets: Vec<Bucket>,
+    /// When it crashed, on the store's clock.
+    pub at: Timestamp,
+    /// When its session expired, as the store said before the crash.
+    pub expiry: Timestamp,
+    /// How long until the others held its buckets and were balanced.
+    pub took: Took,
+}
+
+/// The first worker's task is aborted: no revoke, no leave. Its buckets move only once its
+/// lease expires.
+pub async fn crash(story: &mut Story, end: Duration) -> Result<Crash, Failure> {
+    let letter = story.first_worker()?;
+    let snap = story
+        .store
+        .snapshot(&story.group)
+        .await
+        .map_err(|e| Failure::Runtime(Chain(&e).to_string()))?;
+    let victim = story.workers[&letter].worker_id();
+    let expiry = super::summary::session_expiry(&snap, victim)?;
+    let buckets: Vec<Bucket> = snap
+        .buckets
+        .iter()
+        .filter(|b| b.owner == Some(victim) && b.state == BucketState::Live)
+        .map(|b| b.bucket)
+        .collect();
+    let since = Instant::now();
+    if let Some(handle) = story.workers.remove(&letter) {
+        handle.abort();
+    }
+    let at = SystemClock.now();
+    lock(&story.log).crashed(victim, at);
+    lock(&story.screen).crashed.push(letter);
+    story.phase(format!(
+        "{letter} crashes holding {} buckets: they move only once its lease expires",
+        buckets.len()
+    ))?;
+    let end = story.started + end;
+    let took = story.until_balanced(since, end).await?;
+    story.until(end).await?;
+    Ok(Crash {
+        letter,
+        buckets,
+        at,
+        expiry,
+        took,
+    })
+}
+
+/// The first worker stops gracefully: it revokes everything and leaves, and the others take
+/// its buckets at once.
+pub async fn graceful_stop(story: &mut Story, end: Duration) -> Result<(char, Took), Failure> {
+    let letter = story.first_worker()?;
+    let since = Instant::now();
+    story.phase(format!("{letter} stops gracefully"))?;
+    story.stop_worker(letter).await?;
+    lock(&story.screen).stopped.push(letter);
+    let end = story.started + end;
+    let took = story.until_balanced(since, end).await?;
+    story.until(end).await?;
+    Ok((letter, took))
+}
+
+/// Every worker stops; the last frame is drawn below the live screen, if there was one.
+pub async fn the_end(story: &mut Story, renderer: Option<JoinHandle<()>>) -> Result<(), Failure> {
+    story.phase("the end: every worker stops".into())?;
+    let rest: Vec<char> = story.workers.keys().copied().collect();
+    for letter in rest {
+        story.stop_worker(letter).await?;
+    }
+    if let Some(r) = renderer {
+        r.abort();
+        // Let the aborted renderer go before printing below it.
+        tokio::task::yield_now().await;
+        let snap = story.store.snapshot(&story.group).await.ok();
+        story.refresh();
+        output::line(format!(
+            "\x1b[H\x1b[2J{}",
+            render(&lock(&story.screen), snap.as_ref(), story.started.elapsed())
+        ))?;
+    }
+    story.out.check()
+}

@@ -1,0 +1,96 @@
+//! `leasectl`: the command line of the lease engine.
+//!
+//! `leasectl demo` runs a scripted story entirely in memory; `migrate`, `worker`, `status` and
+//! `release` work on Postgres (`--database-url` or `DATABASE_URL`). Each subcommand is a module
+//! owning its arguments and its run function; [`common`] holds what they share: connecting,
+//! failures and exit codes.
+//!
+//! Exit codes: 0 success, 2 bad input or configuration (the message names the flag), 1 a
+//! runtime failure (database unreachable, schema missing, stdout not writable, a worker that
+//! could not leave its group, ...). A closed stdout (`| head -1`) is not a failure: the command
+//! stops quietly with 0.
+
+mod common;
+mod demo;
+mod duration;
+mod migrate;
+mod output;
+mod release;
+mod status;
+mod worker;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::common::{Failure, clap_exit, exit_code};
+
+/// Cooperative shard ownership on renewable leases.
+#[derive(Parser, Debug)]
+#[command(name = "leasectl", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Watch a pool of workers share buckets, in memory, no setup: a cold start, a worker
+    /// joining, one crashing, one stopping gracefully; then a summary.
+    Demo(demo::DemoArgs),
+    /// Apply the embedded migrations (creates the `lease` schema); safe to run again.
+    Migrate(migrate::MigrateArgs),
+    /// Run one worker until SIGTERM or SIGINT, printing what it is assigned and revoked. The
+    /// first signal stops it gracefully (revoke everything, leave the group); a second one
+    /// ends it at once, without leaving, so its leases expire after the ttl.
+    Worker(worker::WorkerArgs),
+    /// Show who owns which bucket of a group, the members, and the balance.
+    Status(status::StatusArgs),
+    /// Release every bucket of a worker (for a stuck or decommissioned worker).
+    Release(release::ReleaseArgs),
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LEASE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(&e),
+    };
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return exit_code(Failure::Runtime(format!(
+                "cannot start the async runtime: {e}"
+            )));
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Demo(args) => demo::run(args).await,
+            Command::Migrate(args) => migrate::run(args).await,
+            Command::Worker(args) => worker::run(args).await,
+            Command::Status(args) => status::run(args).await,
+            Command::Release(args) => release::run(args).await,
+        }
+    });
+    // A worker abandoned by a second signal may still wait on the database: do not wait for it.
+    runtime.shutdown_background();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => exit_code(failure),
+    }
+}
