@@ -16,6 +16,8 @@ if [ -z "${DATABASE_URL:-}" ] && [ -z "${LEASE_PG_BINDIR:-}" ] \
 fi
 # Process tests signal workers and frozen server processes with kill(1).
 command -v kill >/dev/null 2>&1 || missing+=(procps)
+# The connection-pooler tests start PgBouncer in front of the test server.
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

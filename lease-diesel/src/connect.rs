@@ -13,6 +13,7 @@ use diesel::ConnectionError;
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 
 use crate::error;
+use crate::tls::{Tls, TlsSummary};
 
 /// Idle time before the first keepalive probe, unless the URL says otherwise.
 const KEEPALIVES_IDLE: Duration = Duration::from_secs(5);
@@ -28,19 +29,32 @@ const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub(crate) struct Connector {
     config: tokio_postgres::Config,
-    /// The URL as given, to name its target in errors (never its password).
+    /// The URL without its TLS keys, to name its target in errors (never its password).
     url: String,
+    tls: Tls,
     set_statement_timeout: String,
 }
 
 impl Connector {
-    /// `url` as given (already validated), with keepalives and a TCP user timeout where the
-    /// URL sets none, and `statement_timeout` set on every connection.
+    /// `url` (validated, its TLS keys taken out into `tls`), with keepalives and a TCP user
+    /// timeout where the URL sets none, and `statement_timeout` set on every connection.
     pub(crate) fn new(
         mut config: tokio_postgres::Config,
         url: &str,
+        tls: Tls,
         statement_timeout: Duration,
     ) -> Self {
+        // As in libpq, TLS is never used over a unix socket (the server does not offer it
+        // there): a URL with `sslmode=require` and a socket directory connects in plain.
+        let only_sockets = config
+            .get_hosts()
+            .iter()
+            .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+        config.ssl_mode(if only_sockets && !config.get_hosts().is_empty() {
+            tokio_postgres::config::SslMode::Disable
+        } else {
+            tls.ssl_mode
+        });
         config.keepalives(true);
         if !mentions(url, "keepalives_idle") {
             config.keepalives_idle(KEEPALIVES_IDLE);
@@ -57,6 +71,7 @@ impl Connector {
         Self {
             config,
             url: url.to_owned(),
+            tls,
             set_statement_timeout: format!(
                 "SET statement_timeout = {}",
                 statement_timeout.as_millis().max(1)
@@ -68,17 +83,37 @@ impl Connector {
     /// (see [`PgSetupError`](crate::PgSetupError)), which diesel-async's own `establish` would
     /// reduce to "error connecting to server".
     pub(crate) async fn connect(&self) -> Result<AsyncPgConnection, ConnectionError> {
-        let (client, connection) = self
-            .config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| error::into_connection_error(error::from_connect(&self.url, &e)))?;
-        let mut conn =
-            AsyncPgConnection::try_from_client_and_connection(client, connection).await?;
+        let failed = |e: tokio_postgres::Error| {
+            error::into_connection_error(error::from_connect(
+                &self.url,
+                Some(&self.tls.summary),
+                &e,
+            ))
+        };
+        let mut conn = match &self.tls.connector {
+            None => {
+                let (client, connection) = self
+                    .config
+                    .connect(tokio_postgres::NoTls)
+                    .await
+                    .map_err(failed)?;
+                AsyncPgConnection::try_from_client_and_connection(client, connection).await?
+            }
+            Some(tls) => {
+                let (client, connection) =
+                    self.config.connect(tls.clone()).await.map_err(failed)?;
+                AsyncPgConnection::try_from_client_and_connection(client, connection).await?
+            }
+        };
         conn.batch_execute(&self.set_statement_timeout)
             .await
             .map_err(ConnectionError::CouldntSetupConfiguration)?;
         Ok(conn)
+    }
+
+    /// The TLS settings in effect.
+    pub(crate) fn tls(&self) -> &TlsSummary {
+        &self.tls.summary
     }
 }
 
@@ -92,10 +127,20 @@ fn mentions(url: &str, key: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn no_tls() -> Tls {
+        let (_, params) = crate::tls::split("postgres://h/db?sslmode=disable").expect("url");
+        params.build().expect("no TLS")
+    }
+
     #[test]
     fn defaults_apply_only_where_the_url_is_silent() {
         let url = "postgres://u@h/db?keepalives_idle=30&tcp_user_timeout=1";
-        let c = Connector::new(url.parse().expect("url"), url, Duration::from_secs(1));
+        let c = Connector::new(
+            url.parse().expect("url"),
+            url,
+            no_tls(),
+            Duration::from_secs(1),
+        );
         assert_eq!(c.config.get_keepalives_idle(), Duration::from_secs(30));
         assert_eq!(
             c.config.get_tcp_user_timeout(),
@@ -106,7 +151,12 @@ mod tests {
             Some(KEEPALIVES_INTERVAL)
         );
         let url = "host=/tmp user=u keepalives_retries=9";
-        let c = Connector::new(url.parse().expect("url"), url, Duration::from_secs(1));
+        let c = Connector::new(
+            url.parse().expect("url"),
+            url,
+            no_tls(),
+            Duration::from_secs(1),
+        );
         assert_eq!(c.config.get_keepalives_idle(), KEEPALIVES_IDLE);
         assert_eq!(c.config.get_keepalives_retries(), Some(9));
         assert_eq!(c.config.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));

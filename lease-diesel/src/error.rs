@@ -58,6 +58,15 @@ pub enum PgSetupError {
         /// What is missing, and how to grant it.
         message: String,
     },
+    /// TLS could not be set up: the settings are contradictory, a certificate file is
+    /// missing or unreadable, the server's certificate failed verification, the server does
+    /// not offer the TLS the URL requires, or the server refused the client certificate.
+    /// Permanent: fix the certificates or the URL's `sslmode` / `sslrootcert`.
+    #[error("{message}")]
+    Tls {
+        /// Where, and what failed.
+        message: String,
+    },
     /// The server refused the connection for another reason. Permanent.
     #[error("{message}")]
     ConnectRejected {
@@ -196,7 +205,17 @@ fn target(url: &str) -> String {
 
 /// Classify a failure to connect to `url`. By SQLSTATE when the server answered; a failure
 /// below the protocol (I/O, timeout, closed) means the server could not be reached.
-pub(crate) fn from_connect(url: &str, e: &tokio_postgres::Error) -> PgSetupError {
+pub(crate) fn from_connect(
+    url: &str,
+    tls: Option<&crate::tls::TlsSummary>,
+    e: &tokio_postgres::Error,
+) -> PgSetupError {
+    // A failed handshake surfaces as an I/O error: recognised first, it is not "unreachable".
+    if let Some(explained) = crate::tls::explain(e, tls) {
+        return PgSetupError::Tls {
+            message: format!("cannot connect to {}: {explained}", target(url)),
+        };
+    }
     let cause = chain(e);
     let message = format!("cannot connect to {}: {cause}", target(url));
     let Some(code) = e.code() else {
@@ -220,6 +239,21 @@ pub(crate) fn from_connect(url: &str, e: &tokio_postgres::Error) -> PgSetupError
     };
     match SqlClass::of(code.code()) {
         SqlClass::Transient => PgSetupError::Unreachable { message },
+        // The server's own words ("no pg_hba.conf entry ... no encryption") do not say
+        // what to change on this side.
+        SqlClass::Authentication if cause.contains("no encryption") => {
+            PgSetupError::AuthenticationFailed {
+                message: format!(
+                    "{message} (the server accepts only TLS connections from here: set \
+                     sslmode=require, or verify-full with sslrootcert)"
+                ),
+            }
+        }
+        SqlClass::Authentication if cause.contains("requires a valid client certificate") => {
+            PgSetupError::AuthenticationFailed {
+                message: format!("{message} (give one with sslcert and sslkey)"),
+            }
+        }
         SqlClass::Authentication => PgSetupError::AuthenticationFailed { message },
         SqlClass::NoDatabase => PgSetupError::DatabaseNotFound { message },
         SqlClass::Privilege => PgSetupError::PermissionDenied { message },
@@ -385,6 +419,7 @@ pub(crate) fn from_pool(op: Operation, e: PoolError) -> StoreError {
         | PgSetupError::SchemaCheck { .. }
         | PgSetupError::ReadOnly => BackendFailure::Unavailable,
         PgSetupError::AuthenticationFailed { .. } => BackendFailure::Authentication,
+        PgSetupError::Tls { .. } => BackendFailure::Tls,
         PgSetupError::PermissionDenied { .. } => BackendFailure::PermissionDenied,
         PgSetupError::NotInstalled
         | PgSetupError::SchemaOutdated { .. }

@@ -45,6 +45,7 @@ pub mod ops;
 mod prepared;
 mod schema;
 mod statements;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +66,7 @@ use lease_core::{
 
 pub use error::PgSetupError;
 pub use migrate::MIGRATIONS;
+pub use tls::{TlsMode, TlsSummary, Verification};
 
 use crate::connect::Connector;
 use crate::error::{from_diesel, from_pool, from_pool_setup};
@@ -159,13 +161,14 @@ impl PgLeaseStoreBuilder {
 
     /// Build the store. No connection is made until the first operation.
     pub fn build(self) -> Result<PgLeaseStore, PgSetupError> {
+        let (url, tls) = tls::split(&self.url)?;
         let parsed =
-            self.url
-                .parse::<tokio_postgres::Config>()
+            url.parse::<tokio_postgres::Config>()
                 .map_err(|e| PgSetupError::InvalidUrl {
                     message: error::chain(&e),
                 })?;
-        let connector = Connector::new(parsed, &self.url, self.statement_timeout);
+        let connector = Connector::new(parsed, &url, tls.build()?, self.statement_timeout);
+        let tls = connector.tls().clone();
         let mut config = ManagerConfig::default();
         // A broken connection is detected by its closed socket; the default recycling check
         // would add a `SELECT 1` round trip to every operation.
@@ -187,6 +190,7 @@ impl PgLeaseStoreBuilder {
         let mut store = PgLeaseStore::from_pool(pool);
         store.call_timeout = self.statement_timeout + self.timeout;
         store.notifier = Arc::new(Notifier::new(self.listen_check));
+        store.tls = Some(tls);
         Ok(store)
     }
 }
@@ -199,6 +203,8 @@ pub struct PgLeaseStore {
     notifier: Arc<Notifier>,
     /// How long an operation may wait for the server's answer.
     call_timeout: Duration,
+    /// The TLS settings its connections use (unknown for a pool built elsewhere).
+    tls: Option<TlsSummary>,
 }
 
 impl std::fmt::Debug for PgLeaseStore {
@@ -236,6 +242,7 @@ impl PgLeaseStore {
             clock: None,
             notifier: Arc::new(Notifier::new(DEFAULT_LISTEN_CHECK)),
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            tls: None,
         }
     }
 
@@ -244,6 +251,13 @@ impl PgLeaseStore {
     pub fn with_client_clock(mut self, clock: impl Clock + 'static) -> Self {
         self.clock = Some(Arc::new(clock));
         self
+    }
+
+    /// The TLS settings its connections use, as the URL gave them (`None` for a store made
+    /// [`from_pool`](Self::from_pool)). Whether a connection actually uses TLS under
+    /// `sslmode=prefer` depends on the server: `leasectl doctor` asks it.
+    pub fn tls(&self) -> Option<&TlsSummary> {
+        self.tls.as_ref()
     }
 
     /// The connection pool.

@@ -18,11 +18,11 @@ use lease_core::{
     Bucket, ErrorKind, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl,
 };
 use lease_diesel::PgLeaseStore;
-use lease_testdb::OwnCluster;
+use lease_testdb::Cluster;
 
 /// Starts the server again if the test fails while it is stopped, so the failure is reported
 /// as it happened rather than as a hang elsewhere.
-struct ResumeOnDrop(Option<&'static OwnCluster>);
+struct ResumeOnDrop(Option<&'static Cluster>);
 
 impl Drop for ResumeOnDrop {
     fn drop(&mut self) {

@@ -245,3 +245,59 @@ async fn migrate_on_a_read_only_database_says_so_at_once() {
     .await;
     fails_at_once(&["migrate"], &db.url, &["read-only", "against the primary"]);
 }
+
+/// Against a server that accepts only TLS: the URL's `sslmode` and `sslrootcert` are honoured,
+/// and a certificate that fails verification, or a plain connection the server refuses, is
+/// reported at once (exit 1, no retry) with its cause; a mode that does not exist is bad
+/// input (exit 2).
+#[test]
+fn tls_settings_are_honoured_and_failures_named_at_once() {
+    let tls = lease_testdb::tls_server();
+    let ca = tls.ca.display().to_string();
+    let verified = tls.url(
+        "localhost",
+        "postgres",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    );
+    let (code, out, err) = run(&["migrate"], &verified);
+    assert_eq!(code, 0, "migrate over verify-full: {err}");
+    assert!(
+        out.contains("migrations") || out.contains("up to date"),
+        "{out}"
+    );
+    let (code, _, err) = run(&["status", "--group", "g"], &verified);
+    // The group does not exist: the schema check and the query went through TLS.
+    assert_eq!(code, 2, "status over verify-full: {err}");
+    assert!(err.contains("does not exist"), "{err}");
+
+    let other = tls.other_ca.display().to_string();
+    fails_at_once(
+        &["migrate"],
+        &tls.url(
+            "localhost",
+            "postgres",
+            &format!("sslmode=verify-full&sslrootcert={other}"),
+        ),
+        &["not signed by a trusted CA", &other],
+    );
+    fails_at_once(
+        &["status", "--group", "g"],
+        &tls.url(
+            "127.0.0.1",
+            "postgres",
+            &format!("sslmode=verify-full&sslrootcert={ca}"),
+        ),
+        &["not valid for the host name", "127.0.0.1"],
+    );
+    fails_at_once(
+        &["migrate"],
+        &tls.url("127.0.0.1", "postgres", "sslmode=disable"),
+        &["no encryption", "sslmode=require"],
+    );
+    let (code, _, err) = run(
+        &["migrate"],
+        &tls.url("localhost", "postgres", "sslmode=verify"),
+    );
+    assert_eq!(code, 2, "an unknown sslmode is bad input: {err}");
+    assert!(err.contains("invalid sslmode"), "{err}");
+}

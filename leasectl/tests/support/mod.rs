@@ -347,7 +347,7 @@ impl FreezableProxy {
         let port = listener.local_addr().expect("the proxy's address").port();
         let (upstream, url) = match lease_testdb::server() {
             lease_testdb::Server::Own(cluster) => (
-                Upstream::Unix(cluster.socket_dir().join(".s.PGSQL.5432")),
+                Upstream::Unix(cluster.socket_file()),
                 format!(
                     "host=127.0.0.1 port={port} user=postgres dbname={}",
                     db.name

@@ -1,0 +1,360 @@
+//! A Postgres cluster of the tests' own: `initdb` in a temp directory, started with `pg_ctl`
+//! from the system binaries, on a private unix socket and, on request, on a loopback TCP port
+//! with TLS and an access policy of the test's choosing. It is stopped and its directory
+//! removed when it is dropped, and by a watchdog process when the test process exits however
+//! it exits (statics are never dropped, and a killed test runs no destructors).
+
+use std::ffi::OsStr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::bins;
+use crate::certs::Issued;
+
+/// The port of a cluster without TCP (its socket directory is private, so any port does).
+const SOCKET_ONLY_PORT: u16 = 5432;
+
+/// TLS on the server side.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server's certificate and key.
+    pub server: Issued,
+    /// The CA whose client certificates the server accepts (`ssl_ca_file`), if any.
+    pub client_ca_pem: Option<String>,
+}
+
+/// How to start a cluster. The default is what the shared test server uses: unix socket
+/// only, trust authentication, no durability.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// Listen on 127.0.0.1 as well, at a free port.
+    pub tcp: bool,
+    /// Serve TLS (`ssl = on`) with these certificates; implies `tcp`.
+    pub tls: Option<ServerTls>,
+    /// `pg_hba.conf`, replacing initdb's (which trusts every local and loopback connection).
+    pub hba: Option<Vec<String>>,
+    /// Settings appended to `postgresql.conf` (`name = value`, the value as SQL would quote
+    /// it, e.g. `'on'`).
+    pub settings: Vec<(String, String)>,
+    /// `fsync`, `synchronous_commit` and `full_page_writes` on, as production runs.
+    pub durable: bool,
+}
+
+/// A running cluster the tests own.
+#[derive(Debug)]
+pub struct Cluster {
+    bindir: PathBuf,
+    dir: PathBuf,
+    /// The user the server runs as, when the tests run as root.
+    run_as: Option<(u32, u32)>,
+    port: u16,
+    tcp: bool,
+}
+
+static NEXT_CLUSTER: AtomicU32 = AtomicU32::new(0);
+
+impl Cluster {
+    /// Create and start a cluster.
+    ///
+    /// # Errors
+    ///
+    /// If the server binaries are missing (the message names the package) or a step fails.
+    pub fn start(options: ClusterOptions) -> Result<Self, String> {
+        let bindir = bins::postgres_bindir()?;
+        let run_as = bins::run_as()?;
+        let tcp = options.tcp || options.tls.is_some();
+        let port = if tcp { free_port()? } else { SOCKET_ONLY_PORT };
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let n = NEXT_CLUSTER.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("lease-pg-{}-{n}-{stamp}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sock"))
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let cluster = Self {
+            bindir,
+            dir,
+            run_as,
+            port,
+            tcp,
+        };
+        cluster.give(&cluster.dir)?;
+        cluster.give(&cluster.socket_dir())?;
+        spawn_watchdog(&cluster.dir, "data/postmaster.pid")?;
+        cluster.run(
+            "initdb",
+            [
+                OsStr::new("-D"),
+                cluster.data_dir().as_os_str(),
+                OsStr::new("-A"),
+                OsStr::new("trust"),
+                OsStr::new("-U"),
+                OsStr::new("postgres"),
+                OsStr::new("-E"),
+                OsStr::new("UTF8"),
+                OsStr::new("--locale=C"),
+                OsStr::new("--no-sync"),
+            ],
+        )?;
+        cluster.configure(&options)?;
+        cluster.pg_ctl_start()?;
+        Ok(cluster)
+    }
+
+    /// Make `path` the server user's (when the tests run as root).
+    pub(crate) fn give(&self, path: &Path) -> Result<(), String> {
+        match self.run_as {
+            Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                .map_err(|e| format!("chown {}: {e}", path.display())),
+            None => Ok(()),
+        }
+    }
+
+    fn configure(&self, options: &ClusterOptions) -> Result<(), String> {
+        let durability = if options.durable { "on" } else { "off" };
+        let listen = if self.tcp { "127.0.0.1" } else { "" };
+        let mut conf = vec![
+            format!("listen_addresses = '{listen}'"),
+            format!("port = {}", self.port),
+            format!(
+                "unix_socket_directories = '{}'",
+                self.socket_dir().display()
+            ),
+            format!("fsync = {durability}"),
+            format!("synchronous_commit = {durability}"),
+            format!("full_page_writes = {durability}"),
+            "max_connections = 500".to_owned(),
+        ];
+        if let Some(tls) = &options.tls {
+            let certs = self.dir.join("certs");
+            std::fs::create_dir_all(&certs)
+                .map_err(|e| format!("creating {}: {e}", certs.display()))?;
+            self.give(&certs)?;
+            let cert = crate::certs::write_private(&certs, "server.crt", &tls.server.cert_pem);
+            let key = crate::certs::write_private(&certs, "server.key", &tls.server.key_pem);
+            self.give(&cert)?;
+            self.give(&key)?;
+            conf.push("ssl = on".to_owned());
+            conf.push(format!("ssl_cert_file = '{}'", cert.display()));
+            conf.push(format!("ssl_key_file = '{}'", key.display()));
+            if let Some(ca) = &tls.client_ca_pem {
+                let ca = crate::certs::write_private(&certs, "client-ca.crt", ca);
+                self.give(&ca)?;
+                conf.push(format!("ssl_ca_file = '{}'", ca.display()));
+            }
+        }
+        conf.extend(options.settings.iter().map(|(k, v)| format!("{k} = {v}")));
+        append(&self.data_dir().join("postgresql.conf"), &conf.join("\n"))?;
+        if let Some(hba) = &options.hba {
+            let path = self.data_dir().join("pg_hba.conf");
+            std::fs::write(&path, hba.join("\n") + "\n")
+                .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// The cluster's directory (removed with the cluster): for files a test makes.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// The directory of the server's unix socket.
+    pub fn socket_dir(&self) -> PathBuf {
+        self.dir.join("sock")
+    }
+
+    /// The server's unix socket file.
+    pub fn socket_file(&self) -> PathBuf {
+        self.socket_dir().join(format!(".s.PGSQL.{}", self.port))
+    }
+
+    /// The port: of the TCP listener on 127.0.0.1 if the cluster has one, and of the socket.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A key-value connection string for database `db` as user `postgres`, through the unix
+    /// socket (trusted whatever `pg_hba.conf` says about TCP, unless a test replaced it).
+    pub fn socket_url(&self, db: &str) -> String {
+        format!(
+            "host={} port={} user=postgres dbname={db}",
+            self.socket_dir().display(),
+            self.port
+        )
+    }
+
+    /// A URL for database `db` as `user` over TCP on 127.0.0.1, with `query` (e.g.
+    /// `sslmode=require`) if not empty.
+    ///
+    /// # Panics
+    ///
+    /// If the cluster does not listen on TCP.
+    pub fn tcp_url(&self, user: &str, db: &str, query: &str) -> String {
+        assert!(self.tcp, "this cluster listens on its unix socket only");
+        let mut url = format!("postgres://{user}@127.0.0.1:{}/{db}", self.port);
+        if !query.is_empty() {
+            url.push('?');
+            url.push_str(query);
+        }
+        url
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(self.bindir.join(program));
+        cmd.current_dir(&self.dir).stdin(Stdio::null());
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid).gid(gid);
+        }
+        cmd
+    }
+
+    fn run<I, S>(&self, program: &str, args: I) -> Result<(), String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let out = self
+            .command(program)
+            .args(args)
+            .output()
+            .map_err(|e| format!("running {program}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{program} failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    fn pg_ctl_start(&self) -> Result<(), String> {
+        let log = self.dir.join("server.log");
+        self.run(
+            "pg_ctl",
+            [
+                OsStr::new("-D"),
+                self.data_dir().as_os_str(),
+                OsStr::new("-l"),
+                log.as_os_str(),
+                OsStr::new("-w"),
+                OsStr::new("-t"),
+                OsStr::new("60"),
+                OsStr::new("start"),
+            ],
+        )
+    }
+
+    /// Stop the server (fast shutdown: connections are cut) and start it again; returns once
+    /// it accepts connections.
+    ///
+    /// # Errors
+    ///
+    /// If `pg_ctl` fails.
+    pub fn restart(&self) -> Result<(), String> {
+        self.stop()?;
+        self.pg_ctl_start()
+    }
+
+    /// Stop the server (fast shutdown).
+    ///
+    /// # Errors
+    ///
+    /// If `pg_ctl` fails.
+    pub fn stop(&self) -> Result<(), String> {
+        self.pg_ctl_stop("fast")
+    }
+
+    fn pg_ctl_stop(&self, mode: &str) -> Result<(), String> {
+        self.run(
+            "pg_ctl",
+            [
+                OsStr::new("-D"),
+                self.data_dir().as_os_str(),
+                OsStr::new("-m"),
+                OsStr::new(mode),
+                OsStr::new("-w"),
+                OsStr::new("stop"),
+            ],
+        )
+    }
+
+    /// Start the server after [`stop`](Self::stop).
+    ///
+    /// # Errors
+    ///
+    /// If `pg_ctl` fails.
+    pub fn resume(&self) -> Result<(), String> {
+        self.pg_ctl_start()
+    }
+
+    /// The server's log so far (for a failing test's message).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Nothing to report to: a server that will not stop is killed by the watchdog.
+        self.pg_ctl_stop("immediate").ok();
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+fn append(path: &Path, text: &str) -> Result<(), String> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "\n{text}"))
+        .map_err(|e| format!("appending to {}: {e}", path.display()))
+}
+
+/// A TCP port on 127.0.0.1 nobody listens on right now.
+pub(crate) fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("finding a free port: {e}"))
+}
+
+/// A process outside this one that, once this process has exited, kills the process whose
+/// pid is in `dir/pidfile` (politely first) and removes `dir`.
+pub(crate) fn spawn_watchdog(dir: &Path, pidfile: &str) -> Result<(), String> {
+    let script = r#"
+        while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
+        pidfile="$2/$3"
+        if [ -f "$pidfile" ]; then
+            pid=$(head -n 1 "$pidfile")
+            kill -INT "$pid" 2>/dev/null
+            for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+            kill -KILL "$pid" 2>/dev/null
+        fi
+        rm -rf "$2"
+    "#;
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg("lease-testdb-watchdog")
+        .arg(std::process::id().to_string())
+        .arg(dir)
+        .arg(pidfile)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map(drop)
+        .map_err(|e| format!("starting the watchdog: {e}"))
+}
