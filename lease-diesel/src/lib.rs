@@ -38,6 +38,7 @@
 #![warn(missing_docs)]
 
 mod connect;
+pub mod diagnose;
 mod error;
 mod feed;
 mod migrate;
