@@ -286,11 +286,15 @@ fn main() {
             all.push(took);
         }
         all.sort();
-        if let (Some(median), Some(min)) = (all.get(all.len() / 2), all.first()) {
+        // A time: the worst run is the longest one.
+        if let (Some(median), Some(min), Some(max)) =
+            (all.get(all.len() / 2), all.first(), all.last())
+        {
             println!(
-                "\nmedian {:.2} s, min {:.2} s over {runs} runs",
+                "\nmedian {:.2} s, min {:.2} s, max {:.2} s over {runs} runs",
                 median.as_secs_f64(),
-                min.as_secs_f64()
+                min.as_secs_f64(),
+                max.as_secs_f64()
             );
         }
     });
