@@ -27,8 +27,8 @@
 //! the minimum of each ratio the DESIGN sets a target for, the verdict taken on the median.
 //!
 //! Then, per run: rows written per tick (exact, by `xmin`, and as `pg_stat_user_tables`
-//! counts), WAL written per tick (`pg_stat_wal` records, full-page images and bytes, and the
-//! distance the WAL insert position moved), and the scale check: heartbeat latency in one
+//! counts), WAL written per tick (the records between the insert positions before and after,
+//! read back with pg_walinspect, and the distance between the positions), and the scale check: heartbeat latency in one
 //! group of 10,000 buckets and 500 members.
 //!
 //! Server: lease-testdb's throwaway cluster (fsync off; `LEASE_TESTDB_DURABLE=1` for a durable
@@ -756,17 +756,27 @@ async fn shape_tables(
     for kind in Kind::ALL {
         println!("{}", rows_written(&bench, &mut admin, kind).await);
     }
+    let walinspect = admin
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        .await
+        .is_ok();
     println!(
         "\nWAL written per tick (one client, {WAL_TICKS} ticks after one unmeasured tick of each \
-         member they use): records, full-page images and bytes from pg_stat_wal, and bytes \
-         as the distance the WAL insert position moved.\n"
+         member they use): the records between the WAL insert positions before and after, as \
+         pg_walinspect lists them (by resource manager; `other` is any record another process \
+         wrote meanwhile), and the distance between the two positions (record alignment and \
+         page headers included).\n"
     );
     println!(
-        "| tick | WAL records | full-page images | WAL bytes | WAL insert position moved, bytes |"
+        "| tick | WAL records | heap | btree | commit | other | with a full-page image | record \
+         bytes | insert position moved, bytes |"
     );
-    println!("|---|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for kind in Kind::ALL {
-        println!("{}", wal_written(&bench, kind).await);
+        println!(
+            "{}",
+            wal_written(&bench, &mut admin, kind, walinspect).await
+        );
     }
     ratios
 }
@@ -786,23 +796,31 @@ fn verdict(got: f64, want: f64) -> String {
 const WAL_TICKS: usize = 100;
 
 #[derive(QueryableByName, Debug, Clone, Copy)]
-struct WalStats {
+struct WalRecords {
     #[diesel(sql_type = BigInt)]
     records: i64,
+    #[diesel(sql_type = BigInt)]
+    heap: i64,
+    #[diesel(sql_type = BigInt)]
+    btree: i64,
+    #[diesel(sql_type = BigInt)]
+    commit: i64,
     #[diesel(sql_type = BigInt)]
     fpi: i64,
     #[diesel(sql_type = BigInt)]
     bytes: i64,
-    #[diesel(sql_type = BigInt)]
-    lsn: i64,
 }
 
-/// WAL written by one tick of `kind`, run on a connection of our own with nothing else
-/// running. `pg_stat_wal` is the server's total, flushed by each backend when asked: only the
-/// ticking connection writes here (the reads take no transaction id), but a background
-/// process (autovacuum, the checkpointer's or bgwriter's records) could add a little, which
-/// the two byte columns would show as a difference.
-async fn wal_written(bench: &Bench, kind: Kind) -> String {
+/// WAL written by one tick of `kind`, run on a connection of our own while nothing else runs.
+/// The records are read back from the WAL itself (pg_walinspect, when the server has it and
+/// lets us create it), not from `pg_stat_wal`, whose counters other backends report lazily
+/// and which so mixed WAL written before the window into it.
+async fn wal_written(
+    bench: &Bench,
+    admin: &mut AsyncPgConnection,
+    kind: Kind,
+    walinspect: bool,
+) -> String {
     let pooled = bench.store.pool().get().await.expect("a pooled connection");
     let mut conn = deadpool_take(pooled);
     let picks: Vec<usize> = (0..WAL_TICKS)
@@ -816,34 +834,81 @@ async fn wal_written(bench: &Bench, kind: Kind) -> String {
             one_tick(bench, &mut conn, kind, pick).await;
         }
     }
-    let stats = async |conn: &mut AsyncPgConnection| {
-        conn.batch_execute("SELECT pg_stat_force_next_flush()")
-            .await
-            .expect("flush statistics");
-        diesel::sql_query(
-            "SELECT wal_records::bigint AS records, wal_fpi::bigint AS fpi,
-                    wal_bytes::bigint AS bytes,
-                    (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint AS lsn
-               FROM pg_stat_wal",
-        )
-        .get_result::<WalStats>(conn)
-        .await
-        .expect("WAL statistics")
-    };
-    let before = stats(&mut conn).await;
+    let lsn = "SELECT pg_current_wal_insert_lsn()::text AS value";
+    let start = setting(&mut conn, lsn).await;
     for &pick in &picks {
         one_tick(bench, &mut conn, kind, pick).await;
     }
-    let after = stats(&mut conn).await;
-    let per = |a: i64, b: i64| (a - b) as f64 / WAL_TICKS as f64;
-    format!(
-        "| {} | {:.1} | {:.2} | {:.0} | {:.0} |",
-        kind.label(),
-        per(after.records, before.records),
-        per(after.fpi, before.fpi),
-        per(after.bytes, before.bytes),
-        per(after.lsn, before.lsn),
+    let end = setting(&mut conn, lsn).await;
+    let moved = scalar_bound(
+        admin,
+        "SELECT ($2::pg_lsn - $1::pg_lsn)::bigint AS n",
+        &start,
+        &end,
     )
+    .await;
+    let per = |n: i64| n as f64 / WAL_TICKS as f64;
+    if !walinspect {
+        return format!(
+            "| {} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | {:.0} |",
+            kind.label(),
+            per(moved)
+        );
+    }
+    // pg_walinspect reads only flushed WAL; without synchronous commits the WAL writer
+    // flushes within its delay (200 ms by default).
+    let flushed = Instant::now();
+    while diesel::sql_query("SELECT (pg_current_wal_flush_lsn() >= $1::pg_lsn)::int::bigint AS n")
+        .bind::<Text, _>(&end)
+        .get_result::<Scalar>(admin)
+        .await
+        .expect("the flushed WAL position")
+        .n
+        == 0
+    {
+        assert!(
+            flushed.elapsed() < Duration::from_secs(10),
+            "WAL not flushed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let w = diesel::sql_query(
+        "SELECT count(*)::bigint AS records,
+                count(*) FILTER (WHERE resource_manager IN ('Heap', 'Heap2'))::bigint AS heap,
+                count(*) FILTER (WHERE resource_manager = 'Btree')::bigint AS btree,
+                count(*) FILTER (WHERE resource_manager = 'Transaction')::bigint AS commit,
+                count(*) FILTER (WHERE fpi_length > 0)::bigint AS fpi,
+                coalesce(sum(record_length), 0)::bigint AS bytes
+           FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)",
+    )
+    .bind::<Text, _>(&start)
+    .bind::<Text, _>(&end)
+    .get_result::<WalRecords>(admin)
+    .await
+    .expect("WAL records");
+    format!(
+        "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} |",
+        kind.label(),
+        per(w.records),
+        per(w.heap),
+        per(w.btree),
+        per(w.commit),
+        per(w.records - w.heap - w.btree - w.commit),
+        per(w.fpi),
+        per(w.bytes),
+        per(moved),
+    )
+}
+
+/// A bigint from `sql` with two text binds.
+async fn scalar_bound(conn: &mut AsyncPgConnection, sql: &str, a: &str, b: &str) -> i64 {
+    diesel::sql_query(sql)
+        .bind::<Text, _>(a)
+        .bind::<Text, _>(b)
+        .get_result::<Scalar>(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .n
 }
 
 /// One tick of `kind` for member `pick` on `conn`, outside the pool.
