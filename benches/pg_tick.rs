@@ -20,14 +20,21 @@
 //! The seed's table is created in the same database from `benches/seed/seed_schema.sql` (a copy
 //! of the peer's script); its statements are the texts of `Schema.hs` with binds, prepared once
 //! per connection like ours. The kinds of tick alternate in rounds so that drift on a shared
-//! machine hits them alike; the claim is the ratio within one run.
+//! machine hits them alike, and each round starts at another kind (round `r` at kind
+//! `r mod 4`, `r` counted over the whole invocation), so no kind always runs right after the
+//! pool sat idle or right after the others heated the server. The claim is the ratio within
+//! one run; one invocation makes `LEASE_BENCH_RUNS` complete runs and ends with the median and
+//! the minimum of each ratio the DESIGN sets a target for, the verdict taken on the median.
 //!
-//! Then: rows written per tick (exact, by `xmin`, and as `pg_stat_user_tables` counts), and
-//! the scale check: heartbeat latency in one group of 10,000 buckets and 500 members.
+//! Then, per run: rows written per tick (exact, by `xmin`, and as `pg_stat_user_tables`
+//! counts), WAL written per tick (the records between the insert positions before and after,
+//! read back with pg_walinspect, and the distance between the positions), and the scale check: heartbeat latency in one
+//! group of 10,000 buckets and 500 members.
 //!
 //! Server: lease-testdb's throwaway cluster (fsync off; `LEASE_TESTDB_DURABLE=1` for a durable
 //! one), or the server `DATABASE_URL` names. Knobs: `LEASE_BENCH_SECS` (measured seconds per
-//! kind of tick per shape and client count, default 12), `LEASE_BENCH_ROUNDS` (default 3).
+//! kind of tick per shape and client count, default 12), `LEASE_BENCH_ROUNDS` (default 3),
+//! `LEASE_BENCH_RUNS` (complete runs, default 3).
 //!
 //! Run: `cargo bench --bench pg_tick` and `LEASE_TESTDB_DURABLE=1 cargo bench --bench pg_tick`.
 
@@ -618,41 +625,7 @@ async fn rows_written(bench: &Bench, admin: &mut AsyncPgConnection, kind: Kind) 
     let mut exact = 0;
     for i in 0..TICKS {
         let xid = scalar(admin, "SELECT txid_current() AS n").await;
-        let pick = i * 7 + 3;
-        match kind {
-            Kind::Ours => {
-                let (group, worker) = &bench.ours[pick % bench.ours.len()];
-                ops::heartbeat(
-                    &mut conn,
-                    None,
-                    group,
-                    *worker,
-                    Incarnation::from_uuid(worker.as_uuid()),
-                    bench.ttl,
-                    &MemberMetadata::empty(),
-                )
-                .await
-                .expect("heartbeat");
-            }
-            Kind::SeedRenew => {
-                let (name, owner) = &bench.seed[pick % bench.seed.len()];
-                seed_renew(&mut conn, name, *owner, bench.seed_ttl)
-                    .await
-                    .expect("seed renew");
-            }
-            Kind::SeedPass | Kind::SeedPassNoClaim => {
-                let (name, owner) = &bench.seed[pick % bench.seed.len()];
-                seed_pass(
-                    &mut conn,
-                    name,
-                    *owner,
-                    bench.seed_ttl,
-                    kind == Kind::SeedPass,
-                )
-                .await
-                .expect("seed pass");
-            }
-        }
+        one_tick(bench, &mut conn, kind, i * 7 + 3).await;
         exact += diesel::sql_query(xmin_sql)
             .bind::<BigInt, _>(xid)
             .get_result::<Scalar>(admin)
@@ -687,24 +660,43 @@ fn env_f64(name: &str, default: f64) -> f64 {
         .unwrap_or(default)
 }
 
-async fn shape_tables(shape: Shape, clients: &[usize], secs: f64, rounds: u32) {
+/// One ratio the DESIGN sets a target for, as one run measured it.
+struct Ratio {
+    target: String,
+    got: f64,
+    want: f64,
+}
+
+/// The tables of one shape in one run; returns the ratios the DESIGN sets targets for.
+/// `first_round` numbers this row's first round within the invocation: round `r` runs the
+/// kinds of tick starting at kind `r mod 4`, so no kind always runs first (after the pool's
+/// connections were idle) or last (after the other kinds heated the server's caches).
+async fn shape_tables(
+    shape: Shape,
+    clients: &[usize],
+    secs: f64,
+    rounds: u32,
+    first_round: u32,
+) -> Vec<Ratio> {
     let (bench, mut admin) = setup(shape, clients.iter().copied().max().unwrap_or(16)).await;
     println!(
-        "\n### {} groups x {} buckets, {WORKERS_PER_GROUP} workers per group owning {} each\n",
+        "\n#### {} groups x {} buckets, {WORKERS_PER_GROUP} workers per group owning {} each\n",
         shape.groups,
         shape.buckets,
         shape.buckets / WORKERS_PER_GROUP
     );
     println!("| clients | tick | ticks/s | p50 ms | p99 ms | client CPU µs/tick | ours / this |");
     println!("|---:|---|---:|---:|---:|---:|---:|");
-    let mut verdicts = Vec::new();
+    let mut ratios = Vec::new();
+    let kinds = Kind::ALL.len();
     for &c in clients {
         let mut samples: Vec<Sample> = Kind::ALL.iter().map(|_| Sample::default()).collect();
         let slice = Duration::from_secs_f64(secs / f64::from(rounds));
-        for round in 0..rounds {
-            for (k, kind) in Kind::ALL.iter().enumerate() {
+        for round in first_round..first_round + rounds {
+            for j in 0..kinds {
+                let k = (round as usize + j) % kinds;
                 let seed = u64::from(round) * 10 + k as u64;
-                measure(&bench, *kind, c, slice, seed, &mut samples[k]).await;
+                measure(&bench, Kind::ALL[k], c, slice, seed, &mut samples[k]).await;
             }
         }
         let ours = samples[0].rate();
@@ -722,36 +714,38 @@ async fn shape_tables(shape: Shape, clients: &[usize], secs: f64, rounds: u32) {
             );
         }
         let ratio = |k: usize| ours / samples[k].rate();
-        let verdict = |got: f64, want: f64| {
-            if got >= want {
-                format!("met ({got:.2}x >= {want}x)")
-            } else {
-                format!(
-                    "MISSED ({got:.2}x < {want}x, short by {:.1}%)",
-                    (1.0 - got / want) * 100.0
-                )
-            }
+        let name = |what: &str| {
+            format!(
+                "{} x {}, {c} clients: ours / seed {what}",
+                shape.groups, shape.buckets
+            )
         };
         if shape.buckets == 64 {
-            verdicts.push(format!(
-                "- {c} clients: ours / seed pass {}; ours / seed bare renew {}",
-                verdict(ratio(2), 2.5),
-                verdict(ratio(1), 1.0)
-            ));
+            ratios.push(Ratio {
+                target: name("pass"),
+                got: ratio(2),
+                want: 2.5,
+            });
+            ratios.push(Ratio {
+                target: name("bare renew"),
+                got: ratio(1),
+                want: 1.0,
+            });
         } else {
-            verdicts.push(format!(
-                "- {c} clients: ours / seed bare renew {}",
-                verdict(ratio(1), 5.0)
-            ));
+            ratios.push(Ratio {
+                target: name("bare renew"),
+                got: ratio(1),
+                want: 5.0,
+            });
         }
     }
     println!(
         "\nNon-empty plans among our ticks: {} (steady state: must be 0).",
         AtomicU64::load(&bench.busy_plans, Ordering::Relaxed)
     );
-    println!("\nDESIGN targets at this shape:\n");
-    for v in verdicts {
-        println!("{v}");
+    println!("\nDESIGN targets at this shape, this run:\n");
+    for r in &ratios {
+        println!("- {}: {}", r.target, verdict(r.got, r.want));
     }
     println!(
         "\nRows written per tick (one client, 10 ticks): exact rows whose xmin is the tick's, \
@@ -762,10 +756,196 @@ async fn shape_tables(shape: Shape, clients: &[usize], secs: f64, rounds: u32) {
     for kind in Kind::ALL {
         println!("{}", rows_written(&bench, &mut admin, kind).await);
     }
+    let walinspect = admin
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        .await
+        .is_ok();
+    println!(
+        "\nWAL written per tick (one client, {WAL_TICKS} ticks after one unmeasured tick of each \
+         member they use): the records between the WAL insert positions before and after, as \
+         pg_walinspect lists them (by resource manager; `other` is any record another process \
+         wrote meanwhile), and the distance between the two positions (record alignment and \
+         page headers included).\n"
+    );
+    println!(
+        "| tick | WAL records | heap | btree | commit | other | with a full-page image | record \
+         bytes | insert position moved, bytes |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for kind in Kind::ALL {
+        println!(
+            "{}",
+            wal_written(&bench, &mut admin, kind, walinspect).await
+        );
+    }
+    ratios
 }
 
-/// Heartbeat latency in one big group: 10,000 buckets, 500 members owning 20 each.
-async fn scale(heartbeats: usize) {
+fn verdict(got: f64, want: f64) -> String {
+    if got >= want {
+        format!("met ({got:.2}x >= {want}x)")
+    } else {
+        format!(
+            "MISSED ({got:.2}x < {want}x, short by {:.1}%)",
+            (1.0 - got / want) * 100.0
+        )
+    }
+}
+
+/// Ticks per kind in the WAL table.
+const WAL_TICKS: usize = 100;
+
+#[derive(QueryableByName, Debug, Clone, Copy)]
+struct WalRecords {
+    #[diesel(sql_type = BigInt)]
+    records: i64,
+    #[diesel(sql_type = BigInt)]
+    heap: i64,
+    #[diesel(sql_type = BigInt)]
+    btree: i64,
+    #[diesel(sql_type = BigInt)]
+    commit: i64,
+    #[diesel(sql_type = BigInt)]
+    fpi: i64,
+    #[diesel(sql_type = BigInt)]
+    bytes: i64,
+}
+
+/// WAL written by one tick of `kind`, run on a connection of our own while nothing else runs.
+/// The records are read back from the WAL itself (pg_walinspect, when the server has it and
+/// lets us create it), not from `pg_stat_wal`, whose counters other backends report lazily
+/// and which so mixed WAL written before the window into it.
+async fn wal_written(
+    bench: &Bench,
+    admin: &mut AsyncPgConnection,
+    kind: Kind,
+    walinspect: bool,
+) -> String {
+    let pooled = bench.store.pool().get().await.expect("a pooled connection");
+    let mut conn = deadpool_take(pooled);
+    let picks: Vec<usize> = (0..WAL_TICKS)
+        .map(|i| (i * 7 + 3) % bench.ours.len())
+        .collect();
+    // The first change of a page after a checkpoint logs the whole page (full_page_writes):
+    // one unmeasured tick of each member used first, so the table shows a steady tick.
+    let mut warmed = std::collections::BTreeSet::new();
+    for &pick in &picks {
+        if warmed.insert(pick) {
+            one_tick(bench, &mut conn, kind, pick).await;
+        }
+    }
+    let lsn = "SELECT pg_current_wal_insert_lsn()::text AS value";
+    let start = setting(&mut conn, lsn).await;
+    for &pick in &picks {
+        one_tick(bench, &mut conn, kind, pick).await;
+    }
+    let end = setting(&mut conn, lsn).await;
+    let moved = scalar_bound(
+        admin,
+        "SELECT ($2::pg_lsn - $1::pg_lsn)::bigint AS n",
+        &start,
+        &end,
+    )
+    .await;
+    let per = |n: i64| n as f64 / WAL_TICKS as f64;
+    if !walinspect {
+        return format!(
+            "| {} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | {:.0} |",
+            kind.label(),
+            per(moved)
+        );
+    }
+    // pg_walinspect reads only flushed WAL; without synchronous commits the WAL writer
+    // flushes within its delay (200 ms by default).
+    let flushed = Instant::now();
+    while diesel::sql_query("SELECT (pg_current_wal_flush_lsn() >= $1::pg_lsn)::int::bigint AS n")
+        .bind::<Text, _>(&end)
+        .get_result::<Scalar>(admin)
+        .await
+        .expect("the flushed WAL position")
+        .n
+        == 0
+    {
+        assert!(
+            flushed.elapsed() < Duration::from_secs(10),
+            "WAL not flushed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let w = diesel::sql_query(
+        "SELECT count(*)::bigint AS records,
+                count(*) FILTER (WHERE resource_manager IN ('Heap', 'Heap2'))::bigint AS heap,
+                count(*) FILTER (WHERE resource_manager = 'Btree')::bigint AS btree,
+                count(*) FILTER (WHERE resource_manager = 'Transaction')::bigint AS commit,
+                count(*) FILTER (WHERE fpi_length > 0)::bigint AS fpi,
+                coalesce(sum(record_length), 0)::bigint AS bytes
+           FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)",
+    )
+    .bind::<Text, _>(&start)
+    .bind::<Text, _>(&end)
+    .get_result::<WalRecords>(admin)
+    .await
+    .expect("WAL records");
+    format!(
+        "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} |",
+        kind.label(),
+        per(w.records),
+        per(w.heap),
+        per(w.btree),
+        per(w.commit),
+        per(w.records - w.heap - w.btree - w.commit),
+        per(w.fpi),
+        per(w.bytes),
+        per(moved),
+    )
+}
+
+/// A bigint from `sql` with two text binds.
+async fn scalar_bound(conn: &mut AsyncPgConnection, sql: &str, a: &str, b: &str) -> i64 {
+    diesel::sql_query(sql)
+        .bind::<Text, _>(a)
+        .bind::<Text, _>(b)
+        .get_result::<Scalar>(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .n
+}
+
+/// One tick of `kind` for member `pick` on `conn`, outside the pool.
+async fn one_tick(bench: &Bench, conn: &mut AsyncPgConnection, kind: Kind, pick: usize) {
+    match kind {
+        Kind::Ours => {
+            let (group, worker) = &bench.ours[pick % bench.ours.len()];
+            ops::heartbeat(
+                conn,
+                None,
+                group,
+                *worker,
+                Incarnation::from_uuid(worker.as_uuid()),
+                bench.ttl,
+                &MemberMetadata::empty(),
+            )
+            .await
+            .expect("heartbeat");
+        }
+        Kind::SeedRenew => {
+            let (name, owner) = &bench.seed[pick % bench.seed.len()];
+            seed_renew(conn, name, *owner, bench.seed_ttl)
+                .await
+                .expect("seed renew");
+        }
+        Kind::SeedPass | Kind::SeedPassNoClaim => {
+            let (name, owner) = &bench.seed[pick % bench.seed.len()];
+            seed_pass(conn, name, *owner, bench.seed_ttl, kind == Kind::SeedPass)
+                .await
+                .expect("seed pass");
+        }
+    }
+}
+
+/// Heartbeat latency in one big group: 10,000 buckets, 500 members owning 20 each. Returns
+/// the median latency in ms.
+async fn scale(heartbeats: usize) -> f64 {
     let db = lease_testdb::database().await;
     let store = PgLeaseStore::builder(db.url)
         .max_connections(4)
@@ -841,7 +1021,7 @@ async fn scale(heartbeats: usize) {
         sample.ticks += 1;
     }
     sample.elapsed = start.elapsed();
-    println!("\n### Scale: one group of 10,000 buckets and 500 members owning 20 each\n");
+    println!("\n#### Scale: one group of 10,000 buckets and 500 members owning 20 each\n");
     println!("| tick | heartbeats | p50 ms | p99 ms | max ms | ticks/s (1 client) |");
     println!("|---|---:|---:|---:|---:|---:|");
     let rate = sample.rate();
@@ -853,6 +1033,20 @@ async fn scale(heartbeats: usize) {
     println!(
         "| ours: heartbeat + plan, view of 500 members | {heartbeats} | {p50:.2} | {p99:.2} | {max:.2} | {rate:.0} |"
     );
+    p50
+}
+
+/// The middle value (the mean of the two middle ones for an even count) and the smallest.
+fn median_min(values: &[f64]) -> (f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    (median, v[0])
 }
 
 fn main() {
@@ -861,6 +1055,7 @@ fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let secs = env_f64("LEASE_BENCH_SECS", if full { 12.0 } else { 0.5 });
     let rounds = env_f64("LEASE_BENCH_ROUNDS", if full { 3.0 } else { 1.0 }).max(1.0) as u32;
+    let runs = env_f64("LEASE_BENCH_RUNS", if full { 3.0 } else { 1.0 }).max(1.0) as u32;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -883,8 +1078,9 @@ fn main() {
         println!("Tick cost on Postgres. Server: {version}");
         println!(
             "Settings: {} ({}). Client: diesel-async, one deadpool pool per shape, tokio on {} \
-             threads. {secs} s measured per kind of tick per row, in {rounds} interleaved \
-             rounds, after {} ms of warm-up each.",
+             threads. {runs} complete runs; in each, {secs} s measured per kind of tick per row, in \
+             {rounds} rounds (round r runs the kinds from kind r mod 4 on, r counted over the \
+             invocation), after {} ms of warm-up each.",
             durability.join(", "),
             if lease_testdb::durable() {
                 "LEASE_TESTDB_DURABLE=1"
@@ -894,40 +1090,78 @@ fn main() {
             std::thread::available_parallelism().map_or(0, |n| n.get()),
             WARM_UP.as_millis()
         );
-        if full {
-            shape_tables(
-                Shape {
-                    groups: 100,
-                    buckets: 64,
-                },
-                &CLIENTS,
-                secs,
-                rounds,
-            )
-            .await;
-            shape_tables(
-                Shape {
-                    groups: 10,
-                    buckets: 1_024,
-                },
-                &CLIENTS,
-                secs,
-                rounds,
-            )
-            .await;
-            scale(300).await;
+        let shapes: &[(Shape, &[usize])] = if full {
+            &[
+                (
+                    Shape {
+                        groups: 100,
+                        buckets: 64,
+                    },
+                    &CLIENTS,
+                ),
+                (
+                    Shape {
+                        groups: 10,
+                        buckets: 1_024,
+                    },
+                    &CLIENTS,
+                ),
+            ]
         } else {
-            shape_tables(
+            &[(
                 Shape {
                     groups: 10,
                     buckets: 64,
                 },
                 &CLIENTS[..1],
-                secs,
-                rounds,
-            )
-            .await;
-            scale(20).await;
+            )]
+        };
+        // Each run is complete (fresh databases, every shape, the scale check), so the spread
+        // over runs shows how far one run's ratio can be trusted on this machine.
+        let mut by_run: Vec<Vec<Ratio>> = Vec::new();
+        let mut scale_p50 = Vec::new();
+        for run in 0..runs {
+            println!("\n### Run {} of {runs}", run + 1);
+            let mut ratios = Vec::new();
+            for (shape, clients) in shapes {
+                ratios.extend(shape_tables(*shape, clients, secs, rounds, run * rounds).await);
+            }
+            scale_p50.push(scale(if full { 300 } else { 20 }).await);
+            by_run.push(ratios);
         }
+        println!(
+            "\n### DESIGN targets over {runs} runs (verdict on the median; the minimum is the \
+             worst run)\n"
+        );
+        let header: Vec<String> = (1..=runs).map(|r| format!("run {r}")).collect();
+        println!(
+            "| target | {} | median | min | verdict (median) | min meets it |",
+            header.join(" | ")
+        );
+        println!("|---|{}---:|---:|---|---|", "---:|".repeat(runs as usize));
+        for (i, first) in by_run[0].iter().enumerate() {
+            let got: Vec<f64> = by_run.iter().map(|r| r[i].got).collect();
+            let (median, min) = median_min(&got);
+            let cells: Vec<String> = got.iter().map(|g| format!("{g:.2}x")).collect();
+            println!(
+                "| {} >= {}x | {} | {median:.2}x | {min:.2}x | {} | {} |",
+                first.target,
+                first.want,
+                cells.join(" | "),
+                verdict(median, first.want),
+                if min >= first.want {
+                    "yes".to_owned()
+                } else {
+                    format!("no, short by {:.1}%", (1.0 - min / first.want) * 100.0)
+                }
+            );
+        }
+        let (median, min) = median_min(&scale_p50);
+        let cells: Vec<String> = scale_p50.iter().map(|p| format!("{p:.2}")).collect();
+        println!(
+            "\nHeartbeat p50 at 10,000 buckets x 500 members, ms: {} (median {median:.2}, min \
+             {min:.2})",
+            cells.join(", ")
+        );
     });
 }

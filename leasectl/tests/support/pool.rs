@@ -5,6 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use lease::ownership_log::OwnershipLog;
 use lease::postgres::PgLeaseStore;
 use lease::{BucketState, GroupName, GroupSnapshot, LeaseStore};
@@ -131,6 +134,27 @@ impl Pool {
             .collect()
     }
 
+    /// What the store records of each of `buckets` now: its owner, token, and the server's time
+    /// of its last change (`updated_at`, which a claim sets to the server's clock of the claim).
+    pub async fn bucket_rows(&self, buckets: &BTreeSet<u32>) -> BTreeMap<u32, BucketRow> {
+        let mut conn = AsyncPgConnection::establish(&self.url)
+            .await
+            .expect("a connection");
+        let wanted: Vec<i32> = buckets.iter().map(|&b| b as i32).collect();
+        diesel::sql_query(
+            "SELECT bucket, owner_worker, token, updated_at FROM lease.shards \
+             WHERE group_name = $1 AND bucket = ANY($2)",
+        )
+        .bind::<Text, _>(self.group.as_str())
+        .bind::<diesel::sql_types::Array<Integer>, _>(wanted)
+        .load::<BucketRow>(&mut conn)
+        .await
+        .expect("the bucket rows")
+        .into_iter()
+        .map(|r| (r.bucket as u32, r))
+        .collect()
+    }
+
     /// The store agrees with the running workers: every bucket live, owned by a running
     /// worker, evenly, with the tokens the workers were told.
     pub async fn check_store(&self) {
@@ -204,4 +228,17 @@ impl Pool {
             assert!(w.wait(LONG).success(), "{} did not stop cleanly", w.name);
         }
     }
+}
+
+/// A row of `lease.shards`, as [`Pool::bucket_rows`] reads it.
+#[derive(QueryableByName, Debug, Clone)]
+pub struct BucketRow {
+    #[diesel(sql_type = Integer)]
+    pub bucket: i32,
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    pub owner_worker: Option<uuid::Uuid>,
+    #[diesel(sql_type = BigInt)]
+    pub token: i64,
+    #[diesel(sql_type = Timestamptz)]
+    pub updated_at: DateTime<Utc>,
 }
