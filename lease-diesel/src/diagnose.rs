@@ -22,10 +22,14 @@ const LISTEN_WAIT: Duration = Duration::from_secs(2);
 pub struct Diagnosis {
     /// `server_version`, e.g. `15.10 (Debian 15.10-0+deb12u1)`.
     pub server_version: String,
+    /// `server_version_num`, e.g. `150010`.
+    pub server_version_num: u32,
     /// The role connected as.
     pub role: String,
     /// The database connected to.
     pub database: String,
+    /// The connection is over a unix socket (where TLS is never used).
+    pub over_socket: bool,
     /// TLS on the connection, as the server sees it.
     pub tls: TlsState,
     /// The server is a standby (in recovery): it accepts no writes.
@@ -124,9 +128,13 @@ struct Settings {
     #[diesel(sql_type = Text)]
     server_version: String,
     #[diesel(sql_type = Text)]
+    server_version_num: String,
+    #[diesel(sql_type = Text)]
     role: String,
     #[diesel(sql_type = Text)]
     database: String,
+    #[diesel(sql_type = Bool)]
+    over_socket: bool,
     #[diesel(sql_type = Bool)]
     in_recovery: bool,
     #[diesel(sql_type = Text)]
@@ -166,7 +174,9 @@ impl PgLeaseStore {
         let mut conn = self.pool.get().await.map_err(error::from_pool_setup)?;
         let settings: Settings = diesel::sql_query(
             "SELECT current_setting('server_version') AS server_version, \
+                    current_setting('server_version_num') AS server_version_num, \
                     current_user::text AS role, current_database()::text AS database, \
+                    inet_server_addr() IS NULL AS over_socket, \
                     pg_is_in_recovery() AS in_recovery, \
                     current_setting('transaction_read_only') AS read_only, \
                     current_setting('synchronous_commit') AS synchronous_commit, \
@@ -190,8 +200,10 @@ impl PgLeaseStore {
         let listen = self.listen_round_trip().await?;
         Ok(Diagnosis {
             server_version: settings.server_version,
+            server_version_num: settings.server_version_num.parse().unwrap_or(0),
             role: settings.role,
             database: settings.database,
+            over_socket: settings.over_socket,
             tls: TlsState {
                 in_use: settings.ssl.unwrap_or(false),
                 version: settings.ssl_version,

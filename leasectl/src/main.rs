@@ -1,9 +1,9 @@
 //! `leasectl`: the command line of the lease engine.
 //!
-//! `leasectl demo` runs a scripted story entirely in memory; `migrate`, `worker`, `status` and
-//! `release` work on Postgres (`--database-url` or `DATABASE_URL`). Each subcommand is a module
-//! owning its arguments and its run function; [`common`] holds what they share: connecting,
-//! failures and exit codes.
+//! `leasectl demo` runs a scripted story entirely in memory; `migrate`, `worker`, `status`,
+//! `release` and `doctor` work on Postgres (`--database-url` or `DATABASE_URL`). Each
+//! subcommand is a module owning its arguments and its run function; [`common`] holds what
+//! they share: connecting, failures and exit codes.
 //!
 //! Exit codes: 0 success, 2 bad input or configuration (the message names the flag), 1 a
 //! runtime failure (database unreachable, schema missing, stdout not writable, a worker that
@@ -12,6 +12,7 @@
 
 mod common;
 mod demo;
+mod doctor;
 mod duration;
 mod migrate;
 mod output;
@@ -48,6 +49,9 @@ enum Command {
     Status(status::StatusArgs),
     /// Release every bucket of a worker (for a stuck or decommissioned worker).
     Release(release::ReleaseArgs),
+    /// Check a database as a worker would use it: connection, TLS, server, schema, primary,
+    /// clock, replication, wake-ups. Exit 0 when workers can run, 1 otherwise.
+    Doctor(doctor::DoctorArgs),
 }
 
 fn init_logging() {
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
             Command::Worker(args) => worker::run(args).await,
             Command::Status(args) => status::run(args).await,
             Command::Release(args) => release::run(args).await,
+            Command::Doctor(args) => doctor::run(args).await,
         }
     });
     // A worker abandoned by a second signal may still wait on the database: do not wait for it.
