@@ -38,6 +38,14 @@ pub(crate) fn postgres_bindir() -> Result<PathBuf, String> {
         .find(|d| {
             d.join("initdb").is_file() && d.join("pg_ctl").is_file() && d.join("postgres").is_file()
         })
+        // Where `initdb` really is (a directory on PATH may hold links to a few of the
+        // binaries only), so `psql` and `pg_basebackup` are found next to it.
+        .map(|d| {
+            std::fs::canonicalize(d.join("initdb"))
+                .ok()
+                .and_then(|p| p.parent().map(PathBuf::from))
+                .unwrap_or(d)
+        })
         .ok_or_else(|| {
             "The Postgres tests need a PostgreSQL server: install the server binaries \
              (Debian/Ubuntu: `apt install postgresql`, which provides initdb and pg_ctl under \

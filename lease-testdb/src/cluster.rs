@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::bins;
 use crate::certs::Issued;
@@ -41,6 +41,16 @@ pub struct ClusterOptions {
     pub settings: Vec<(String, String)>,
     /// `fsync`, `synchronous_commit` and `full_page_writes` on, as production runs.
     pub durable: bool,
+}
+
+/// How a standby's commits relate to the primary's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication {
+    /// The primary acknowledges a commit once the standby has it
+    /// (`synchronous_standby_names` names the standby, `synchronous_commit = on`).
+    Synchronous,
+    /// The primary acknowledges commits the standby may not have yet.
+    Asynchronous,
 }
 
 /// A running cluster the tests own.
@@ -103,6 +113,213 @@ impl Cluster {
         cluster.configure(&options)?;
         cluster.pg_ctl_start()?;
         Ok(cluster)
+    }
+
+    /// A directory, a port and a watchdog for a cluster not created yet.
+    fn prepare(tcp: bool) -> Result<Self, String> {
+        let bindir = bins::postgres_bindir()?;
+        let run_as = bins::run_as()?;
+        let port = if tcp { free_port()? } else { SOCKET_ONLY_PORT };
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let n = NEXT_CLUSTER.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("lease-pg-{}-{n}-{stamp}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sock"))
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let cluster = Self {
+            bindir,
+            dir,
+            run_as,
+            port,
+            tcp,
+        };
+        cluster.give(&cluster.dir)?;
+        cluster.give(&cluster.socket_dir())?;
+        spawn_watchdog(&cluster.dir, "data/postmaster.pid")?;
+        Ok(cluster)
+    }
+
+    /// A streaming standby of this cluster (`pg_basebackup -R -X stream`), listening like
+    /// this one (TCP or not) on a port of its own, caught up and streaming when this returns;
+    /// with [`Replication::Synchronous`], this cluster waits for it on every commit.
+    ///
+    /// # Errors
+    ///
+    /// If a step fails, or the standby does not stream within 30 s.
+    pub fn start_standby(&self, replication: Replication) -> Result<Self, String> {
+        let standby = Self::prepare(self.tcp)?;
+        let name = format!("standby_{}", standby.port_or_dir_tag());
+        standby.run(
+            "pg_basebackup",
+            [
+                OsStr::new("-D"),
+                standby.data_dir().as_os_str(),
+                OsStr::new("-R"),
+                OsStr::new("-X"),
+                OsStr::new("stream"),
+                OsStr::new("-c"),
+                OsStr::new("fast"),
+                OsStr::new("-h"),
+                self.socket_dir().as_os_str(),
+                OsStr::new("-p"),
+                OsStr::new(&self.port.to_string()),
+                OsStr::new("-U"),
+                OsStr::new("postgres"),
+            ],
+        )?;
+        // Later lines win: the copied configuration keeps the primary's settings, these
+        // override where the standby differs.
+        let listen = if standby.tcp { "127.0.0.1" } else { "" };
+        append(
+            &standby.data_dir().join("postgresql.conf"),
+            &[
+                format!("listen_addresses = '{listen}'"),
+                format!("port = {}", standby.port),
+                format!(
+                    "unix_socket_directories = '{}'",
+                    standby.socket_dir().display()
+                ),
+                // The walreceiver's application_name, which synchronous_standby_names names.
+                format!("cluster_name = '{name}'"),
+            ]
+            .join("\n"),
+        )?;
+        standby.pg_ctl_start()?;
+        if replication == Replication::Synchronous {
+            self.psql(&format!(
+                "ALTER SYSTEM SET synchronous_standby_names = '\"{name}\"'"
+            ))?;
+            // Test clusters run with synchronous_commit off, which waits for nobody.
+            self.psql("ALTER SYSTEM SET synchronous_commit = on")?;
+            self.psql("SELECT pg_reload_conf()")?;
+        }
+        let wanted = match replication {
+            Replication::Synchronous => "sync",
+            Replication::Asynchronous => "async",
+        };
+        self.wait_for(
+            &format!(
+                "SELECT count(*) FROM pg_stat_replication \
+                  WHERE application_name = '{name}' AND state = 'streaming' \
+                    AND sync_state = '{wanted}'"
+            ),
+            "1",
+            Duration::from_secs(30),
+        )
+        .map_err(|e| format!("the standby does not stream ({wanted}): {e}"))?;
+        Ok(standby)
+    }
+
+    fn port_or_dir_tag(&self) -> String {
+        if self.tcp {
+            self.port.to_string()
+        } else {
+            NEXT_CLUSTER.load(Ordering::SeqCst).to_string()
+        }
+    }
+
+    /// Run `sql` with `psql` as `postgres` in database `postgres` over the unix socket;
+    /// its output, unaligned, tuples only.
+    ///
+    /// # Errors
+    ///
+    /// If `psql` fails (the message has its output).
+    pub fn psql(&self, sql: &str) -> Result<String, String> {
+        let out = self
+            .command("psql")
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-U",
+                "postgres",
+                "-d",
+            ])
+            .arg("postgres")
+            .arg("-h")
+            .arg(self.socket_dir())
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-c")
+            .arg(sql)
+            .output()
+            .map_err(|e| format!("running psql: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        } else {
+            Err(format!(
+                "psql {sql:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    /// Poll `sql` until it answers `expected`, at most `limit`.
+    fn wait_for(&self, sql: &str, expected: &str, limit: Duration) -> Result<(), String> {
+        let started = Instant::now();
+        loop {
+            let answer = self.psql(sql);
+            if answer.as_deref() == Ok(expected) {
+                return Ok(());
+            }
+            if started.elapsed() > limit {
+                return Err(format!(
+                    "{sql} answered {answer:?}, not {expected:?}, for {limit:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stop receiving the primary's WAL (a standby only): from now on what the primary
+    /// commits is missing here, as after a network cut. With asynchronous replication the
+    /// primary goes on acknowledging commits.
+    ///
+    /// # Errors
+    ///
+    /// If the setting cannot be changed or the receiver does not stop within 10 s.
+    pub fn cut_replication(&self) -> Result<(), String> {
+        append(
+            &self.data_dir().join("postgresql.auto.conf"),
+            "primary_conninfo = ''",
+        )?;
+        self.psql("SELECT pg_reload_conf()")?;
+        self.wait_for(
+            "SELECT count(*) FROM pg_stat_wal_receiver",
+            "0",
+            Duration::from_secs(10),
+        )
+    }
+
+    /// Kill the server at once (`pg_ctl stop -m immediate`): no shutdown checkpoint, as a
+    /// crash.
+    ///
+    /// # Errors
+    ///
+    /// If `pg_ctl` fails.
+    pub fn kill(&self) -> Result<(), String> {
+        self.pg_ctl_stop("immediate")
+    }
+
+    /// Promote a standby to primary (`pg_ctl promote -w`): returns once it accepts writes.
+    ///
+    /// # Errors
+    ///
+    /// If `pg_ctl` fails.
+    pub fn promote(&self) -> Result<(), String> {
+        self.run(
+            "pg_ctl",
+            [
+                OsStr::new("-D"),
+                self.data_dir().as_os_str(),
+                OsStr::new("-w"),
+                OsStr::new("promote"),
+            ],
+        )
     }
 
     /// Make `path` the server user's (when the tests run as root).

@@ -32,7 +32,7 @@ use std::time::Duration;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 
 pub use certs::{Issued, TestCa, write_private};
-pub use cluster::{Cluster, ClusterOptions, ServerTls};
+pub use cluster::{Cluster, ClusterOptions, Replication, ServerTls};
 pub use frozen::{Backend, Frozen, backends};
 pub use pgbouncer::{PgBouncer, PoolMode};
 pub use tls_server::{TlsServer, tls_server};
