@@ -18,6 +18,8 @@ fi
 command -v kill >/dev/null 2>&1 || missing+=(procps)
 # The connection-pooler tests start PgBouncer in front of the test server.
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+# The clock-step tests run a server under libfaketime.
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)
 
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -41,6 +41,9 @@ pub struct ClusterOptions {
     pub settings: Vec<(String, String)>,
     /// `fsync`, `synchronous_commit` and `full_page_writes` on, as production runs.
     pub durable: bool,
+    /// Run the server under libfaketime (Debian package `faketime`), so a test can step its
+    /// wall clock with [`Cluster::set_clock_offset`]; its monotonic clock is left alone.
+    pub fake_clock: bool,
 }
 
 /// How a standby's commits relate to the primary's.
@@ -62,7 +65,12 @@ pub struct Cluster {
     run_as: Option<(u32, u32)>,
     port: u16,
     tcp: bool,
+    /// The libfaketime library, when the server's clock can be stepped.
+    faketime: Option<PathBuf>,
 }
+
+/// Where Debian's `libfaketime` puts the library.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 static NEXT_CLUSTER: AtomicU32 = AtomicU32::new(0);
 
@@ -73,28 +81,19 @@ impl Cluster {
     ///
     /// If the server binaries are missing (the message names the package) or a step fails.
     pub fn start(options: ClusterOptions) -> Result<Self, String> {
-        let bindir = bins::postgres_bindir()?;
-        let run_as = bins::run_as()?;
-        let tcp = options.tcp || options.tls.is_some();
-        let port = if tcp { free_port()? } else { SOCKET_ONLY_PORT };
-        let stamp = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let n = NEXT_CLUSTER.fetch_add(1, Ordering::SeqCst);
-        let dir = std::env::temp_dir().join(format!("lease-pg-{}-{n}-{stamp}", std::process::id()));
-        std::fs::create_dir_all(dir.join("sock"))
-            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let cluster = Self {
-            bindir,
-            dir,
-            run_as,
-            port,
-            tcp,
-        };
-        cluster.give(&cluster.dir)?;
-        cluster.give(&cluster.socket_dir())?;
-        spawn_watchdog(&cluster.dir, "data/postmaster.pid")?;
+        let mut cluster = Self::prepare(options.tcp || options.tls.is_some())?;
+        if options.fake_clock {
+            let library = PathBuf::from(LIBFAKETIME);
+            if !library.is_file() {
+                return Err(format!(
+                    "this test steps the server's clock with libfaketime ({LIBFAKETIME}): \
+                     install the Debian/Ubuntu package `faketime` (`apt install faketime`; \
+                     scripts/test.sh does it when run as root)"
+                ));
+            }
+            cluster.faketime = Some(library);
+            cluster.set_clock_offset(0)?;
+        }
         cluster.run(
             "initdb",
             [
@@ -134,6 +133,7 @@ impl Cluster {
             run_as,
             port,
             tcp,
+            faketime: None,
         };
         cluster.give(&cluster.dir)?;
         cluster.give(&cluster.socket_dir())?;
@@ -438,9 +438,12 @@ impl Cluster {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let out = self
-            .command(program)
-            .args(args)
+        let mut command = self.command(program);
+        Self::output(program, command.args(args))
+    }
+
+    fn output(program: &str, command: &mut Command) -> Result<(), String> {
+        let out = command
             .output()
             .map_err(|e| format!("running {program}: {e}"))?;
         if out.status.success() {
@@ -457,9 +460,19 @@ impl Cluster {
 
     fn pg_ctl_start(&self) -> Result<(), String> {
         let log = self.dir.join("server.log");
-        self.run(
+        let mut command = self.command("pg_ctl");
+        if let Some(library) = &self.faketime {
+            // Read the offset file on every call, so a step takes effect at once; leave the
+            // monotonic clock (timeouts, sleeps) real.
+            command
+                .env("LD_PRELOAD", library)
+                .env("FAKETIME_TIMESTAMP_FILE", self.dir.join("faketime"))
+                .env("FAKETIME_NO_CACHE", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        Self::output(
             "pg_ctl",
-            [
+            command.args([
                 OsStr::new("-D"),
                 self.data_dir().as_os_str(),
                 OsStr::new("-l"),
@@ -468,8 +481,28 @@ impl Cluster {
                 OsStr::new("-t"),
                 OsStr::new("60"),
                 OsStr::new("start"),
-            ],
+            ]),
         )
+    }
+
+    /// Set the server's wall clock to real time plus `seconds` (negative: behind). Only for a
+    /// cluster started with [`ClusterOptions::fake_clock`]; takes effect at the server's next
+    /// reading of the clock.
+    ///
+    /// # Errors
+    ///
+    /// If the cluster's clock is real, or the offset file cannot be written.
+    pub fn set_clock_offset(&self, seconds: i64) -> Result<(), String> {
+        if self.faketime.is_none() {
+            return Err("this cluster was not started with fake_clock".to_owned());
+        }
+        let path = self.dir.join("faketime");
+        // Written whole and renamed into place, so the server never reads half a line.
+        let staged = self.dir.join("faketime.new");
+        std::fs::write(&staged, format!("{seconds:+}s\n"))
+            .and_then(|()| std::fs::rename(&staged, &path))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        self.give(&path)
     }
 
     /// Stop the server (fast shutdown: connections are cut) and start it again; returns once

@@ -1,5 +1,6 @@
-//! The failover harness itself: a standby streams, loses exactly what it did not receive once
-//! replication is cut, and takes over when promoted; a synchronous one has every commit.
+//! The harness itself: a standby streams, loses exactly what it did not receive once
+//! replication is cut, and takes over when promoted; a synchronous one has every commit; a
+//! server under libfaketime steps its wall clock when told to.
 
 use lease_testdb::{Cluster, ClusterOptions, Replication};
 
@@ -59,4 +60,32 @@ fn a_synchronous_standby_has_every_acknowledged_commit() {
     primary.kill().expect("killing the primary");
     standby.promote().expect("promoting");
     assert_eq!(standby.psql("SELECT count(*) FROM t").as_deref(), Ok("100"));
+}
+
+#[test]
+fn a_fake_clock_steps_when_told_and_only_then() {
+    let cluster = Cluster::start(ClusterOptions {
+        fake_clock: true,
+        ..ClusterOptions::default()
+    })
+    .unwrap_or_else(|e| panic!("a cluster under libfaketime: {e}"));
+    let server_minus_real = || -> f64 {
+        let real = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs_f64();
+        let server: f64 = cluster
+            .psql("SELECT extract(epoch FROM clock_timestamp())")
+            .expect("reading the clock")
+            .parse()
+            .expect("a number");
+        server - real
+    };
+    assert!(server_minus_real().abs() < 1.0, "the clock starts real");
+    cluster.set_clock_offset(15).expect("stepping forward");
+    let ahead = server_minus_real();
+    assert!((14.0..16.0).contains(&ahead), "{ahead} s ahead, not 15");
+    cluster.set_clock_offset(-5).expect("stepping back");
+    let behind = server_minus_real();
+    assert!((-6.0..-4.0).contains(&behind), "{behind} s, not -5");
 }
