@@ -38,6 +38,7 @@
 #![warn(missing_docs)]
 
 mod connect;
+mod conninfo;
 mod error;
 mod feed;
 mod migrate;
