@@ -4,9 +4,35 @@
 //! One mechanism for all of them: [`take_keys`] finds the given keys in a URL
 //! (`postgres://…?k=v&…`, percent-encoded) or a libpq key-value string (`k=v …`, values
 //! optionally single-quoted), hands each value over, and returns the string without them. The
-//! TLS keys (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`) are read by [`crate::tls`].
+//! TLS keys (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`) are read by [`crate::tls`]; the
+//! engine's own key, [`TRANSACTION_POOLER`], here.
 
 use crate::PgSetupError;
+
+/// The engine's key saying the URL reaches the server through a transaction-pooling
+/// connection pooler (PgBouncer in `pool_mode = transaction`): `transaction_pooler=true`.
+pub(crate) const TRANSACTION_POOLER: &str = "transaction_pooler";
+
+/// Take [`TRANSACTION_POOLER`] out of `url`: the rest, and its value if the URL sets it.
+pub(crate) fn split_engine_keys(url: &str) -> Result<(String, Option<bool>), PgSetupError> {
+    let mut pooler = None;
+    let rest = take_keys(url, &[TRANSACTION_POOLER], |key, value| {
+        pooler = Some(parse_bool(key, &value)?);
+        Ok(())
+    })?;
+    Ok((rest, pooler))
+}
+
+/// A boolean the way libpq spells them (`true`/`false`, `on`/`off`, `yes`/`no`, `1`/`0`).
+fn parse_bool(key: &str, value: &str) -> Result<bool, PgSetupError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" | "on" | "yes" | "1" => Ok(true),
+        "false" | "off" | "no" | "0" => Ok(false),
+        _ => Err(PgSetupError::InvalidUrl {
+            message: format!("invalid {key} {value:?}: use true or false"),
+        }),
+    }
+}
 
 /// `url` without `keys`, each of which found is handed to `take` with its decoded value, in
 /// the order they appear.
@@ -153,4 +179,41 @@ fn percent_decode(text: &str) -> Result<String, PgSetupError> {
     String::from_utf8(out).map_err(|_| PgSetupError::InvalidUrl {
         message: format!("{text:?} is not UTF-8 once decoded"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pooler_key_leaves_the_url_and_the_rest_stays() {
+        let split = |url: &str| split_engine_keys(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(
+            split("postgres://u@h:6432/db?sslmode=disable&transaction_pooler=true"),
+            (
+                "postgres://u@h:6432/db?sslmode=disable".to_owned(),
+                Some(true)
+            )
+        );
+        assert_eq!(
+            split("postgres://h/db?transaction_pooler=off"),
+            ("postgres://h/db".to_owned(), Some(false))
+        );
+        assert_eq!(
+            split("postgres://h/db?application_name=x"),
+            ("postgres://h/db?application_name=x".to_owned(), None)
+        );
+        let (rest, pooler) = split("host=h transaction_pooler = 'yes' port=6432");
+        assert_eq!(
+            rest.split_whitespace().collect::<Vec<_>>(),
+            ["host=h", "port=6432"]
+        );
+        assert_eq!(pooler, Some(true));
+        let refused = split_engine_keys("postgres://h/db?transaction_pooler=maybe")
+            .expect_err("not a boolean");
+        assert!(
+            refused.to_string().contains("transaction_pooler"),
+            "{refused}"
+        );
+    }
 }
