@@ -196,7 +196,10 @@ pub trait LeaseStore: Send + Sync {
     ) -> Result<bool, StoreError>;
 
     /// Subscribe to `group`'s wake-ups (joins, leaves, releases). `None` if the store has no
-    /// change feed; workers then re-plan on their renew interval only.
+    /// change feed; workers then re-plan on their renew interval only (and say so in their
+    /// `lease_polling_fallback` gauge). A store that cannot push wake-ups in its configuration
+    /// (Postgres behind a transaction pooler without a direct URL) answers `None` rather than
+    /// a feed that stays silent, so the worker knows it is polling.
     ///
     /// # Contract
     ///

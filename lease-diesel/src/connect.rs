@@ -6,11 +6,20 @@
 //! silent peer within seconds instead of the kernel's two hours, and a `tcp_user_timeout`
 //! that drops a connection whose sent data goes unacknowledged (a network black hole). A URL
 //! that sets either keeps its own value.
+//!
+//! Through a transaction pooler ([`Connector::new`]'s `transaction_pooler`) a connection keeps
+//! no session state: no statement timeout is `SET` on it (each operation sets its own with
+//! `SET LOCAL`, see `PgLeaseStore::with_conn`), its prepared statements are never cached (a
+//! statement prepared in one transaction may be missing from the server connection the
+//! pooler hands out for the next), and diesel-async's own set-up statements run inside one
+//! transaction, so that their two round trips each (prepare, then execute) reach one server
+//! connection.
 
 use std::time::Duration;
 
 use diesel::ConnectionError;
-use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use diesel::connection::CacheSize;
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 
 use crate::error;
 use crate::tls::{Tls, TlsSummary};
@@ -33,16 +42,20 @@ pub(crate) struct Connector {
     url: String,
     tls: Tls,
     set_statement_timeout: String,
+    /// The URL reaches the server through a transaction pooler: no session state.
+    transaction_pooler: bool,
 }
 
 impl Connector {
-    /// `url` (validated, its TLS keys taken out into `tls`), with keepalives and a TCP user
-    /// timeout where the URL sets none, and `statement_timeout` set on every connection.
+    /// `url` (validated, its TLS and engine keys taken out), with keepalives and a TCP user
+    /// timeout where the URL sets none, and `statement_timeout` set on every connection
+    /// unless it goes through a `transaction_pooler` (then each transaction sets its own).
     pub(crate) fn new(
         mut config: tokio_postgres::Config,
         url: &str,
         tls: Tls,
         statement_timeout: Duration,
+        transaction_pooler: bool,
     ) -> Self {
         // As in libpq, TLS is never used over a unix socket (the server does not offer it
         // there): a URL with `sslmode=require` and a socket directory connects in plain.
@@ -76,6 +89,7 @@ impl Connector {
                 "SET statement_timeout = {}",
                 statement_timeout.as_millis().max(1)
             ),
+            transaction_pooler,
         }
     }
 
@@ -83,31 +97,70 @@ impl Connector {
     /// (see [`PgSetupError`](crate::PgSetupError)), which diesel-async's own `establish` would
     /// reduce to "error connecting to server".
     pub(crate) async fn connect(&self) -> Result<AsyncPgConnection, ConnectionError> {
-        let failed = |e: tokio_postgres::Error| {
-            error::into_connection_error(error::from_connect(
-                &self.url,
-                Some(&self.tls.summary),
-                &e,
-            ))
-        };
-        let mut conn = match &self.tls.connector {
+        match &self.tls.connector {
             None => {
                 let (client, connection) = self
                     .config
                     .connect(tokio_postgres::NoTls)
                     .await
-                    .map_err(failed)?;
-                AsyncPgConnection::try_from_client_and_connection(client, connection).await?
+                    .map_err(|e| self.failed(&e))?;
+                self.set_up(client, connection).await
             }
             Some(tls) => {
-                let (client, connection) =
-                    self.config.connect(tls.clone()).await.map_err(failed)?;
-                AsyncPgConnection::try_from_client_and_connection(client, connection).await?
+                let (client, connection) = self
+                    .config
+                    .connect(tls.clone())
+                    .await
+                    .map_err(|e| self.failed(&e))?;
+                self.set_up(client, connection).await
             }
-        };
-        conn.batch_execute(&self.set_statement_timeout)
-            .await
-            .map_err(ConnectionError::CouldntSetupConfiguration)?;
+        }
+    }
+
+    /// A failure to connect, classified (see [`PgSetupError`](crate::PgSetupError)).
+    fn failed(&self, e: &tokio_postgres::Error) -> ConnectionError {
+        error::into_connection_error(error::from_connect(&self.url, Some(&self.tls.summary), e))
+    }
+
+    /// Hand a new connection to diesel-async and set it up for the way it reaches the server.
+    async fn set_up<T>(
+        &self,
+        client: tokio_postgres::Client,
+        mut connection: tokio_postgres::Connection<tokio_postgres::Socket, T>,
+    ) -> Result<AsyncPgConnection, ConnectionError>
+    where
+        T: tokio_postgres::tls::TlsStream + Unpin + Send + 'static,
+    {
+        if self.transaction_pooler {
+            // diesel-async's set-up (`SET TIME ZONE`, `SET CLIENT_ENCODING`) prepares and then
+            // executes each statement, two round trips a pooler may send to two server
+            // connections: hold one server connection for it. The connection is not driven by
+            // diesel-async yet, so it is driven here until the `BEGIN` is answered.
+            let begin = std::pin::pin!(client.batch_execute("BEGIN"));
+            tokio::select! {
+                began = begin => began.map_err(|e| self.failed(&e))?,
+                ended = &mut connection => {
+                    return Err(match ended {
+                        Err(e) => self.failed(&e),
+                        Ok(()) => error::into_connection_error(crate::PgSetupError::Unreachable {
+                            message: "the connection closed while it was set up".to_owned(),
+                        }),
+                    });
+                }
+            }
+        }
+        let mut conn =
+            AsyncPgConnection::try_from_client_and_connection(client, connection).await?;
+        if self.transaction_pooler {
+            conn.set_prepared_statement_cache_size(CacheSize::Disabled);
+            conn.batch_execute("COMMIT")
+                .await
+                .map_err(ConnectionError::CouldntSetupConfiguration)?;
+        } else {
+            conn.batch_execute(&self.set_statement_timeout)
+                .await
+                .map_err(ConnectionError::CouldntSetupConfiguration)?;
+        }
         Ok(conn)
     }
 
@@ -140,6 +193,7 @@ mod tests {
             url,
             no_tls(),
             Duration::from_secs(1),
+            false,
         );
         assert_eq!(c.config.get_keepalives_idle(), Duration::from_secs(30));
         assert_eq!(
@@ -156,6 +210,7 @@ mod tests {
             url,
             no_tls(),
             Duration::from_secs(1),
+            false,
         );
         assert_eq!(c.config.get_keepalives_idle(), KEEPALIVES_IDLE);
         assert_eq!(c.config.get_keepalives_retries(), Some(9));

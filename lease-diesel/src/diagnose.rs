@@ -42,8 +42,13 @@ pub struct Diagnosis {
     pub clock: ClockReading,
     /// Replication as the server reports it.
     pub replication: Replication,
-    /// Whether `LISTEN/NOTIFY` reaches this client (it does not through a transaction pooler).
+    /// Whether `LISTEN/NOTIFY` reaches this client over the store's URL (it does not through
+    /// a transaction pooler).
     pub listen: ListenCheck,
+    /// The same over the direct URL, when the store has one (its wake-ups then come that way).
+    pub direct_listen: Option<ListenCheck>,
+    /// The store was built for a transaction pooler.
+    pub transaction_pooler: bool,
 }
 
 /// TLS on the diagnosed connection.
@@ -172,6 +177,14 @@ impl PgLeaseStore {
     /// it.
     pub async fn diagnose(&self) -> Result<Diagnosis, PgSetupError> {
         let mut conn = self.pool.get().await.map_err(error::from_pool_setup)?;
+        // Behind a transaction pooler every statement must run in a transaction, where the
+        // pooler keeps one server connection for it.
+        if self.pooler.is_some() {
+            // Not READ ONLY: that would make the read-only finding below always true.
+            conn.batch_execute("BEGIN")
+                .await
+                .map_err(|e| failed("BEGIN", &e))?;
+        }
         let settings: Settings = diesel::sql_query(
             "SELECT current_setting('server_version') AS server_version, \
                     current_setting('server_version_num') AS server_version_num, \
@@ -195,9 +208,18 @@ impl PgLeaseStore {
         .load(&mut *conn)
         .await
         .map_err(|e| failed("reading pg_stat_replication", &e))?;
+        if self.pooler.is_some() {
+            conn.batch_execute("COMMIT")
+                .await
+                .map_err(|e| failed("COMMIT", &e))?;
+        }
         drop(conn);
         let schema = self.check_schema().await;
-        let listen = self.listen_round_trip().await?;
+        let listen = self.listen_round_trip(false).await?;
+        let direct_listen = match self.direct {
+            Some(_) => Some(self.listen_round_trip(true).await?),
+            None => None,
+        };
         Ok(Diagnosis {
             server_version: settings.server_version,
             server_version_num: settings.server_version_num.parse().unwrap_or(0),
@@ -219,13 +241,30 @@ impl PgLeaseStore {
                 standbys,
             },
             listen,
+            direct_listen,
+            transaction_pooler: self.pooler.is_some(),
         })
     }
 
-    /// `LISTEN` on one connection, `NOTIFY` from another, and wait for the notification.
-    async fn listen_round_trip(&self) -> Result<ListenCheck, PgSetupError> {
+    /// `LISTEN` on one connection, `NOTIFY` from another, and wait for the notification;
+    /// listening on the direct URL's connection if `direct`, else on a pooled one.
+    async fn listen_round_trip(&self, direct: bool) -> Result<ListenCheck, PgSetupError> {
         let channel = format!("lease_doctor_{}", uuid::Uuid::new_v4().simple());
-        let mut listener = self.pool.get().await.map_err(error::from_pool_setup)?;
+        let mut own;
+        let mut pooled;
+        let listener: &mut AsyncPgConnection = match (&self.direct, direct) {
+            (Some((connector, _)), true) => {
+                own = connector
+                    .connect()
+                    .await
+                    .map_err(error::from_connection_setup)?;
+                &mut own
+            }
+            _ => {
+                pooled = self.pool.get().await.map_err(error::from_pool_setup)?;
+                &mut pooled
+            }
+        };
         listener
             .batch_execute(&format!("LISTEN {channel}"))
             .await

@@ -130,6 +130,19 @@ pub enum PgSetupError {
         /// What the schema holds.
         found: String,
     },
+    /// Migrating was asked of a store whose URL goes through a transaction pooler, and no
+    /// direct URL was given: the migration lock is an advisory lock of the session, which
+    /// such a pooler does not keep, and `CREATE INDEX CONCURRENTLY` cannot run in a
+    /// transaction. Nothing was done. Permanent: give a direct URL
+    /// ([`PgLeaseStoreBuilder::direct_url`](crate::PgLeaseStoreBuilder::direct_url),
+    /// `leasectl --direct-url`), or migrate with a URL to the server itself.
+    #[error(
+        "migrating needs a connection to the server itself, not through a transaction pooler \
+         (its lock belongs to the session, which the pooler does not keep); nothing was done: \
+         give a direct URL (leasectl --direct-url, PgLeaseStoreBuilder::direct_url) or run \
+         migrate with a URL to the server"
+    )]
+    DirectConnectionRequired,
     /// Another process held the migration lock for longer than this one waits (a minute).
     /// Transient.
     #[error("waiting for another process's migration timed out: {message}")]
@@ -327,6 +340,14 @@ pub(crate) fn from_pool_setup(e: PoolError) -> PgSetupError {
             ),
         )) => {
             let message = format!("cannot connect: {e}");
+            if let diesel::result::Error::DatabaseError(_, info) = &e
+                && behind_a_pooler(info.message())
+            {
+                return PgSetupError::ConnectRejected {
+                    sqlstate: None,
+                    message: format!("{message} ({POOLER_HINT})"),
+                };
+            }
             match kind {
                 DatabaseErrorKind::UnableToSendCommand | DatabaseErrorKind::ClosedConnection => {
                     PgSetupError::Unreachable { message }
@@ -361,6 +382,24 @@ pub(crate) fn from_pool_setup(e: PoolError) -> PgSetupError {
     }
 }
 
+/// Why a connection opened outside the pool (on the direct URL) failed, classified as a
+/// pool's failure to connect would be.
+pub(crate) fn from_connection_setup(e: diesel::ConnectionError) -> PgSetupError {
+    from_pool_setup(PoolError::Backend(
+        diesel_async::pooled_connection::PoolError::ConnectionError(e),
+    ))
+}
+
+/// [`from_connection_setup`] as a [`StoreError::Backend`] of `op`.
+pub(crate) fn from_connection(op: Operation, e: diesel::ConnectionError) -> StoreError {
+    from_pool(
+        op,
+        PoolError::Backend(diesel_async::pooled_connection::PoolError::ConnectionError(
+            e,
+        )),
+    )
+}
+
 /// A diesel error as a [`StoreError::Backend`], classified.
 ///
 /// diesel-async keeps the SQLSTATE only for a few kinds (serialization failure, read-only
@@ -369,6 +408,16 @@ pub(crate) fn from_pool_setup(e: PoolError) -> PgSetupError {
 /// [`BackendFailure::Other`]: retried and reported, never stopping a worker.
 pub(crate) fn from_diesel(op: Operation, e: diesel::result::Error) -> StoreError {
     use diesel::result::Error as E;
+    if let E::DatabaseError(_, info) = &e
+        && behind_a_pooler(info.message())
+    {
+        return StoreError::Backend {
+            operation: op,
+            failure: BackendFailure::Misconfigured,
+            detail: Some(POOLER_HINT.to_owned()),
+            source: Some(Box::new(e)),
+        };
+    }
     let failure = match &e {
         E::DatabaseError(kind, info) => match kind {
             DatabaseErrorKind::UnableToSendCommand
@@ -382,6 +431,23 @@ pub(crate) fn from_diesel(op: Operation, e: diesel::result::Error) -> StoreError
         _ => BackendFailure::Other,
     };
     StoreError::backend(op, failure, e)
+}
+
+/// What a store that reaches the server through a transaction pooler without being told so
+/// hears, and what to do about it.
+pub(crate) const POOLER_HINT: &str = "a prepared statement is missing from the server \
+    connection, or already there: the URL reaches the server through a transaction pooler \
+    (PgBouncer with pool_mode = transaction), which hands each transaction any server \
+    connection; turn on transaction_pooler (transaction_pooler=true in the URL, \
+    PgLeaseStoreBuilder::transaction_pooler, leasectl --transaction-pooler)";
+
+/// Whether the server's message is what named prepared statements give through a
+/// transaction pooler: `prepared statement "s3" does not exist` (the next transaction ran on
+/// another server connection), `... already exists` (another client's statement of that name
+/// is on this one), `unnamed prepared statement does not exist`.
+fn behind_a_pooler(message: &str) -> bool {
+    message.contains("prepared statement")
+        && (message.contains("does not exist") || message.contains("already exists"))
 }
 
 /// What a server error's (English) message says about retrying.

@@ -7,6 +7,11 @@
 //! listens again and sends [`Change::Missed`] to every feed: notifications may have been lost
 //! meanwhile, and a worker that hears it simply re-plans.
 //!
+//! The listening connection comes from the store's pool, or from the direct URL when one is
+//! given (`PgLeaseStore::direct_url`): `LISTEN` is session state, which a transaction pooler
+//! does not keep. A store behind a transaction pooler without a direct URL has no source at
+//! all: it offers no feed, and its workers re-plan on their renew interval.
+//!
 //! A listening connection only reads, so a server process that stops answering (frozen, or
 //! behind a network that drops packets silently) would go unnoticed for ever: every
 //! `check_every` the task sends a trivial query and, without an answer within as long again,
@@ -23,6 +28,8 @@ use lease_core::{BackendFailure, Change, ChangeFeed, Operation, StoreError, Work
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_stream::wrappers::BroadcastStream;
 use uuid::Uuid;
+
+use crate::connect::Connector;
 
 /// Unread changes a feed buffers before it reports [`Change::Missed`].
 const FEED_CAPACITY: usize = 256;
@@ -44,20 +51,42 @@ struct Routes {
     task: Option<mpsc::UnboundedSender<Listen>>,
 }
 
+/// Where the listening connection comes from.
+#[derive(Clone)]
+pub(crate) enum Source {
+    /// Taken out of the store's pool for good.
+    Pool(Pool<AsyncPgConnection>),
+    /// Opened on the direct URL, within `timeout`.
+    Direct {
+        connector: Arc<Connector>,
+        timeout: Duration,
+    },
+}
+
 /// The store's listening side. Dropping the last store clone stops the task.
 pub(crate) struct Notifier {
     routes: Arc<Mutex<Routes>>,
     /// How often the listening connection is checked.
     check_every: Duration,
+    /// Where listening connections come from; `None`: nowhere (behind a transaction pooler
+    /// without a direct URL), so there are no feeds.
+    source: Option<Source>,
 }
 
 impl Notifier {
-    /// A notifier that checks its listening connection every `check_every`.
-    pub(crate) fn new(check_every: Duration) -> Self {
+    /// A notifier listening on connections from `source` (none: it offers no feeds), checked
+    /// every `check_every`.
+    pub(crate) fn new(check_every: Duration, source: Option<Source>) -> Self {
         Self {
             routes: Arc::default(),
             check_every,
+            source,
         }
+    }
+
+    /// Whether it can push wake-ups at all.
+    pub(crate) fn can_listen(&self) -> bool {
+        self.source.is_some()
     }
 }
 
@@ -68,12 +97,15 @@ impl std::fmt::Debug for Notifier {
 }
 
 impl Notifier {
-    /// A feed of `channel`, returned once the listener is `LISTEN`ing on it.
+    /// A feed of `channel`, returned once the listener is `LISTEN`ing on it; `None` if it has
+    /// nowhere to listen.
     pub(crate) async fn subscribe(
         &self,
-        pool: &Pool<AsyncPgConnection>,
         channel: String,
-    ) -> Result<ChangeFeed, StoreError> {
+    ) -> Result<Option<ChangeFeed>, StoreError> {
+        let Some(source) = &self.source else {
+            return Ok(None);
+        };
         let (rx, ack) = {
             let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
             let rx = routes
@@ -86,7 +118,7 @@ impl Notifier {
                 _ => {
                     let (tx, rx) = mpsc::unbounded_channel();
                     tokio::spawn(listen_loop(
-                        pool.clone(),
+                        source.clone(),
                         Arc::downgrade(&self.routes),
                         rx,
                         self.check_every,
@@ -106,7 +138,9 @@ impl Notifier {
         match tokio::time::timeout(SUBSCRIBE_TIMEOUT, ack).await {
             Ok(Ok(result)) => result.map(|()| {
                 // A receiver that fell behind hears `Missed` and re-plans.
-                ChangeFeed::new(BroadcastStream::new(rx).map(|c| c.unwrap_or(Change::Missed)))
+                Some(ChangeFeed::new(
+                    BroadcastStream::new(rx).map(|c| c.unwrap_or(Change::Missed)),
+                ))
             }),
             Ok(Err(_)) => Err(stopped("the LISTEN task stopped before listening")),
             Err(_) => Err(StoreError::backend_detail(
@@ -143,11 +177,25 @@ fn broadcast_all(routes: &Mutex<Routes>, change: Change) {
     }
 }
 
-async fn connect(pool: &Pool<AsyncPgConnection>) -> Result<AsyncPgConnection, StoreError> {
-    pool.get()
-        .await
-        .map(Object::take)
-        .map_err(|e| crate::error::from_pool(Operation::Changes, e))
+async fn connect(source: &Source) -> Result<AsyncPgConnection, StoreError> {
+    match source {
+        Source::Pool(pool) => pool
+            .get()
+            .await
+            .map(Object::take)
+            .map_err(|e| crate::error::from_pool(Operation::Changes, e)),
+        Source::Direct { connector, timeout } => {
+            match tokio::time::timeout(*timeout, connector.connect()).await {
+                Ok(Ok(conn)) => Ok(conn),
+                Ok(Err(e)) => Err(crate::error::from_connection(Operation::Changes, e)),
+                Err(_) => Err(StoreError::backend_detail(
+                    Operation::Changes,
+                    BackendFailure::Unavailable,
+                    format!("no connection on the direct URL within {timeout:?}"),
+                )),
+            }
+        }
+    }
 }
 
 fn listen_sql(channel: &str) -> String {
@@ -162,7 +210,7 @@ enum Event {
 }
 
 async fn listen_loop(
-    pool: Pool<AsyncPgConnection>,
+    source: Source,
     routes: std::sync::Weak<Mutex<Routes>>,
     mut commands: mpsc::UnboundedReceiver<Listen>,
     check_every: Duration,
@@ -175,7 +223,7 @@ async fn listen_loop(
             // The store is gone; nobody can subscribe or listen any more.
             return;
         }
-        let mut conn = match connect(&pool).await {
+        let mut conn = match connect(&source).await {
             Ok(conn) => conn,
             Err(e) => {
                 tracing::warn!(error = %e, "change feed: cannot connect; retrying");

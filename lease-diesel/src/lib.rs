@@ -6,6 +6,14 @@
 //! worker holds. The database server's clock decides expiry unless a client clock is given
 //! (tests). Wake-ups travel over `LISTEN/NOTIFY`.
 //!
+//! Behind a transaction-pooling connection pooler (PgBouncer in `pool_mode = transaction`),
+//! turn on [`PgLeaseStoreBuilder::transaction_pooler`] (or `transaction_pooler=true` in the
+//! URL): each operation becomes one self-contained transaction with no named statement kept
+//! between transactions. Give a [`direct_url`](PgLeaseStoreBuilder::direct_url) to the server
+//! itself for `LISTEN` (session state, which such a pooler does not keep) and for
+//! [`PgLeaseStore::migrate`]; without one there are no wake-ups and workers re-plan at their
+//! renew interval.
+//!
 //! The tables live in a schema of their own, always named `lease` (the name is fixed), created
 //! by [`PgLeaseStore::migrate`] (or `leasectl migrate`), which applies the embedded
 //! [`MIGRATIONS`] and records their versions in `lease.engine_migrations`, not in the
@@ -38,6 +46,7 @@
 #![warn(missing_docs)]
 
 mod connect;
+mod conninfo;
 pub mod diagnose;
 mod error;
 mod feed;
@@ -58,7 +67,7 @@ use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
 use lease_core::{
     BackendFailure, Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat,
     Incarnation, Lease, LeaseStore, MemberMetadata, Operation, SessionId, ShardCount, StoreError,
@@ -70,8 +79,8 @@ pub use migrate::MIGRATIONS;
 pub use tls::{TlsMode, TlsSummary, Verification};
 
 use crate::connect::Connector;
-use crate::error::{from_diesel, from_pool, from_pool_setup};
-use crate::feed::Notifier;
+use crate::error::{from_connection_setup, from_diesel, from_pool, from_pool_setup};
+use crate::feed::{Notifier, Source};
 use crate::prepared::Prepared;
 use crate::statements as sql;
 
@@ -124,6 +133,8 @@ pub struct PgLeaseStoreBuilder {
     timeout: Duration,
     statement_timeout: Duration,
     listen_check: Duration,
+    transaction_pooler: Option<bool>,
+    direct_url: Option<String>,
 }
 
 impl PgLeaseStoreBuilder {
@@ -141,7 +152,9 @@ impl PgLeaseStoreBuilder {
 
     /// The longest any statement may run on the server before it is cancelled with an error
     /// (default 10 s): a lock held by someone else's transaction cannot hang an operation. Set
-    /// on each connection when it is opened. A server that stops answering altogether (a
+    /// on each connection when it is opened (behind a
+    /// [`transaction_pooler`](Self::transaction_pooler): with `SET LOCAL` in each operation's
+    /// transaction). A server that stops answering altogether (a
     /// frozen process, a cut network) is covered on the client: an operation that has no
     /// answer after the statement timeout plus [`timeout`](Self::timeout) fails, and its
     /// connection is closed, never reused. Connections also get TCP keepalives (probes after
@@ -160,15 +173,74 @@ impl PgLeaseStoreBuilder {
         self
     }
 
+    /// The URL reaches the server through a connection pooler in transaction pooling mode
+    /// (PgBouncer with `pool_mode = transaction`, such as Debian's PgBouncer 1.18, which does
+    /// not support protocol-level prepared statements), which may hand each transaction a
+    /// different server connection. Default: off, unless the URL says
+    /// `transaction_pooler=true` (a key of the engine's, taken out before the URL is parsed;
+    /// `transaction_pooler=false` there contradicting `true` here is refused).
+    ///
+    /// When on, nothing is kept on a connection between transactions: no statement is kept
+    /// prepared, and every operation runs in a transaction of its own that sets its statement
+    /// timeout with `SET LOCAL`, so each statement is prepared, run and closed on one server
+    /// connection. A steady heartbeat then takes 4 round trips instead of 1 (`BEGIN` with the
+    /// timeout, prepare, execute, `COMMIT`).
+    ///
+    /// `LISTEN` and [`PgLeaseStore::migrate`]'s advisory lock need a session: they use the
+    /// [`direct_url`](Self::direct_url). Without one, the store offers no change feed
+    /// ([`LeaseStore::changes`] answers `None`, with a warning logged once), so workers re-plan
+    /// at their renew interval, and `migrate` is refused
+    /// ([`PgSetupError::DirectConnectionRequired`]).
+    pub fn transaction_pooler(mut self, on: bool) -> Self {
+        self.transaction_pooler = Some(on);
+        self
+    }
+
+    /// A URL that reaches the server itself, not through a pooler, for what needs a session:
+    /// the connection that `LISTEN`s for wake-ups, and [`PgLeaseStore::migrate`] (its advisory
+    /// lock). Used whether or not [`transaction_pooler`](Self::transaction_pooler) is on; it
+    /// takes the same keys as the main URL (TLS included) except `transaction_pooler`.
+    pub fn direct_url(mut self, url: impl Into<String>) -> Self {
+        self.direct_url = Some(url.into());
+        self
+    }
+
     /// Build the store. No connection is made until the first operation.
     pub fn build(self) -> Result<PgLeaseStore, PgSetupError> {
-        let (url, tls) = tls::split(&self.url)?;
-        let parsed =
-            url.parse::<tokio_postgres::Config>()
-                .map_err(|e| PgSetupError::InvalidUrl {
-                    message: error::chain(&e),
-                })?;
-        let connector = Connector::new(parsed, &url, tls.build()?, self.statement_timeout);
+        let (url, url_pooler) = conninfo::split_engine_keys(&self.url)?;
+        let transaction_pooler = match (self.transaction_pooler, url_pooler) {
+            (Some(given), Some(in_url)) if given != in_url => {
+                return Err(PgSetupError::InvalidUrl {
+                    message: format!(
+                        "the URL says transaction_pooler={in_url}, the store's options \
+                         transaction_pooler({given}): say it once"
+                    ),
+                });
+            }
+            (given, in_url) => given.or(in_url).unwrap_or(false),
+        };
+        let connector = connector_for(&url, self.statement_timeout, transaction_pooler)?;
+        let direct = match &self.direct_url {
+            None => None,
+            Some(direct) => {
+                let (direct, pooler) = conninfo::split_engine_keys(direct)?;
+                if pooler == Some(true) {
+                    return Err(PgSetupError::InvalidUrl {
+                        message: "the direct URL is for reaching the server itself, not \
+                                  through a pooler: it cannot say transaction_pooler=true"
+                            .to_owned(),
+                    });
+                }
+                Some(Arc::new(
+                    connector_for(&direct, self.statement_timeout, false).map_err(|e| match e {
+                        PgSetupError::InvalidUrl { message } => PgSetupError::InvalidUrl {
+                            message: format!("the direct URL: {message}"),
+                        },
+                        other => other,
+                    })?,
+                ))
+            }
+        };
         let tls = connector.tls().clone();
         let mut config = ManagerConfig::default();
         // A broken connection is detected by its closed socket; the default recycling check
@@ -188,11 +260,69 @@ impl PgLeaseStoreBuilder {
             .runtime(deadpool::Runtime::Tokio1)
             .build()
             .map_err(PgSetupError::Pool)?;
+        let source = match &direct {
+            Some(direct) => Some(Source::Direct {
+                connector: direct.clone(),
+                timeout: self.timeout,
+            }),
+            None if transaction_pooler => None,
+            None => Some(Source::Pool(pool.clone())),
+        };
         let mut store = PgLeaseStore::from_pool(pool);
         store.call_timeout = self.statement_timeout + self.timeout;
-        store.notifier = Arc::new(Notifier::new(self.listen_check));
+        store.notifier = Arc::new(Notifier::new(self.listen_check, source));
         store.tls = Some(tls);
+        store.pooler = transaction_pooler.then(|| Arc::new(PoolerTx::new(self.statement_timeout)));
+        store.direct = direct.map(|connector| (connector, self.timeout));
         Ok(store)
+    }
+}
+
+/// How to open connections to `url` (its engine keys already taken out).
+fn connector_for(
+    url: &str,
+    statement_timeout: Duration,
+    transaction_pooler: bool,
+) -> Result<Connector, PgSetupError> {
+    let (url, tls) = tls::split(url)?;
+    let parsed = url
+        .parse::<tokio_postgres::Config>()
+        .map_err(|e| PgSetupError::InvalidUrl {
+            message: error::chain(&e),
+        })?;
+    Ok(Connector::new(
+        parsed,
+        &url,
+        tls.build()?,
+        statement_timeout,
+        transaction_pooler,
+    ))
+}
+
+/// How each operation runs behind a transaction pooler: in a transaction of its own that sets
+/// its statement timeout (session settings would stay on whichever server connection the
+/// pooler used, and be missing from the next).
+#[derive(Debug)]
+struct PoolerTx {
+    /// Begins a read-write transaction.
+    begin: String,
+    /// Begins the snapshot's read-only, repeatable-read transaction.
+    begin_snapshot: String,
+    /// Whether the store said, once, that it has no change feed.
+    warned: std::sync::atomic::AtomicBool,
+}
+
+impl PoolerTx {
+    fn new(statement_timeout: Duration) -> Self {
+        let set = format!(
+            "SET LOCAL statement_timeout = {}",
+            statement_timeout.as_millis().max(1)
+        );
+        Self {
+            begin: format!("BEGIN; {set}"),
+            begin_snapshot: format!("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {set}"),
+            warned: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 }
 
@@ -206,6 +336,10 @@ pub struct PgLeaseStore {
     call_timeout: Duration,
     /// The TLS settings its connections use (unknown for a pool built elsewhere).
     tls: Option<TlsSummary>,
+    /// Set when the URL goes through a transaction pooler.
+    pooler: Option<Arc<PoolerTx>>,
+    /// Connections to the server itself (the direct URL), with their timeout, for `migrate`.
+    direct: Option<(Arc<Connector>, Duration)>,
 }
 
 impl std::fmt::Debug for PgLeaseStore {
@@ -213,6 +347,7 @@ impl std::fmt::Debug for PgLeaseStore {
         f.debug_struct("PgLeaseStore")
             .field("pool", &self.pool.status())
             .field("client_clock", &self.clock)
+            .field("transaction_pooler", &self.pooler.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -227,6 +362,8 @@ impl PgLeaseStore {
             timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(10),
             listen_check: DEFAULT_LISTEN_CHECK,
+            transaction_pooler: None,
+            direct_url: None,
         }
     }
 
@@ -236,15 +373,34 @@ impl PgLeaseStore {
     }
 
     /// A store on an existing pool. Connections should not be checked by a query on recycle
-    /// if one round trip per heartbeat matters to you (see [`RecyclingMethod::Fast`]).
+    /// if one round trip per heartbeat matters to you (see [`RecyclingMethod::Fast`]). The
+    /// pool is taken to reach the server directly, not through a transaction pooler (for
+    /// that, build the store from a URL with [`PgLeaseStoreBuilder::transaction_pooler`]).
     pub fn from_pool(pool: PgPool) -> Self {
         Self {
+            notifier: Arc::new(Notifier::new(
+                DEFAULT_LISTEN_CHECK,
+                Some(Source::Pool(pool.clone())),
+            )),
             pool,
             clock: None,
-            notifier: Arc::new(Notifier::new(DEFAULT_LISTEN_CHECK)),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             tls: None,
+            pooler: None,
+            direct: None,
         }
+    }
+
+    /// Whether it reaches the server through a transaction pooler
+    /// ([`PgLeaseStoreBuilder::transaction_pooler`]).
+    pub fn transaction_pooler(&self) -> bool {
+        self.pooler.is_some()
+    }
+
+    /// Whether it can push wake-ups ([`LeaseStore::changes`] gives feeds): false behind a
+    /// transaction pooler without a [`direct_url`](PgLeaseStoreBuilder::direct_url).
+    pub fn pushes_wakeups(&self) -> bool {
+        self.notifier.can_listen()
     }
 
     /// Decide expiry by `clock` instead of the database server's clock. For tests and
@@ -278,8 +434,25 @@ impl PgLeaseStore {
     /// Safe to run from many processes at once: an advisory lock, taken before anything is
     /// read, serializes them. Each migration runs in a transaction of its own, unless its
     /// `metadata.toml` says `run_in_transaction = false` (for `CREATE INDEX CONCURRENTLY`).
+    ///
+    /// The lock belongs to the session, so migrating needs a connection to the server itself:
+    /// it runs on the [`direct_url`](PgLeaseStoreBuilder::direct_url) when one is given, and
+    /// behind a [`transaction_pooler`](PgLeaseStoreBuilder::transaction_pooler) without one it
+    /// is refused ([`PgSetupError::DirectConnectionRequired`]), connecting nowhere.
     pub async fn migrate(&self) -> Result<Vec<String>, PgSetupError> {
-        let conn = self.setup_connection().await?;
+        let conn = match &self.direct {
+            Some((direct, timeout)) => match tokio::time::timeout(*timeout, direct.connect()).await
+            {
+                Ok(connected) => connected.map_err(from_connection_setup)?,
+                Err(_) => {
+                    return Err(PgSetupError::Unreachable {
+                        message: format!("no connection on the direct URL within {timeout:?}"),
+                    });
+                }
+            },
+            None if self.pooler.is_some() => return Err(PgSetupError::DirectConnectionRequired),
+            None => self.setup_connection().await?,
+        };
         // diesel's migrations are synchronous: run the whole runner on a blocking thread,
         // driving the async connection from there. The connection left the pool and is
         // dropped afterwards, which also ends the advisory lock's session.
@@ -303,7 +476,8 @@ impl PgLeaseStore {
     ///
     /// Read-only: it reads the catalogs and `lease.engine_migrations` and never creates
     /// anything, so it works on a hot standby, in a read-only transaction, and for a role with
-    /// `USAGE` on schema `lease` and no other right.
+    /// `USAGE` on schema `lease` and no other right. Its reads share one transaction, so it
+    /// works through a transaction pooler too.
     pub async fn check_schema(&self) -> Result<(), PgSetupError> {
         let conn = self.setup_connection().await?;
         let task =
@@ -338,7 +512,20 @@ impl PgLeaseStore {
         let pooled = self.pool.get().await.map_err(|e| from_pool(operation, e))?;
         let mut checkout = Checkout(Some(pooled));
         let conn: &mut AsyncPgConnection = checkout.conn(operation)?;
-        let result = tokio::time::timeout(self.call_timeout, op(conn))
+        let run = async {
+            match &self.pooler {
+                None => op(conn).await,
+                Some(pooler) => {
+                    let begin = if operation == Operation::Snapshot {
+                        &pooler.begin_snapshot
+                    } else {
+                        &pooler.begin
+                    };
+                    in_transaction(conn, operation, begin, op).await
+                }
+            }
+        };
+        let result = tokio::time::timeout(self.call_timeout, run)
             .await
             .map_err(|_| {
                 StoreError::backend_detail(
@@ -357,6 +544,29 @@ impl PgLeaseStore {
     fn at(&self) -> Option<DateTime<Utc>> {
         self.clock.as_ref().map(|c| store_precision(c.now()))
     }
+}
+
+/// Run `op` in a transaction begun with `begin` (`BEGIN` and the statement timeout, sent as
+/// one round trip), committed unless `op` failed in the backend: such a connection is closed
+/// rather than reused (see `with_conn`), which ends the transaction without a `ROLLBACK`.
+/// Committed too after the contract's refusals (`WorkerIdInUse`, `SessionExpired`...): their
+/// statement ran and wrote what it writes, as it would have in autocommit mode.
+async fn in_transaction<T>(
+    conn: &mut AsyncPgConnection,
+    operation: Operation,
+    begin: &str,
+    op: impl AsyncFnOnce(&mut AsyncPgConnection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    AnsiTransactionManager::begin_transaction_sql(conn, begin)
+        .await
+        .map_err(|e| from_diesel(operation, e))?;
+    let result = op(conn).await;
+    if !matches!(result, Err(StoreError::Backend { .. })) {
+        AnsiTransactionManager::commit_transaction(conn)
+            .await
+            .map_err(|e| from_diesel(operation, e))?;
+    }
+    result
 }
 
 #[async_trait]
@@ -448,6 +658,21 @@ impl LeaseStore for PgLeaseStore {
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
+        if !self.notifier.can_listen() {
+            if let Some(pooler) = &self.pooler
+                && !pooler
+                    .warned
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    "through a transaction pooler without a direct URL there is no LISTEN: \
+                     no wake-ups are pushed, workers re-plan at their renew interval (for \
+                     prompt wake-ups give a direct URL to the server: \
+                     PgLeaseStoreBuilder::direct_url, leasectl --direct-url)"
+                );
+            }
+            return Ok(None);
+        }
         let row: sql::ChannelRow = self
             .with_conn(Operation::Changes, async |c| {
                 Prepared(diesel::sql_query(sql::CHANNEL).bind::<Text, _>(group.as_str()))
@@ -456,9 +681,6 @@ impl LeaseStore for PgLeaseStore {
                     .map_err(|e| from_diesel(Operation::Changes, e))
             })
             .await?;
-        self.notifier
-            .subscribe(&self.pool, row.channel)
-            .await
-            .map(Some)
+        self.notifier.subscribe(row.channel).await
     }
 }

@@ -496,19 +496,33 @@ fn no_usage(state: &State) -> PgSetupError {
 /// this build. Read-only: it reads the catalogs and `lease.engine_migrations`, creates
 /// nothing, and so works on a hot standby and for a role with `USAGE` on the schema alone.
 pub(crate) fn check(conn: &mut SyncConn) -> Result<(), PgSetupError> {
-    let failed = |e: DieselError| {
-        if lost(&e) {
-            PgSetupError::Unreachable {
-                message: format!("the connection was lost checking the lease schema: {e}"),
-            }
-        } else {
-            PgSetupError::SchemaCheck {
-                message: e.to_string(),
-            }
+    // One transaction for all the reads: through a transaction pooler each read (prepared,
+    // then executed, in two round trips) stays on one server connection.
+    match conn.transaction(|c| check_in(c).map_err(Fail::Setup)) {
+        Ok(()) => Ok(()),
+        Err(Fail::Setup(e)) => Err(e),
+        Err(Fail::Db(_, e)) => Err(check_failed(e)),
+        Err(Fail::Sql(message)) => Err(PgSetupError::SchemaCheck { message }),
+    }
+}
+
+/// A failed read of the start-up check.
+fn check_failed(e: DieselError) -> PgSetupError {
+    if lost(&e) {
+        PgSetupError::Unreachable {
+            message: format!("the connection was lost checking the lease schema: {e}"),
         }
-    };
+    } else {
+        PgSetupError::SchemaCheck {
+            message: e.to_string(),
+        }
+    }
+}
+
+/// The start-up check's reads and decisions.
+fn check_in(conn: &mut SyncConn) -> Result<(), PgSetupError> {
     let embedded = embedded()?;
-    let state = inspect(conn).map_err(failed)?;
+    let state = inspect(conn).map_err(check_failed)?;
     if state.owner.is_none() {
         return Err(PgSetupError::NotInstalled);
     }
@@ -522,7 +536,7 @@ pub(crate) fn check(conn: &mut SyncConn) -> Result<(), PgSetupError> {
     if !state.usage || !state.versions_readable {
         return Err(no_usage(&state));
     }
-    let applied = read_versions(conn).map_err(failed)?;
+    let applied = read_versions(conn).map_err(check_failed)?;
     let unknown: Vec<String> = applied
         .iter()
         .filter(|v| !embedded.iter().any(|m| &m.version == *v))

@@ -1,6 +1,7 @@
 //! The operations on a connection you hold, for running them inside your own transaction or
 //! interleaving them step by step (the race tests do). [`PgLeaseStore`](crate::PgLeaseStore)
-//! runs each on a pooled connection in autocommit mode.
+//! runs each on a pooled connection in autocommit mode, or, behind a transaction pooler, in a
+//! transaction of its own.
 
 use std::collections::HashMap;
 
@@ -11,7 +12,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{
     Array, BigInt, Integer, Interval, Nullable, Text, Timestamptz, Uuid as SqlUuid,
 };
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
 use lease_core::{
     Bucket, BucketInfo, BucketState, FencingToken, GroupName, GroupSnapshot, GroupView, Heartbeat,
     Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata, Operation, SessionId, ShardCount,
@@ -282,70 +283,30 @@ pub async fn leave(
     bucket_list(Operation::Leave, &row.buckets)
 }
 
-/// [`LeaseStore::snapshot`](lease_core::LeaseStore::snapshot) on `conn`: a read-only repeatable-read transaction.
+/// [`LeaseStore::snapshot`](lease_core::LeaseStore::snapshot) on `conn`: a read-only repeatable-read transaction,
+/// or, inside your own transaction, reads in that one (whose isolation level is yours).
 pub async fn snapshot(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
     group: &GroupName,
 ) -> Result<GroupSnapshot, StoreError> {
-    use crate::schema::{groups, members, shards};
-    type MemberRow = (
-        Uuid,
-        Uuid,
-        DateTime<Utc>,
-        DateTime<Utc>,
-        DateTime<Utc>,
-        i32,
-        String,
-    );
-    type ShardRow = (i32, Option<Uuid>, Option<Uuid>, i64);
-
     let name = group.as_str().to_owned();
-    // One consistent view: the three reads share a repeatable-read snapshot.
-    let (now, stored_count, member_rows, shard_rows) = conn
-        .build_transaction()
-        .repeatable_read()
-        .read_only()
-        .run(async |conn| {
-            let now: sql::NowRow =
-                Prepared(diesel::sql_query(sql::NOW).bind::<Nullable<Timestamptz>, _>(at))
-                    .get_result(conn)
-                    .await?;
-            let count: Option<i32> = groups::table
-                .find(&name)
-                .select(groups::shard_count)
-                .first(conn)
-                .await
-                .optional()?;
-            let member_rows: Vec<MemberRow> = members::table
-                .filter(members::group_name.eq(&name))
-                .order(members::worker_id)
-                .select((
-                    members::worker_id,
-                    members::session_id,
-                    members::joined_at,
-                    members::heartbeat_at,
-                    members::expires_at,
-                    members::owned,
-                    members::metadata,
-                ))
-                .load(conn)
-                .await?;
-            let shard_rows: Vec<ShardRow> = shards::table
-                .filter(shards::group_name.eq(&name))
-                .order(shards::bucket)
-                .select((
-                    shards::bucket,
-                    shards::owner_worker,
-                    shards::owner_session,
-                    shards::token,
-                ))
-                .load(conn)
-                .await?;
-            Ok::<_, diesel::result::Error>((now.now, count, member_rows, shard_rows))
-        })
-        .await
-        .map_err(|e| from_diesel(Operation::Snapshot, e))?;
+    // One consistent view: the three reads share a repeatable-read snapshot, in a transaction
+    // of their own, or in the caller's (the store's own, behind a transaction pooler).
+    let in_transaction = AnsiTransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .map_err(|e| from_diesel(Operation::Snapshot, e))?
+        .is_some();
+    let (now, stored_count, member_rows, shard_rows) = if in_transaction {
+        snapshot_reads(conn, at, &name).await
+    } else {
+        conn.build_transaction()
+            .repeatable_read()
+            .read_only()
+            .run(async |conn| snapshot_reads(conn, at, &name).await)
+            .await
+    }
+    .map_err(|e| from_diesel(Operation::Snapshot, e))?;
     let shard_count = shard_count(
         Operation::Snapshot,
         group,
@@ -400,6 +361,62 @@ pub async fn snapshot(
         members,
         buckets,
     })
+}
+
+type MemberRow = (
+    Uuid,
+    Uuid,
+    DateTime<Utc>,
+    DateTime<Utc>,
+    DateTime<Utc>,
+    i32,
+    String,
+);
+type ShardRow = (i32, Option<Uuid>, Option<Uuid>, i64);
+
+/// The snapshot's reads: the store's time, the group's shard count, its members and buckets.
+async fn snapshot_reads(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+    name: &str,
+) -> diesel::QueryResult<(Timestamp, Option<i32>, Vec<MemberRow>, Vec<ShardRow>)> {
+    use crate::schema::{groups, members, shards};
+    let now: sql::NowRow =
+        Prepared(diesel::sql_query(sql::NOW).bind::<Nullable<Timestamptz>, _>(at))
+            .get_result(conn)
+            .await?;
+    let count: Option<i32> = groups::table
+        .find(name)
+        .select(groups::shard_count)
+        .first(conn)
+        .await
+        .optional()?;
+    let member_rows: Vec<MemberRow> = members::table
+        .filter(members::group_name.eq(name))
+        .order(members::worker_id)
+        .select((
+            members::worker_id,
+            members::session_id,
+            members::joined_at,
+            members::heartbeat_at,
+            members::expires_at,
+            members::owned,
+            members::metadata,
+        ))
+        .load(conn)
+        .await?;
+    let shard_rows: Vec<ShardRow> = shards::table
+        .filter(shards::group_name.eq(name))
+        .order(shards::bucket)
+        .select((
+            shards::bucket,
+            shards::owner_worker,
+            shards::owner_session,
+            shards::token,
+        ))
+        .load(conn)
+        .await?;
+    Ok((now.now, count, member_rows, shard_rows))
 }
 
 /// [`LeaseStore::is_current`](lease_core::LeaseStore::is_current) on `conn`: one statement. Inside your own transaction, a `true`

@@ -2,8 +2,8 @@
 //! libpq reads it.
 //!
 //! tokio-postgres knows `sslmode` `disable`, `prefer` and `require` and none of the other TLS
-//! keys, so the TLS keys are taken out of the string here and the rest is left to
-//! tokio-postgres:
+//! keys, so the TLS keys are taken out of the string here (by [`crate::conninfo::take_keys`],
+//! which the engine's own keys share) and the rest is left to tokio-postgres:
 //!
 //! | `sslmode` | TLS | the server's certificate |
 //! |---|---|---|
@@ -34,6 +34,7 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::PgSetupError;
+use crate::conninfo;
 
 /// The connection-string keys this module reads (and removes before tokio-postgres parses
 /// the rest).
@@ -172,7 +173,7 @@ pub(crate) fn split(url: &str) -> Result<(String, TlsParams), PgSetupError> {
         cert: None,
         key: None,
     };
-    let mut take = |key: &str, value: String| -> Result<(), PgSetupError> {
+    let rest = conninfo::take_keys(url, &KEYS, |key, value| {
         match key {
             "sslmode" => params.mode = Some(TlsMode::parse(&value)?),
             "sslrootcert" if value == "system" => params.roots = Some(Roots::System),
@@ -182,146 +183,8 @@ pub(crate) fn split(url: &str) -> Result<(String, TlsParams), PgSetupError> {
             _ => unreachable!("only the TLS keys are taken"),
         }
         Ok(())
-    };
-    let rest = if let Some(scheme_len) = ["postgres://", "postgresql://"]
-        .iter()
-        .find(|s| url.starts_with(**s))
-        .map(|s| s.len())
-    {
-        let Some(q) = url[scheme_len..].find('?').map(|i| i + scheme_len) else {
-            return Ok((url.to_owned(), params));
-        };
-        let mut kept = Vec::new();
-        for pair in url[q + 1..].split('&') {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let key = percent_decode(key)?;
-            if KEYS.contains(&key.as_str()) {
-                take(&key, percent_decode(value)?)?;
-            } else {
-                kept.push(pair);
-            }
-        }
-        if kept.is_empty() {
-            url[..q].to_owned()
-        } else {
-            format!("{}?{}", &url[..q], kept.join("&"))
-        }
-    } else {
-        let mut rest = String::new();
-        let mut last = 0;
-        for pair in key_values(url)? {
-            if KEYS.contains(&pair.key.as_str()) {
-                rest.push_str(&url[last..pair.start]);
-                last = pair.end;
-                take(&pair.key, pair.value)?;
-            }
-        }
-        rest.push_str(&url[last..]);
-        rest
-    };
+    })?;
     Ok((rest, params))
-}
-
-/// One `key=value` of a key-value connection string, with where it is.
-struct Pair {
-    key: String,
-    value: String,
-    start: usize,
-    end: usize,
-}
-
-/// The pairs of a libpq key-value string: `key = value`, values optionally single-quoted,
-/// backslash escaping a quote or a backslash.
-fn key_values(text: &str) -> Result<Vec<Pair>, PgSetupError> {
-    let bytes = text.as_bytes();
-    let invalid = |why: &str| PgSetupError::InvalidUrl {
-        message: format!("invalid connection string: {why}"),
-    };
-    let mut pairs = Vec::new();
-    let mut i = 0;
-    let skip_space = |i: &mut usize| {
-        while *i < bytes.len() && bytes[*i].is_ascii_whitespace() {
-            *i += 1;
-        }
-    };
-    loop {
-        skip_space(&mut i);
-        if i >= bytes.len() {
-            return Ok(pairs);
-        }
-        let start = i;
-        while i < bytes.len() && bytes[i] != b'=' && !bytes[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        let key = text[start..i].to_owned();
-        skip_space(&mut i);
-        if i >= bytes.len() || bytes[i] != b'=' {
-            return Err(invalid(&format!("{key:?} has no value")));
-        }
-        i += 1;
-        skip_space(&mut i);
-        let mut value = String::new();
-        let quoted = i < bytes.len() && bytes[i] == b'\'';
-        if quoted {
-            i += 1;
-        }
-        loop {
-            let Some(c) = text[i..].chars().next() else {
-                if quoted {
-                    return Err(invalid(&format!(
-                        "the value of {key:?} has no closing quote"
-                    )));
-                }
-                break;
-            };
-            if c == '\\'
-                && let Some(next) = text[i + 1..].chars().next()
-            {
-                value.push(next);
-                i += 1 + next.len_utf8();
-                continue;
-            }
-            if quoted && c == '\'' {
-                i += 1;
-                break;
-            }
-            if !quoted && c.is_whitespace() {
-                break;
-            }
-            value.push(c);
-            i += c.len_utf8();
-        }
-        pairs.push(Pair {
-            key,
-            value,
-            start,
-            end: i,
-        });
-    }
-}
-
-fn percent_decode(text: &str) -> Result<String, PgSetupError> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| PgSetupError::InvalidUrl {
-                    message: format!("invalid percent-encoding in {text:?}"),
-                })?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| PgSetupError::InvalidUrl {
-        message: format!("{text:?} is not UTF-8 once decoded"),
-    })
 }
 
 fn tls_error(message: String) -> PgSetupError {

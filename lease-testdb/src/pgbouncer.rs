@@ -46,6 +46,21 @@ impl PgBouncer {
     ///
     /// If `pgbouncer` is not installed (the message names the package) or does not start.
     pub fn start(upstream: &Cluster, mode: PoolMode, users: &[&str]) -> Result<Self, String> {
+        Self::start_with_pool_size(upstream, mode, users, 40)
+    }
+
+    /// [`start`](Self::start), with at most `pool_size` server connections per database and
+    /// user: more clients than that wait in PgBouncer's queue and share them.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with_pool_size(
+        upstream: &Cluster,
+        mode: PoolMode,
+        users: &[&str],
+        pool_size: u32,
+    ) -> Result<Self, String> {
         let program = bins::program("pgbouncer", "pgbouncer")?;
         let run_as = bins::run_as()?;
         let port = free_port()?;
@@ -66,7 +81,7 @@ impl PgBouncer {
              auth_file = {dir}/userlist.txt\n\
              pool_mode = {mode}\n\
              max_client_conn = 1000\n\
-             default_pool_size = 40\n\
+             default_pool_size = {pool_size}\n\
              max_db_connections = 100\n\
              ignore_startup_parameters = extra_float_digits,options\n\
              pidfile = {dir}/pgbouncer.pid\n\

@@ -200,6 +200,7 @@ impl<S: LeaseStore + 'static, A: Application> Driver<S, A> {
                     None => {
                         tracing::warn!("change feed closed; re-planning on the renew interval only");
                         self.feed = None;
+                        self.metrics.polling(true);
                     }
                 },
             }
@@ -494,6 +495,14 @@ impl LeaseWorker {
         let running = self.running.claim(&self.group, self.worker)?;
         store.ensure_group(&self.group, self.shards).await?;
         let feed = match store.changes(&self.group).await {
+            // A store without a feed says why itself (the Postgres store logs it once).
+            Ok(None) => {
+                tracing::debug!(
+                    group = %self.group,
+                    "the store has no change feed; re-planning on the renew interval only"
+                );
+                None
+            }
             Ok(feed) => feed,
             Err(e) => {
                 // Wake-ups only speed things up; the worker still re-plans every interval.
@@ -505,6 +514,9 @@ impl LeaseWorker {
                 None
             }
         };
+        // Registered here, on the caller's task: a test's local recorder sees the series.
+        let metrics = Metrics::new(&self.group);
+        metrics.polling(feed.is_none());
         let (tx, rx) = watch::channel(Owned::new());
         let worker = self.worker;
         let cancel = self.cancel.clone();
@@ -517,7 +529,7 @@ impl LeaseWorker {
             cancel: self.cancel.clone(),
             published: Published(tx),
             trust,
-            metrics: Metrics::new(&self.group),
+            metrics,
             call: None,
             metadata: self.metadata.clone(),
             _running: running,

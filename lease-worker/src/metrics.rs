@@ -9,6 +9,7 @@
 //! | `lease_store_errors_total` | counter | failed or timed-out store calls |
 //! | `lease_stuck_total` | counter | revocations the application did not acknowledge in time |
 //! | `lease_tick_seconds` | histogram | duration of a tick |
+//! | `lease_polling_fallback` | gauge | 1 while the worker has no change feed (the store cannot push wake-ups, e.g. Postgres behind a transaction pooler without a direct URL) and re-plans only at its renew interval; 0 while wake-ups are pushed |
 
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ pub(crate) struct Metrics {
     errors: Counter,
     stuck: Counter,
     tick: Histogram,
+    polling: Gauge,
 }
 
 impl Metrics {
@@ -42,7 +44,8 @@ impl Metrics {
             shutdown: revoked(RevokeReason::Shutdown),
             errors: counter!("lease_store_errors_total", "group" => g.clone()),
             stuck: counter!("lease_stuck_total", "group" => g.clone()),
-            tick: histogram!("lease_tick_seconds", "group" => g),
+            tick: histogram!("lease_tick_seconds", "group" => g.clone()),
+            polling: gauge!("lease_polling_fallback", "group" => g),
         }
     }
 
@@ -70,6 +73,11 @@ impl Metrics {
 
     pub(crate) fn stuck(&self) {
         self.stuck.increment(1);
+    }
+
+    /// Whether the worker re-plans only at its renew interval (no change feed).
+    pub(crate) fn polling(&self, polling: bool) {
+        self.polling.set(if polling { 1.0 } else { 0.0 });
     }
 
     pub(crate) fn tick(&self, took: Duration) {

@@ -53,13 +53,25 @@ pub fn clap_exit(e: &clap::Error) -> ExitCode {
     }
 }
 
-/// Where the database is.
+/// Where the database is, and how it is reached.
 #[derive(Args, Debug, Clone)]
 pub struct DbArgs {
     /// Postgres connection URL, e.g. postgres://user:pass@host:5432/db or
-    /// "host=/var/run/postgresql user=app dbname=app".
+    /// "host=/var/run/postgresql user=app dbname=app". `transaction_pooler=true` in it is
+    /// --transaction-pooler.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+    /// The URL goes through a connection pooler in transaction pooling mode (PgBouncer with
+    /// pool_mode = transaction): no prepared statement is kept between transactions and every
+    /// operation is a transaction of its own. Give --direct-url too for prompt wake-ups and
+    /// for migrate.
+    #[arg(long, env = "LEASE_TRANSACTION_POOLER")]
+    transaction_pooler: bool,
+    /// A URL to the Postgres server itself, not through a pooler, for what needs a session:
+    /// LISTEN for wake-ups, and migrate's lock. Behind a transaction pooler without it, workers
+    /// re-plan at their renew interval (a warning says so once) and migrate is refused.
+    #[arg(long, env = "LEASE_DIRECT_URL", hide_env_values = true)]
+    direct_url: Option<String>,
 }
 
 impl DbArgs {
@@ -76,13 +88,43 @@ impl DbArgs {
             })
     }
 
+    fn direct_url(&self) -> Option<&str> {
+        self.direct_url.as_deref().filter(|u| !u.trim().is_empty())
+    }
+
     /// A store on this database; nothing is connected yet.
     pub fn store(&self) -> Result<PgLeaseStore, Failure> {
-        PgLeaseStore::builder(self.url()?)
+        let mut builder = PgLeaseStore::builder(self.url()?)
             .max_connections(8)
-            .timeout(Duration::from_secs(3))
+            .timeout(Duration::from_secs(3));
+        if self.transaction_pooler {
+            builder = builder.transaction_pooler(true);
+        }
+        if let Some(direct) = self.direct_url() {
+            // Alone first, so that what is wrong with it is said of --direct-url.
+            PgLeaseStore::builder(direct)
+                .build()
+                .map_err(|e| Failure::Usage(format!("--direct-url: {e}")))?;
+            builder = builder.direct_url(direct);
+        }
+        builder
             .build()
             .map_err(|e| Failure::Usage(format!("--database-url: {e}")))
+    }
+
+    /// A store to migrate with: behind a transaction pooler, only with a direct URL (the
+    /// migration lock belongs to the session).
+    pub fn store_to_migrate(&self) -> Result<PgLeaseStore, Failure> {
+        let store = self.store()?;
+        if store.transaction_pooler() && self.direct_url().is_none() {
+            return Err(Failure::Usage(
+                "migrating through a transaction pooler needs --direct-url (or \
+                 LEASE_DIRECT_URL), a URL to the server itself: the migration lock belongs to \
+                 the session, which the pooler does not keep"
+                    .into(),
+            ));
+        }
+        Ok(store)
     }
 
     /// A store on this database whose schema is in place, retrying while the database is

@@ -310,6 +310,39 @@ fn replication(r: &Replication) -> Check {
 }
 
 fn listen(d: &Diagnosis) -> Check {
+    if let Some(direct) = &d.direct_listen {
+        return if direct.works {
+            check(
+                "wake-ups",
+                Status::Ok,
+                format!(
+                    "LISTEN/NOTIFY works over the direct URL ({:.1} ms round trip), which \
+                     workers listen on{}",
+                    direct.waited.as_secs_f64() * 1_000.0,
+                    if d.listen.works {
+                        ""
+                    } else {
+                        "; through the main URL it does not (a pooler is in the way)"
+                    }
+                ),
+            )
+        } else {
+            check(
+                "wake-ups",
+                Status::Warn,
+                "a NOTIFY did not reach a LISTEN over the direct URL: is it a pooler too? \
+                 Workers re-plan only at their renew interval",
+            )
+        };
+    }
+    if d.transaction_pooler {
+        return check(
+            "wake-ups",
+            Status::Warn,
+            "behind a transaction pooler without --direct-url: workers cannot LISTEN, so they \
+             re-plan only at their renew interval; give a direct URL for prompt wake-ups",
+        );
+    }
     if d.listen.works {
         check(
             "wake-ups",

@@ -14,7 +14,7 @@ pub struct MigrateArgs {
 
 /// Apply what is missing and say what was applied.
 pub async fn run(args: MigrateArgs) -> Result<(), Failure> {
-    let store = args.db.store()?;
+    let store = args.db.store_to_migrate()?;
     let applied = retry_while_unreachable(|| store.migrate()).await?;
     if applied.is_empty() {
         return Ok(output::line("the lease schema is up to date")?);
