@@ -144,6 +144,13 @@ pub enum PgSetupError {
         /// Which migration, and the server's answer.
         message: String,
     },
+    /// The role named to grant privileges to, or to check, does not exist. Permanent: create
+    /// it first (`CREATE ROLE ... LOGIN`).
+    #[error("role {role:?} does not exist: create it first (CREATE ROLE ... LOGIN)")]
+    UnknownRole {
+        /// The name, as given.
+        role: String,
+    },
     /// A query of the start-up check failed for another reason (a statement timeout, the
     /// server running out of resources). Transient.
     #[error("checking the lease schema failed: {message}")]

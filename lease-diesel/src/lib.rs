@@ -11,7 +11,8 @@
 //! [`MIGRATIONS`] and records their versions in `lease.engine_migrations`, not in the
 //! application's diesel migrations table. It refuses a `lease` schema it did not create.
 //! [`PgLeaseStore::check_schema`] only reads: workers and monitoring need no right to create
-//! anything, and work against a hot standby.
+//! anything, and work against a hot standby. [`privileges`] lists what each kind of role needs
+//! (the GRANT statements `leasectl grant` prints), and checks what a role lacks.
 //!
 //! ```no_run
 //! use lease_core::{GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId};
@@ -43,6 +44,7 @@ mod feed;
 mod migrate;
 pub mod ops;
 mod prepared;
+pub mod privileges;
 mod schema;
 mod statements;
 mod tls;

@@ -24,6 +24,7 @@ use lease_core::{
     Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount,
     Timestamp, Ttl, WorkerId,
 };
+use lease_diesel::privileges::{self, Grant, Object, RoleKind, RoleName};
 use lease_diesel::{MIGRATIONS, PgLeaseStore, PgSetupError, ops};
 
 /// A host application's own diesel migrations (dated before the engine's).
@@ -616,11 +617,33 @@ async fn a_runner_waiting_for_the_lock_lets_the_holder_build_an_index_concurrent
 
 // ---- item 7: least privilege ---------------------------------------------------------------
 
-/// A monitoring role with USAGE on the schema and SELECT on the engine's tables, whose
-/// transactions are read-only (as on a hot standby), checks the schema and reads a group;
-/// nothing is created anywhere.
+/// A login role with exactly the privileges `lease_diesel::privileges` lists for `kind` (the
+/// statements `leasectl grant` prints), on database `db`.
+async fn role_of_kind(
+    admin: &mut AsyncPgConnection,
+    db: &str,
+    what: &str,
+    kind: RoleKind,
+) -> String {
+    let role = make_role(admin, db, what, "").await;
+    let name = RoleName::new(&role).expect("a role name");
+    exec(admin, &privileges::grants(kind, &name).join("\n")).await;
+    role
+}
+
+/// Take from PUBLIC what Postgres and the runner give it by default on the engine's objects
+/// (EXECUTE on functions, SELECT on the version table), so that a role holds only what it was
+/// granted and the privilege list is all a test runs on.
+const REVOKE_PUBLIC_DEFAULTS: &str = "
+    REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+    REVOKE SELECT ON lease.engine_migrations FROM PUBLIC;
+    REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA lease FROM PUBLIC;
+";
+
+/// A monitoring role with the monitor's privileges, whose transactions are read-only (as on a
+/// hot standby), checks the schema and reads a group; nothing is created anywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_select_only_role_on_a_read_only_connection_checks_and_reads() {
+async fn a_monitor_role_on_a_read_only_connection_checks_and_reads() {
     let db = lease_testdb::database().await;
     let owner = store(&db.url);
     let g = group("watched");
@@ -639,14 +662,11 @@ async fn a_select_only_role_on_a_read_only_connection_checks_and_reads() {
     owner.claim(&g, me, beat.session, 4).await.expect("claim");
 
     let mut admin = connect(&db.url).await;
-    exec(&mut admin, "REVOKE CREATE ON SCHEMA public FROM PUBLIC").await;
-    let role = make_role(
+    exec(&mut admin, REVOKE_PUBLIC_DEFAULTS).await;
+    let role = role_of_kind(&mut admin, &db.name, "mon", RoleKind::Monitor).await;
+    exec(
         &mut admin,
-        &db.name,
-        "mon",
-        "GRANT USAGE ON SCHEMA lease TO {role}; \
-         GRANT SELECT ON lease.groups, lease.members, lease.shards TO {role}; \
-         ALTER ROLE {role} SET default_transaction_read_only = on;",
+        &format!("ALTER ROLE {role} SET default_transaction_read_only = on"),
     )
     .await;
     let url = url_as(&db.url, &role);
@@ -659,39 +679,50 @@ async fn a_select_only_role_on_a_read_only_connection_checks_and_reads() {
         .await,
         "the role's connections are not read-only: the test would prove nothing"
     );
+    assert!(
+        as_role
+            .batch_execute("SET transaction_read_only = off; DELETE FROM lease.members")
+            .await
+            .is_err(),
+        "the monitor may delete members: the test would prove nothing"
+    );
     let before = objects(&mut admin).await;
 
     let monitor = store(&url);
     monitor
         .check_schema()
         .await
-        .expect("check as a SELECT-only role");
+        .expect("check as a monitor role");
     let snap = monitor
         .snapshot(&g)
         .await
-        .expect("snapshot as a SELECT-only role");
+        .expect("snapshot as a monitor role");
     assert!(snap.buckets.iter().all(|b| b.owner == Some(me)));
     assert_eq!(objects(&mut admin).await, before);
 }
 
-/// A worker's role with the engine's DML (and EXECUTE on the fencing function) and no right
-/// to create anything runs every operation, the start-up check included.
+/// A worker's role with exactly the worker's privileges (PUBLIC's defaults revoked, no right
+/// to create anything) runs every operation and every path of the engine's statements: the
+/// start-up check, a claim judging a dead owner (which share-locks its member row), a
+/// heartbeat removing a dead member's row, releases, leaves, wake-ups, fencing, snapshots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_role_with_dml_only_runs_the_engine() {
+async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
     let db = lease_testdb::database().await;
     let mut admin = connect(&db.url).await;
-    exec(&mut admin, "REVOKE CREATE ON SCHEMA public FROM PUBLIC").await;
-    let role = make_role(
-        &mut admin,
-        &db.name,
-        "wkr",
-        "GRANT USAGE ON SCHEMA lease TO {role}; \
-         GRANT SELECT, INSERT, UPDATE, DELETE ON lease.groups, lease.members, lease.shards \
-           TO {role}; \
-         GRANT EXECUTE ON FUNCTION lease.is_current(text, bigint, uuid, bigint, timestamptz) \
-           TO {role};",
-    )
-    .await;
+    exec(&mut admin, REVOKE_PUBLIC_DEFAULTS).await;
+    let role = role_of_kind(&mut admin, &db.name, "wkr", RoleKind::Worker).await;
+    assert!(
+        !flag(
+            &mut admin,
+            &format!(
+                "SELECT has_database_privilege('{role}', current_database(), 'CREATE')
+                     OR EXISTS (SELECT 1 FROM pg_namespace n
+                                 WHERE has_schema_privilege('{role}', n.oid, 'CREATE')) AS yes"
+            ),
+        )
+        .await,
+        "the worker role may create something: the test would prove less"
+    );
     let before = objects(&mut admin).await;
     let worker = store(&url_as(&db.url, &role));
     worker
@@ -700,7 +731,26 @@ async fn a_worker_role_with_dml_only_runs_the_engine() {
         .expect("check as the worker role");
     let g = group("work");
     worker.ensure_group(&g, shards(4)).await.expect("ensure");
-    let me = WorkerId::new();
+    worker
+        .ensure_group(&g, shards(4))
+        .await
+        .expect("ensure an existing group");
+    let (short, me) = (WorkerId::new(), WorkerId::new());
+    let brief = worker
+        .heartbeat(
+            &g,
+            short,
+            process(short),
+            ttl_ms(300),
+            &MemberMetadata::empty(),
+        )
+        .await
+        .expect("a short-lived member joins");
+    let held = worker
+        .claim(&g, short, brief.session, 2)
+        .await
+        .expect("the short-lived member claims");
+    assert_eq!(held.len(), 2);
     let beat = worker
         .heartbeat(
             &g,
@@ -711,8 +761,26 @@ async fn a_worker_role_with_dml_only_runs_the_engine() {
         )
         .await
         .expect("heartbeat");
+    wait_server_past(&mut admin, brief.expires_at).await;
+    // The dead member's row is still there: the claim judges it dead in lease.owner_is_dead,
+    // share-locking it.
     let won = worker.claim(&g, me, beat.session, 4).await.expect("claim");
-    assert_eq!(won.len(), 4);
+    assert_eq!(won.len(), 4, "the free and the dead member's buckets");
+    worker
+        .heartbeat(
+            &g,
+            me,
+            process(me),
+            ttl_ms(30_000),
+            &MemberMetadata::empty(),
+        )
+        .await
+        .expect("a heartbeat removing the dead member");
+    assert_eq!(
+        worker.snapshot(&g).await.expect("snapshot").members.len(),
+        1,
+        "the dead member's row was not removed"
+    );
     assert!(
         worker
             .is_current(&g, won[0].bucket, me, won[0].token)
@@ -737,6 +805,202 @@ async fn a_worker_role_with_dml_only_runs_the_engine() {
             .is_empty()
     );
     assert_eq!(objects(&mut admin).await, before);
+}
+
+/// The objects of schema `lease` (relations and functions, as `relation lease.x`,
+/// `sequence lease.x`, `function lease.f(args)`) that the privilege list does not account
+/// for, and the list's entries that name nothing in the database.
+async fn uncovered(conn: &mut AsyncPgConnection) -> (Vec<String>, Vec<String>) {
+    let in_schema: BTreeSet<String> = names(
+        conn,
+        "SELECT CASE c.relkind WHEN 'S' THEN 'sequence ' ELSE 'relation ' END
+                || c.oid::regclass::text AS name
+           FROM pg_class c
+          WHERE c.relnamespace = 'lease'::regnamespace
+            AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+         UNION ALL
+         SELECT 'function ' || p.oid::regprocedure::text
+           FROM pg_proc p WHERE p.pronamespace = 'lease'::regnamespace",
+    )
+    .await
+    .into_iter()
+    .collect();
+    let mut listed = BTreeSet::new();
+    let mut dangling = Vec::new();
+    for object in privileges::objects() {
+        let (label, lookup) = match object {
+            Object::Schema(name) => {
+                if !flag(
+                    conn,
+                    &format!("SELECT to_regnamespace('{name}') IS NOT NULL AS yes"),
+                )
+                .await
+                {
+                    dangling.push(format!("schema {name}"));
+                }
+                continue;
+            }
+            Object::Table(name) => ("relation", format!("to_regclass('{name}')::text")),
+            Object::Sequence(name) => ("sequence", format!("to_regclass('{name}')::text")),
+            Object::Function(sig) => ("function", format!("to_regprocedure('{sig}')::text")),
+        };
+        let found = names(
+            conn,
+            &format!("SELECT {lookup} AS name WHERE {lookup} IS NOT NULL"),
+        )
+        .await;
+        match found.into_iter().next() {
+            Some(canonical) => {
+                listed.insert(format!("{label} {canonical}"));
+            }
+            None => dangling.push(format!("{object}")),
+        }
+    }
+    let missing = in_schema.difference(&listed).cloned().collect();
+    (missing, dangling)
+}
+
+/// Every table, sequence and function of schema `lease` after migrating is in the privilege
+/// list (decided: which kinds of role need what on it), and everything the list names exists:
+/// a migration that adds an object fails here until the grants say who may use it. The
+/// check itself is shown to notice an object added to the schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grants_cover_every_object_of_schema_lease() {
+    let db = lease_testdb::empty_database().await;
+    store(&db.url).migrate().await.expect("migrate");
+    let mut admin = connect(&db.url).await;
+    let (missing, dangling) = uncovered(&mut admin).await;
+    assert!(
+        missing.is_empty(),
+        "objects of schema lease that lease_diesel::privileges does not cover: {missing:?}. \
+         Add each to its list (NEEDS in lease-diesel/src/privileges.rs) with what each kind of \
+         role needs on it (nothing, if only the owner uses it), and the README's table of roles"
+    );
+    assert!(
+        dangling.is_empty(),
+        "lease_diesel::privileges names objects the migrations do not create: {dangling:?}"
+    );
+
+    exec(
+        &mut admin,
+        "CREATE TABLE lease.drain_requests (worker uuid PRIMARY KEY);
+         CREATE SEQUENCE lease.drain_seq;
+         CREATE FUNCTION lease.drain(p uuid) RETURNS void LANGUAGE sql AS $$ SELECT $$;",
+    )
+    .await;
+    let (missing, _) = uncovered(&mut admin).await;
+    assert_eq!(
+        missing,
+        [
+            "function lease.drain(uuid)",
+            "relation lease.drain_requests",
+            "sequence lease.drain_seq",
+        ],
+        "the coverage check missed new objects"
+    );
+}
+
+/// What a role lacks is named object by object and privilege by privilege; a role that does
+/// not exist is an error of its own; granting gives exactly what was missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_privileges_name_what_a_role_lacks() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    exec(&mut admin, REVOKE_PUBLIC_DEFAULTS).await;
+    let owner = store(&db.url);
+    let bare = make_role(&mut admin, &db.name, "bare", "").await;
+    let bare = RoleName::new(&bare).expect("a name");
+    for kind in RoleKind::ALL {
+        assert_eq!(
+            owner
+                .missing_privileges(&bare, kind)
+                .await
+                .expect("missing privileges"),
+            privileges::required(kind),
+            "a role without grants lacks everything a {kind} needs"
+        );
+    }
+
+    let granted = owner
+        .grant_privileges(&bare, RoleKind::Worker)
+        .await
+        .expect("granting as the owner");
+    assert_eq!(granted, privileges::grants(RoleKind::Worker, &bare));
+    for kind in RoleKind::ALL {
+        assert_eq!(
+            owner
+                .missing_privileges(&bare, kind)
+                .await
+                .expect("missing"),
+            [],
+            "a worker's role is a {kind} too"
+        );
+    }
+
+    exec(
+        &mut admin,
+        &format!("REVOKE UPDATE ON lease.shards FROM {}", bare.as_str()),
+    )
+    .await;
+    assert_eq!(
+        owner
+            .missing_privileges(&bare, RoleKind::Worker)
+            .await
+            .expect("missing"),
+        [Grant {
+            on: Object::Table("lease.shards"),
+            privileges: vec!["UPDATE"],
+        }]
+    );
+    // The check is read-only: the role itself may ask.
+    let as_bare = store(&url_as(&db.url, bare.as_str()));
+    assert_eq!(
+        as_bare
+            .missing_privileges(&bare, RoleKind::Monitor)
+            .await
+            .expect("asking about itself"),
+        []
+    );
+
+    // A role that holds the privileges without the grant option cannot pass them on: Postgres
+    // only warns, and nothing is granted.
+    let other = RoleName::new(&make_role(&mut admin, &db.name, "other", "").await).expect("name");
+    exec(
+        &mut admin,
+        &format!("GRANT UPDATE ON lease.shards TO {}", bare.as_str()),
+    )
+    .await;
+    match as_bare.grant_privileges(&other, RoleKind::Worker).await {
+        Err(e @ PgSetupError::PermissionDenied { .. }) => {
+            assert!(!e.is_transient());
+            assert!(e.to_string().contains("owner of schema lease"), "{e}");
+        }
+        other => panic!("granting as a non-owner: got {other:?}"),
+    }
+    assert_eq!(
+        owner
+            .missing_privileges(&other, RoleKind::Worker)
+            .await
+            .expect("missing"),
+        privileges::required(RoleKind::Worker),
+        "a refused grant left something granted"
+    );
+
+    let ghost = RoleName::new(&fresh_role("ghost")).expect("a name");
+    for result in [
+        owner.missing_privileges(&ghost, RoleKind::Worker).await,
+        owner
+            .grant_privileges(&ghost, RoleKind::Worker)
+            .await
+            .map(|_| Vec::new()),
+    ] {
+        match result {
+            Err(e @ PgSetupError::UnknownRole { .. }) => {
+                assert!(e.to_string().contains(ghost.as_str()), "{e}")
+            }
+            other => panic!("an unknown role: got {other:?}"),
+        }
+    }
 }
 
 /// Missing, older and newer schemas, and a role that may not read the schema, are typed,
@@ -858,22 +1122,14 @@ async fn wait_server_past(admin: &mut AsyncPgConnection, t: Timestamp) {
     panic!("the server clock did not pass {t}");
 }
 
-/// A role with USAGE on the schema and EXECUTE on `lease.is_current`, and no privilege on any
-/// table, gets true and false right, and its `true` still holds off a takeover of the bucket
+/// A role with the fencing privileges (USAGE on the schema and EXECUTE on `lease.is_current`,
+/// no privilege on the engine's tables), gets true and false right, and its `true` still holds off a takeover of the bucket
 /// past the lease's expiry, until its transaction ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn is_current_needs_only_execute_and_its_lock_holds_off_a_takeover() {
     let db = lease_testdb::database().await;
     let mut admin = connect(&db.url).await;
-    let role = make_role(
-        &mut admin,
-        &db.name,
-        "fence",
-        "GRANT USAGE ON SCHEMA lease TO {role}; \
-         GRANT EXECUTE ON FUNCTION lease.is_current(text, bigint, uuid, bigint, timestamptz) \
-           TO {role};",
-    )
-    .await;
+    let role = role_of_kind(&mut admin, &db.name, "fence", RoleKind::Fencing).await;
     let mut app = connect(&url_as(&db.url, &role)).await;
     assert!(
         app.batch_execute("SELECT 1 FROM lease.shards")
