@@ -14,7 +14,9 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncC
 use lease::postgres::PgLeaseStore;
 use lease::{GroupName, LeaseStore, ShardCount};
 use serde_json::Value;
-use support::leasectl;
+use std::time::Duration;
+
+use support::{WorkerProcess, leasectl, wait_for};
 
 /// The retry warning `leasectl` logs (at `warn`) before each new attempt.
 const RETRYING: &str = "retrying";
@@ -300,4 +302,220 @@ fn tls_settings_are_honoured_and_failures_named_at_once() {
     );
     assert_eq!(code, 2, "an unknown sslmode is bad input: {err}");
     assert!(err.contains("invalid sslmode"), "{err}");
+}
+
+/// Whether `role` may create anything in the database `conn` is on: the database (schemas),
+/// any schema, temporary tables.
+async fn may_create_anything(conn: &mut AsyncPgConnection, role: &str) -> bool {
+    #[derive(QueryableByName)]
+    struct Flag {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        yes: bool,
+    }
+    diesel::sql_query(
+        "SELECT has_database_privilege($1::name, current_database(), 'CREATE')
+             OR has_database_privilege($1::name, current_database(), 'TEMPORARY')
+             OR EXISTS (SELECT 1 FROM pg_namespace n
+                         WHERE has_schema_privilege($1::name, n.oid, 'CREATE')) AS yes",
+    )
+    .bind::<Text, _>(role)
+    .get_result::<Flag>(conn)
+    .await
+    .expect("checking the role's CREATE privileges")
+    .yes
+}
+
+/// Nothing for PUBLIC beyond connecting: no CREATE on schema public, no temporary tables, and
+/// none of the defaults on the engine's objects (EXECUTE on its functions, SELECT on its
+/// version table), so a role holds exactly what it is granted.
+async fn revoke_public(conn: &mut AsyncPgConnection, db: &str, migrated: bool) {
+    exec(
+        conn,
+        &format!(
+            "REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
+             REVOKE TEMPORARY ON DATABASE \"{db}\" FROM PUBLIC"
+        ),
+    )
+    .await;
+    if migrated {
+        exec(
+            conn,
+            "REVOKE SELECT ON lease.engine_migrations FROM PUBLIC; \
+             REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA lease FROM PUBLIC",
+        )
+        .await;
+    }
+}
+
+async fn create_login_role(conn: &mut AsyncPgConnection, role: &str) {
+    exec(
+        conn,
+        &format!("CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'"),
+    )
+    .await;
+}
+
+/// A role given exactly what `leasectl grant` prints for a worker, and no right to create
+/// anything anywhere, runs `leasectl worker` processes, `status` and `release --force`; a
+/// monitor's role given its privileges by `grant --apply` runs `status`. Nothing is created.
+/// `migrate` as the worker's role on a database without the schema fails at once, exit 1,
+/// saying permission denied, and creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_with_the_printed_grants_runs_workers_status_and_release() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    revoke_public(&mut admin, &db.name, true).await;
+    let (worker_role, monitor_role) = (fresh_role("wkr"), fresh_role("mon"));
+    create_login_role(&mut admin, &worker_role).await;
+    create_login_role(&mut admin, &monitor_role).await;
+
+    // The statements as printed, run as they would be piped into psql.
+    let (code, printed, err) = run(&["grant", "--role", &worker_role], &db.url);
+    assert_eq!(code, 0, "grant: {err}");
+    assert!(
+        printed.contains(&format!(
+            "GRANT USAGE ON SCHEMA lease TO \"{worker_role}\";"
+        )),
+        "{printed}"
+    );
+    exec(&mut admin, &printed).await;
+    let (code, applied, err) = run(
+        &[
+            "grant",
+            "--role",
+            &monitor_role,
+            "--kind",
+            "monitor",
+            "--apply",
+        ],
+        &db.url,
+    );
+    assert_eq!(code, 0, "grant --apply: {err}");
+    assert!(
+        applied.contains(&format!(
+            "GRANT SELECT ON TABLE lease.shards TO \"{monitor_role}\";"
+        )),
+        "{applied}"
+    );
+    for role in [&worker_role, &monitor_role] {
+        assert!(
+            !may_create_anything(&mut admin, role).await,
+            "{role} may create something: the test would prove less"
+        );
+    }
+    let before = objects(&mut admin).await;
+
+    let url = url_as(&db.url, &worker_role);
+    let mut a = WorkerProcess::spawn("a", &url, "roles", 8, "3s", "1s");
+    let mut b = WorkerProcess::spawn("b", &url, "roles", 8, "3s", "1s");
+    wait_for(
+        "each worker to hold 4 buckets",
+        Duration::from_secs(30),
+        || a.owned().len() == 4 && b.owned().len() == 4,
+    );
+    for role in [&worker_role, &monitor_role] {
+        let (code, out, err) = run(
+            &["status", "--group", "roles", "--json"],
+            &url_as(&db.url, role),
+        );
+        assert_eq!(code, 0, "status as {role}: {err}");
+        let status: Value = serde_json::from_str(&out).expect("status --json");
+        assert_eq!(status["members"].as_array().map(Vec::len), Some(2), "{out}");
+        assert!(
+            status["buckets"]
+                .as_array()
+                .is_some_and(|b| b.iter().all(|b| b["state"] == "live")),
+            "{out}"
+        );
+    }
+
+    // Evict a killed worker as the worker's role; the survivor takes over its buckets.
+    let evicted = a.worker().expect("a announced itself");
+    a.signal("KILL");
+    a.wait(Duration::from_secs(10));
+    let (code, out, err) = run(
+        &[
+            "release",
+            "--group",
+            "roles",
+            "--worker",
+            &evicted.to_string(),
+            "--force",
+        ],
+        &url,
+    );
+    assert_eq!(code, 0, "release --force: {err}");
+    assert!(out.contains("released 4 bucket(s)"), "{out}");
+    wait_for("b to hold every bucket", Duration::from_secs(10), || {
+        b.owned().len() == 8
+    });
+    b.signal("TERM");
+    assert!(b.wait(Duration::from_secs(15)).success(), "b's exit");
+    for w in [&a, &b] {
+        let errors: Vec<_> = w
+            .events()
+            .into_iter()
+            .filter(|e| e.event == "error")
+            .collect();
+        assert!(errors.is_empty(), "{}: {errors:?}", w.name);
+        assert!(w.bad_lines().is_empty(), "{}: {:?}", w.name, w.bad_lines());
+    }
+    assert_eq!(objects(&mut admin).await, before, "something was created");
+
+    // migrate as the worker's role: a no-op where the schema is up to date; refused where it
+    // would have to create the schema.
+    let (code, out, err) = run(&["migrate"], &url);
+    assert_eq!(code, 0, "migrate on an up-to-date schema: {err}");
+    assert!(out.contains("up to date"), "{out}");
+    let empty = lease_testdb::empty_database().await;
+    let mut empty_admin = connect(&empty.url).await;
+    revoke_public(&mut empty_admin, &empty.name, false).await;
+    assert!(!may_create_anything(&mut empty_admin, &worker_role).await);
+    let before = objects(&mut empty_admin).await;
+    fails_at_once(
+        &["migrate"],
+        &url_as(&empty.url, &worker_role),
+        &["permission denied", "may not create schemas", &worker_role],
+    );
+    assert_eq!(
+        objects(&mut empty_admin).await,
+        before,
+        "a refused migrate wrote"
+    );
+}
+
+/// `grant` refuses a name that is not a role's (exit 2), a role that does not exist and a
+/// connecting role that may not grant (exit 1, nothing granted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grant_refuses_what_it_cannot_grant() {
+    let db = lease_testdb::database().await;
+    let (code, _, err) = run(&["grant", "--role", "public"], &db.url);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--role") && err.contains("PUBLIC"), "{err}");
+    let ghost = fresh_role("ghost"); // never created
+    fails_at_once(
+        &["grant", "--role", &ghost, "--apply"],
+        &db.url,
+        &["does not exist", &ghost],
+    );
+    let mut admin = connect(&db.url).await;
+    let (lesser, other) = (fresh_role("lesser"), fresh_role("other"));
+    create_login_role(&mut admin, &lesser).await;
+    create_login_role(&mut admin, &other).await;
+    let (code, _, err) = run(
+        &["grant", "--role", &lesser, "--kind", "monitor", "--apply"],
+        &db.url,
+    );
+    assert_eq!(code, 0, "{err}");
+    fails_at_once(
+        &["grant", "--role", &other, "--kind", "monitor", "--apply"],
+        &url_as(&db.url, &lesser),
+        &["permission denied", "owner of schema lease"],
+    );
+    let (code, out, err) = run(&["status", "--group", "g"], &url_as(&db.url, &other));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("permission denied"),
+        "a refused grant granted: {err}"
+    );
 }
