@@ -67,7 +67,7 @@ use lease_core::{
 };
 
 pub use error::PgSetupError;
-pub use migrate::MIGRATIONS;
+pub use migrate::{Compatibility, ExtraMigration, MIGRATIONS, SchemaStatus};
 pub use tls::{TlsMode, TlsSummary, Verification};
 
 use crate::connect::Connector;
@@ -273,51 +273,27 @@ impl PgLeaseStore {
     /// On a database without schema `lease`, creates it (the role needs `CREATE` on the
     /// database) with its version table `lease.engine_migrations`. Refuses, writing nothing,
     /// a `lease` schema the engine did not create ([`PgSetupError::ForeignSchema`]), and one
-    /// with migrations newer than this build. Adopts a deployment made by an earlier release,
+    /// with a breaking migration newer than this build (newer additive ones are left as they
+    /// are: this build works with them). Adopts a deployment made by an earlier release,
     /// which recorded its versions in the application's `__diesel_schema_migrations`: those
     /// rows move to `lease.engine_migrations`; nothing else of the application's is touched.
     /// Safe to run from many processes at once: an advisory lock, taken before anything is
     /// read, serializes them. Each migration runs in a transaction of its own, unless its
     /// `metadata.toml` says `run_in_transaction = false` (for `CREATE INDEX CONCURRENTLY`).
     pub async fn migrate(&self) -> Result<Vec<String>, PgSetupError> {
-        let conn = self.setup_connection().await?;
-        // diesel's migrations are synchronous: run the whole runner on a blocking thread,
-        // driving the async connection from there. The connection left the pool and is
-        // dropped afterwards, which also ends the advisory lock's session.
-        let task = tokio::task::spawn_blocking(move || {
-            migrate::migrate(&mut migrate::SyncConn::from(conn))
-        });
-        match task.await {
-            Ok(result) => result,
-            Err(e) => match e.try_into_panic() {
-                Ok(panic) => std::panic::resume_unwind(panic),
-                Err(e) => Err(PgSetupError::Migration {
-                    message: format!("the migration task did not run: {e}"),
-                }),
-            },
-        }
+        self.migrate_with(&[]).await
     }
 
     /// Check that the database is reachable and its `lease` schema is the engine's, with
-    /// exactly the migrations of this build: a typed error says what is wrong and whether
-    /// retrying can help ([`PgSetupError::is_transient`]).
+    /// every migration of this build and no breaking one it does not know (newer additive
+    /// ones are accepted: see [`schema_status`](Self::schema_status)): a typed error says
+    /// what is wrong and whether retrying can help ([`PgSetupError::is_transient`]).
     ///
     /// Read-only: it reads the catalogs and `lease.engine_migrations` and never creates
     /// anything, so it works on a hot standby, in a read-only transaction, and for a role with
     /// `USAGE` on schema `lease` and no other right.
     pub async fn check_schema(&self) -> Result<(), PgSetupError> {
-        let conn = self.setup_connection().await?;
-        let task =
-            tokio::task::spawn_blocking(move || migrate::check(&mut migrate::SyncConn::from(conn)));
-        match task.await {
-            Ok(result) => result,
-            Err(e) => match e.try_into_panic() {
-                Ok(panic) => std::panic::resume_unwind(panic),
-                Err(e) => Err(PgSetupError::SchemaCheck {
-                    message: format!("the schema check task did not run: {e}"),
-                }),
-            },
-        }
+        self.schema_status().await.map(drop)
     }
 
     /// A connection of its own for a setup call, out of the pool for good.
