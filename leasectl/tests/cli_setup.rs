@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use diesel::QueryableByName;
 use diesel::sql_types::Text;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use lease::postgres::PgLeaseStore;
+use lease::postgres::{Compatibility, ExtraMigration, PgLeaseStore};
 use lease::{GroupName, LeaseStore, ShardCount};
 use serde_json::Value;
 use std::time::Duration;
@@ -518,4 +518,281 @@ async fn grant_refuses_what_it_cannot_grant() {
         err.contains("permission denied"),
         "a refused grant granted: {err}"
     );
+}
+
+async fn yes(conn: &mut AsyncPgConnection, sql: &str) -> bool {
+    #[derive(QueryableByName)]
+    struct Flag {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        yes: bool,
+    }
+    diesel::sql_query(sql)
+        .get_result::<Flag>(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .yes
+}
+
+/// A migration of a newer release that only adds: columns, with defaults or nullable, on each
+/// of the engine's tables, and an index.
+fn newer_additive() -> ExtraMigration {
+    ExtraMigration {
+        version: "29990101000001".into(),
+        name: "29990101000001_test_additive".into(),
+        up: "ALTER TABLE lease.members ADD COLUMN drain_requested_at timestamptz;
+             ALTER TABLE lease.shards ADD COLUMN paused boolean NOT NULL DEFAULT false;
+             ALTER TABLE lease.groups ADD COLUMN note text NOT NULL DEFAULT '';
+             CREATE INDEX members_draining_idx ON lease.members (group_name)
+                 WHERE drain_requested_at IS NOT NULL;"
+            .into(),
+        compatibility: Compatibility::Additive,
+    }
+}
+
+/// A migration of a newer release declared breaking (harmless here, so that the running
+/// workers can still be stopped gracefully).
+fn newer_breaking() -> ExtraMigration {
+    ExtraMigration {
+        version: "29990101000002".into(),
+        name: "29990101000002_test_breaking".into(),
+        up: "COMMENT ON TABLE lease.shards IS 'a breaking change, for the test'".into(),
+        compatibility: Compatibility::Breaking,
+    }
+}
+
+fn events_named(w: &WorkerProcess, name: &str) -> Vec<support::Event> {
+    w.events().into_iter().filter(|e| e.event == name).collect()
+}
+
+/// A rolling deploy of a release whose migration is additive: it is applied while `leasectl
+/// worker` processes run, and they keep every lease (no revocation, tokens unchanged, no
+/// error), renewing, releasing and claiming on connections that prepared their statements
+/// before columns were added to every table; this (now older) binary still starts a worker,
+/// and its `status` and `migrate` work, saying the schema is newer. Then a breaking migration
+/// makes a freshly started worker refuse at once, exit 1, saying to upgrade, while the running
+/// ones stop gracefully.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_keep_their_leases_while_a_newer_release_migrates() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    let newer = PgLeaseStore::connect(db.url.clone()).expect("a store");
+    let mut a = WorkerProcess::spawn("a", &db.url, "rolling", 8, "3s", "1s");
+    let mut b = WorkerProcess::spawn("b", &db.url, "rolling", 8, "3s", "1s");
+    wait_for(
+        "each worker to hold 4 buckets",
+        Duration::from_secs(30),
+        || a.owned().len() == 4 && b.owned().len() == 4,
+    );
+    let held = [a.owned(), b.owned()];
+    // What they said while converging (a shed to b) is not the test's business.
+    let seen = [a.events().len(), b.events().len()];
+
+    let add = newer_additive();
+    assert_eq!(
+        newer
+            .migrate_with(std::slice::from_ref(&add))
+            .await
+            .expect("the newer release migrates"),
+        [add.version.as_str()]
+    );
+    // Three renewals each on the altered tables.
+    let migrated_at = diesel::sql_query("SELECT clock_timestamp()::text AS name")
+        .get_result::<Name>(&mut admin)
+        .await
+        .expect("the server clock")
+        .name;
+    let renewed = format!(
+        "SELECT count(*) = 2 AS yes FROM lease.members
+          WHERE group_name = 'rolling'
+            AND heartbeat_at > '{migrated_at}'::timestamptz + interval '2.5 s'"
+    );
+    let mut waited = 0;
+    while !yes(&mut admin, &renewed).await {
+        waited += 1;
+        assert!(
+            waited < 1_000,
+            "the workers stopped renewing after the migration"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!([a.owned(), b.owned()], held, "a lease changed hands");
+    for (w, seen) in [&a, &b].into_iter().zip(seen) {
+        let since: Vec<_> = w.events().into_iter().skip(seen).collect();
+        assert!(
+            since.is_empty(),
+            "{} across the migration: {since:?}",
+            w.name
+        );
+    }
+
+    // This binary is older than the schema now, and still works with it.
+    let (code, out, err) = run(&["status", "--group", "rolling", "--json"], &db.url);
+    assert_eq!(code, 0, "status: {err}");
+    assert!(
+        err.contains("newer release") && err.contains(&add.version),
+        "status does not say the schema is newer: {err}"
+    );
+    let status: Value = serde_json::from_str(&out).expect("status --json");
+    assert_eq!(status["members"].as_array().map(Vec::len), Some(2), "{out}");
+    let (code, out, err) = run(&["migrate"], &db.url);
+    assert_eq!(code, 0, "migrate: {err}");
+    assert!(
+        out.contains("up to date") && out.contains(&add.version),
+        "migrate on a newer additive schema: {out}"
+    );
+    let mut c = WorkerProcess::spawn("c", &db.url, "rolling", 8, "3s", "1s");
+    wait_for("c to get its share", Duration::from_secs(30), || {
+        let owned = [a.owned().len(), b.owned().len(), c.owned().len()];
+        owned.iter().sum::<usize>() == 8 && owned.iter().all(|&n| (2..=3).contains(&n))
+    });
+    // a and b claim c's buckets back with the claim they prepared before the migration.
+    c.signal("TERM");
+    assert!(c.wait(Duration::from_secs(15)).success(), "c's exit");
+    wait_for("a and b to hold 4 again", Duration::from_secs(30), || {
+        a.owned().len() == 4 && b.owned().len() == 4
+    });
+    for w in [&a, &b, &c] {
+        assert!(events_named(w, "error").is_empty(), "{}: errors", w.name);
+        assert!(w.bad_lines().is_empty(), "{}: {:?}", w.name, w.bad_lines());
+    }
+    for w in [&a, &b] {
+        let reasons: Vec<_> = events_named(w, "revoked")
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect();
+        // Shed to the other at the start, and to c when it joined.
+        assert!(
+            reasons.iter().all(|r| r == "shed"),
+            "{}: revoked for {reasons:?}",
+            w.name
+        );
+    }
+
+    // A breaking migration: a freshly started worker refuses the schema.
+    let brk = newer_breaking();
+    assert_eq!(
+        newer
+            .migrate_with(&[add.clone(), brk.clone()])
+            .await
+            .expect("the breaking migration"),
+        [brk.version.as_str()]
+    );
+    let mut d = WorkerProcess::spawn("d", &db.url, "rolling", 8, "3s", "1s");
+    let exit = d.wait(Duration::from_secs(20));
+    assert_eq!(exit.code(), Some(1), "d's exit");
+    let said = d.stderr().join("\n");
+    assert!(
+        said.contains("newer than this build")
+            && said.contains(&brk.version)
+            && said.contains("upgrade"),
+        "{said}"
+    );
+    assert!(d.events().is_empty(), "d started: {:?}", d.events());
+    for args in [&["migrate"][..], &["status", "--group", "rolling"]] {
+        fails_at_once(args, &db.url, &["newer than this build", "upgrade"]);
+    }
+    for w in [&a, &b] {
+        w.signal("TERM");
+    }
+    for w in [&mut a, &mut b] {
+        assert!(
+            w.wait(Duration::from_secs(15)).success(),
+            "{}'s exit",
+            w.name
+        );
+    }
+}
+
+/// Several `leasectl migrate` processes at once on a fresh database: each succeeds, one applies
+/// the migrations, the others find them applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrate_processes_apply_each_migration_once() {
+    let db = lease_testdb::empty_database().await;
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            leasectl()
+                .arg("migrate")
+                .env("DATABASE_URL", &db.url)
+                .env("LEASE_LOG", "warn")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawning leasectl migrate")
+        })
+        .collect();
+    let mut outputs = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().expect("leasectl migrate");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert!(out.status.success(), "{stdout}{stderr}");
+        outputs.push(stdout);
+    }
+    assert_eq!(
+        outputs
+            .iter()
+            .filter(|o| o.starts_with("applied migrations"))
+            .count(),
+        1,
+        "{outputs:?}"
+    );
+    assert_eq!(
+        outputs.iter().filter(|o| o.contains("up to date")).count(),
+        3,
+        "{outputs:?}"
+    );
+    let mut admin = connect(&db.url).await;
+    assert!(
+        yes(
+            &mut admin,
+            "SELECT count(*) = count(DISTINCT version) AND count(*) > 0 AS yes
+               FROM lease.engine_migrations"
+        )
+        .await
+    );
+}
+
+/// A schema older than the binary (a migration missing) or newer (a breaking migration it does
+/// not know) is refused at once by every command, exit 1, saying what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_older_or_newer_than_the_binary_is_refused_at_once() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    let commands: [&[&str]; 3] = [
+        &["worker", "--group", "g", "--shards", "4"],
+        &["status", "--group", "g"],
+        &[
+            "release",
+            "--group",
+            "g",
+            "--worker",
+            "01a22d03-a421-7285-847b-ba67e0f12f6c",
+        ],
+    ];
+    exec(
+        &mut admin,
+        "CREATE TABLE saved AS SELECT * FROM lease.engine_migrations
+           WHERE version = (SELECT max(version) FROM lease.engine_migrations);
+         DELETE FROM lease.engine_migrations WHERE version IN (SELECT version FROM saved)",
+    )
+    .await;
+    for args in commands {
+        fails_at_once(
+            args,
+            &db.url,
+            &["older than this build", "leasectl migrate"],
+        );
+    }
+    exec(
+        &mut admin,
+        "INSERT INTO lease.engine_migrations SELECT * FROM saved;
+         INSERT INTO lease.engine_migrations (version, name, additive)
+             VALUES ('29990101000002', 'from_the_future', false)",
+    )
+    .await;
+    for args in commands.iter().chain([&&["migrate"][..]]) {
+        fails_at_once(args, &db.url, &["newer than this build", "upgrade"]);
+    }
 }
