@@ -107,15 +107,17 @@ pub enum PgSetupError {
          PgLeaseStore::migrate) to adopt and upgrade it"
     )]
     LegacySchema,
-    /// The `lease` schema has migrations this build does not know: a newer release installed
-    /// them. Permanent: upgrade.
+    /// The `lease` schema has a breaking migration this build does not know: a newer release
+    /// installed it, and binaries that do not know it must not run. (Newer migrations that are
+    /// all additive are accepted.) Permanent: upgrade.
     #[error(
-        "the lease schema is newer than this build (unknown migrations {}): upgrade \
-         leasectl / the lease library",
+        "the lease schema is newer than this build: it has migrations {} that this build does \
+         not know and that break it; upgrade leasectl / the lease library",
         .unknown.join(", ")
     )]
     SchemaNewer {
-        /// Applied versions this build does not have.
+        /// The applied versions this build does not know that are breaking (or were recorded
+        /// without saying), in order.
         unknown: Vec<String>,
     },
     /// A schema named `lease` exists that the engine did not create; the engine never moves
@@ -156,6 +158,13 @@ pub enum PgSetupError {
     Migration {
         /// Which migration, and the server's answer.
         message: String,
+    },
+    /// The role named to grant privileges to, or to check, does not exist. Permanent: create
+    /// it first (`CREATE ROLE ... LOGIN`).
+    #[error("role {role:?} does not exist: create it first (CREATE ROLE ... LOGIN)")]
+    UnknownRole {
+        /// The name, as given.
+        role: String,
     },
     /// A query of the start-up check failed for another reason (a statement timeout, the
     /// server running out of resources). Transient.

@@ -19,7 +19,8 @@
 //! [`MIGRATIONS`] and records their versions in `lease.engine_migrations`, not in the
 //! application's diesel migrations table. It refuses a `lease` schema it did not create.
 //! [`PgLeaseStore::check_schema`] only reads: workers and monitoring need no right to create
-//! anything, and work against a hot standby.
+//! anything, and work against a hot standby. [`privileges`] lists what each kind of role needs
+//! (the GRANT statements `leasectl grant` prints), and checks what a role lacks.
 //!
 //! ```no_run
 //! use lease_core::{GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId};
@@ -53,6 +54,7 @@ mod feed;
 mod migrate;
 pub mod ops;
 mod prepared;
+pub mod privileges;
 mod schema;
 mod statements;
 mod tls;
@@ -75,11 +77,11 @@ use lease_core::{
 };
 
 pub use error::PgSetupError;
-pub use migrate::MIGRATIONS;
+pub use migrate::{Compatibility, ExtraMigration, MIGRATIONS, SchemaStatus};
 pub use tls::{TlsMode, TlsSummary, Verification};
 
 use crate::connect::Connector;
-use crate::error::{from_connection_setup, from_diesel, from_pool, from_pool_setup};
+use crate::error::{from_diesel, from_pool, from_pool_setup};
 use crate::feed::{Notifier, Source};
 use crate::prepared::Prepared;
 use crate::statements as sql;
@@ -428,7 +430,8 @@ impl PgLeaseStore {
     /// On a database without schema `lease`, creates it (the role needs `CREATE` on the
     /// database) with its version table `lease.engine_migrations`. Refuses, writing nothing,
     /// a `lease` schema the engine did not create ([`PgSetupError::ForeignSchema`]), and one
-    /// with migrations newer than this build. Adopts a deployment made by an earlier release,
+    /// with a breaking migration newer than this build (newer additive ones are left as they
+    /// are: this build works with them). Adopts a deployment made by an earlier release,
     /// which recorded its versions in the application's `__diesel_schema_migrations`: those
     /// rows move to `lease.engine_migrations`; nothing else of the application's is touched.
     /// Safe to run from many processes at once: an advisory lock, taken before anything is
@@ -440,57 +443,20 @@ impl PgLeaseStore {
     /// behind a [`transaction_pooler`](PgLeaseStoreBuilder::transaction_pooler) without one it
     /// is refused ([`PgSetupError::DirectConnectionRequired`]), connecting nowhere.
     pub async fn migrate(&self) -> Result<Vec<String>, PgSetupError> {
-        let conn = match &self.direct {
-            Some((direct, timeout)) => match tokio::time::timeout(*timeout, direct.connect()).await
-            {
-                Ok(connected) => connected.map_err(from_connection_setup)?,
-                Err(_) => {
-                    return Err(PgSetupError::Unreachable {
-                        message: format!("no connection on the direct URL within {timeout:?}"),
-                    });
-                }
-            },
-            None if self.pooler.is_some() => return Err(PgSetupError::DirectConnectionRequired),
-            None => self.setup_connection().await?,
-        };
-        // diesel's migrations are synchronous: run the whole runner on a blocking thread,
-        // driving the async connection from there. The connection left the pool and is
-        // dropped afterwards, which also ends the advisory lock's session.
-        let task = tokio::task::spawn_blocking(move || {
-            migrate::migrate(&mut migrate::SyncConn::from(conn))
-        });
-        match task.await {
-            Ok(result) => result,
-            Err(e) => match e.try_into_panic() {
-                Ok(panic) => std::panic::resume_unwind(panic),
-                Err(e) => Err(PgSetupError::Migration {
-                    message: format!("the migration task did not run: {e}"),
-                }),
-            },
-        }
+        self.migrate_with(&[]).await
     }
 
     /// Check that the database is reachable and its `lease` schema is the engine's, with
-    /// exactly the migrations of this build: a typed error says what is wrong and whether
-    /// retrying can help ([`PgSetupError::is_transient`]).
+    /// every migration of this build and no breaking one it does not know (newer additive
+    /// ones are accepted: see [`schema_status`](Self::schema_status)): a typed error says
+    /// what is wrong and whether retrying can help ([`PgSetupError::is_transient`]).
     ///
     /// Read-only: it reads the catalogs and `lease.engine_migrations` and never creates
     /// anything, so it works on a hot standby, in a read-only transaction, and for a role with
     /// `USAGE` on schema `lease` and no other right. Its reads share one transaction, so it
     /// works through a transaction pooler too.
     pub async fn check_schema(&self) -> Result<(), PgSetupError> {
-        let conn = self.setup_connection().await?;
-        let task =
-            tokio::task::spawn_blocking(move || migrate::check(&mut migrate::SyncConn::from(conn)));
-        match task.await {
-            Ok(result) => result,
-            Err(e) => match e.try_into_panic() {
-                Ok(panic) => std::panic::resume_unwind(panic),
-                Err(e) => Err(PgSetupError::SchemaCheck {
-                    message: format!("the schema check task did not run: {e}"),
-                }),
-            },
-        }
+        self.schema_status().await.map(drop)
     }
 
     /// A connection of its own for a setup call, out of the pool for good.

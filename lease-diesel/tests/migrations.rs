@@ -24,7 +24,8 @@ use lease_core::{
     Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount,
     Timestamp, Ttl, WorkerId,
 };
-use lease_diesel::{MIGRATIONS, PgLeaseStore, PgSetupError, ops};
+use lease_diesel::privileges::{self, Grant, Object, RoleKind, RoleName};
+use lease_diesel::{Compatibility, ExtraMigration, MIGRATIONS, PgLeaseStore, PgSetupError, ops};
 
 /// A host application's own diesel migrations (dated before the engine's).
 const APP: EmbeddedMigrations = embed_migrations!("tests/fixtures/app_migrations");
@@ -616,11 +617,33 @@ async fn a_runner_waiting_for_the_lock_lets_the_holder_build_an_index_concurrent
 
 // ---- item 7: least privilege ---------------------------------------------------------------
 
-/// A monitoring role with USAGE on the schema and SELECT on the engine's tables, whose
-/// transactions are read-only (as on a hot standby), checks the schema and reads a group;
-/// nothing is created anywhere.
+/// A login role with exactly the privileges `lease_diesel::privileges` lists for `kind` (the
+/// statements `leasectl grant` prints), on database `db`.
+async fn role_of_kind(
+    admin: &mut AsyncPgConnection,
+    db: &str,
+    what: &str,
+    kind: RoleKind,
+) -> String {
+    let role = make_role(admin, db, what, "").await;
+    let name = RoleName::new(&role).expect("a role name");
+    exec(admin, &privileges::grants(kind, &name).join("\n")).await;
+    role
+}
+
+/// Take from PUBLIC what Postgres and the runner give it by default on the engine's objects
+/// (EXECUTE on functions, SELECT on the version table), so that a role holds only what it was
+/// granted and the privilege list is all a test runs on.
+const REVOKE_PUBLIC_DEFAULTS: &str = "
+    REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+    REVOKE SELECT ON lease.engine_migrations FROM PUBLIC;
+    REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA lease FROM PUBLIC;
+";
+
+/// A monitoring role with the monitor's privileges, whose transactions are read-only (as on a
+/// hot standby), checks the schema and reads a group; nothing is created anywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_select_only_role_on_a_read_only_connection_checks_and_reads() {
+async fn a_monitor_role_on_a_read_only_connection_checks_and_reads() {
     let db = lease_testdb::database().await;
     let owner = store(&db.url);
     let g = group("watched");
@@ -639,14 +662,11 @@ async fn a_select_only_role_on_a_read_only_connection_checks_and_reads() {
     owner.claim(&g, me, beat.session, 4).await.expect("claim");
 
     let mut admin = connect(&db.url).await;
-    exec(&mut admin, "REVOKE CREATE ON SCHEMA public FROM PUBLIC").await;
-    let role = make_role(
+    exec(&mut admin, REVOKE_PUBLIC_DEFAULTS).await;
+    let role = role_of_kind(&mut admin, &db.name, "mon", RoleKind::Monitor).await;
+    exec(
         &mut admin,
-        &db.name,
-        "mon",
-        "GRANT USAGE ON SCHEMA lease TO {role}; \
-         GRANT SELECT ON lease.groups, lease.members, lease.shards TO {role}; \
-         ALTER ROLE {role} SET default_transaction_read_only = on;",
+        &format!("ALTER ROLE {role} SET default_transaction_read_only = on"),
     )
     .await;
     let url = url_as(&db.url, &role);
@@ -659,39 +679,50 @@ async fn a_select_only_role_on_a_read_only_connection_checks_and_reads() {
         .await,
         "the role's connections are not read-only: the test would prove nothing"
     );
+    assert!(
+        as_role
+            .batch_execute("SET transaction_read_only = off; DELETE FROM lease.members")
+            .await
+            .is_err(),
+        "the monitor may delete members: the test would prove nothing"
+    );
     let before = objects(&mut admin).await;
 
     let monitor = store(&url);
     monitor
         .check_schema()
         .await
-        .expect("check as a SELECT-only role");
+        .expect("check as a monitor role");
     let snap = monitor
         .snapshot(&g)
         .await
-        .expect("snapshot as a SELECT-only role");
+        .expect("snapshot as a monitor role");
     assert!(snap.buckets.iter().all(|b| b.owner == Some(me)));
     assert_eq!(objects(&mut admin).await, before);
 }
 
-/// A worker's role with the engine's DML (and EXECUTE on the fencing function) and no right
-/// to create anything runs every operation, the start-up check included.
+/// A worker's role with exactly the worker's privileges (PUBLIC's defaults revoked, no right
+/// to create anything) runs every operation and every path of the engine's statements: the
+/// start-up check, a claim judging a dead owner (which share-locks its member row), a
+/// heartbeat removing a dead member's row, releases, leaves, wake-ups, fencing, snapshots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_role_with_dml_only_runs_the_engine() {
+async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
     let db = lease_testdb::database().await;
     let mut admin = connect(&db.url).await;
-    exec(&mut admin, "REVOKE CREATE ON SCHEMA public FROM PUBLIC").await;
-    let role = make_role(
-        &mut admin,
-        &db.name,
-        "wkr",
-        "GRANT USAGE ON SCHEMA lease TO {role}; \
-         GRANT SELECT, INSERT, UPDATE, DELETE ON lease.groups, lease.members, lease.shards \
-           TO {role}; \
-         GRANT EXECUTE ON FUNCTION lease.is_current(text, bigint, uuid, bigint, timestamptz) \
-           TO {role};",
-    )
-    .await;
+    exec(&mut admin, REVOKE_PUBLIC_DEFAULTS).await;
+    let role = role_of_kind(&mut admin, &db.name, "wkr", RoleKind::Worker).await;
+    assert!(
+        !flag(
+            &mut admin,
+            &format!(
+                "SELECT has_database_privilege('{role}', current_database(), 'CREATE')
+                     OR EXISTS (SELECT 1 FROM pg_namespace n
+                                 WHERE has_schema_privilege('{role}', n.oid, 'CREATE')) AS yes"
+            ),
+        )
+        .await,
+        "the worker role may create something: the test would prove less"
+    );
     let before = objects(&mut admin).await;
     let worker = store(&url_as(&db.url, &role));
     worker
@@ -700,7 +731,26 @@ async fn a_worker_role_with_dml_only_runs_the_engine() {
         .expect("check as the worker role");
     let g = group("work");
     worker.ensure_group(&g, shards(4)).await.expect("ensure");
-    let me = WorkerId::new();
+    worker
+        .ensure_group(&g, shards(4))
+        .await
+        .expect("ensure an existing group");
+    let (short, me) = (WorkerId::new(), WorkerId::new());
+    let brief = worker
+        .heartbeat(
+            &g,
+            short,
+            process(short),
+            ttl_ms(300),
+            &MemberMetadata::empty(),
+        )
+        .await
+        .expect("a short-lived member joins");
+    let held = worker
+        .claim(&g, short, brief.session, 2)
+        .await
+        .expect("the short-lived member claims");
+    assert_eq!(held.len(), 2);
     let beat = worker
         .heartbeat(
             &g,
@@ -711,8 +761,26 @@ async fn a_worker_role_with_dml_only_runs_the_engine() {
         )
         .await
         .expect("heartbeat");
+    wait_server_past(&mut admin, brief.expires_at).await;
+    // The dead member's row is still there: the claim judges it dead in lease.owner_is_dead,
+    // share-locking it.
     let won = worker.claim(&g, me, beat.session, 4).await.expect("claim");
-    assert_eq!(won.len(), 4);
+    assert_eq!(won.len(), 4, "the free and the dead member's buckets");
+    worker
+        .heartbeat(
+            &g,
+            me,
+            process(me),
+            ttl_ms(30_000),
+            &MemberMetadata::empty(),
+        )
+        .await
+        .expect("a heartbeat removing the dead member");
+    assert_eq!(
+        worker.snapshot(&g).await.expect("snapshot").members.len(),
+        1,
+        "the dead member's row was not removed"
+    );
     assert!(
         worker
             .is_current(&g, won[0].bucket, me, won[0].token)
@@ -737,6 +805,202 @@ async fn a_worker_role_with_dml_only_runs_the_engine() {
             .is_empty()
     );
     assert_eq!(objects(&mut admin).await, before);
+}
+
+/// The objects of schema `lease` (relations and functions, as `relation lease.x`,
+/// `sequence lease.x`, `function lease.f(args)`) that the privilege list does not account
+/// for, and the list's entries that name nothing in the database.
+async fn uncovered(conn: &mut AsyncPgConnection) -> (Vec<String>, Vec<String>) {
+    let in_schema: BTreeSet<String> = names(
+        conn,
+        "SELECT CASE c.relkind WHEN 'S' THEN 'sequence ' ELSE 'relation ' END
+                || c.oid::regclass::text AS name
+           FROM pg_class c
+          WHERE c.relnamespace = 'lease'::regnamespace
+            AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+         UNION ALL
+         SELECT 'function ' || p.oid::regprocedure::text
+           FROM pg_proc p WHERE p.pronamespace = 'lease'::regnamespace",
+    )
+    .await
+    .into_iter()
+    .collect();
+    let mut listed = BTreeSet::new();
+    let mut dangling = Vec::new();
+    for object in privileges::objects() {
+        let (label, lookup) = match object {
+            Object::Schema(name) => {
+                if !flag(
+                    conn,
+                    &format!("SELECT to_regnamespace('{name}') IS NOT NULL AS yes"),
+                )
+                .await
+                {
+                    dangling.push(format!("schema {name}"));
+                }
+                continue;
+            }
+            Object::Table(name) => ("relation", format!("to_regclass('{name}')::text")),
+            Object::Sequence(name) => ("sequence", format!("to_regclass('{name}')::text")),
+            Object::Function(sig) => ("function", format!("to_regprocedure('{sig}')::text")),
+        };
+        let found = names(
+            conn,
+            &format!("SELECT {lookup} AS name WHERE {lookup} IS NOT NULL"),
+        )
+        .await;
+        match found.into_iter().next() {
+            Some(canonical) => {
+                listed.insert(format!("{label} {canonical}"));
+            }
+            None => dangling.push(format!("{object}")),
+        }
+    }
+    let missing = in_schema.difference(&listed).cloned().collect();
+    (missing, dangling)
+}
+
+/// Every table, sequence and function of schema `lease` after migrating is in the privilege
+/// list (decided: which kinds of role need what on it), and everything the list names exists:
+/// a migration that adds an object fails here until the grants say who may use it. The
+/// check itself is shown to notice an object added to the schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grants_cover_every_object_of_schema_lease() {
+    let db = lease_testdb::empty_database().await;
+    store(&db.url).migrate().await.expect("migrate");
+    let mut admin = connect(&db.url).await;
+    let (missing, dangling) = uncovered(&mut admin).await;
+    assert!(
+        missing.is_empty(),
+        "objects of schema lease that lease_diesel::privileges does not cover: {missing:?}. \
+         Add each to its list (NEEDS in lease-diesel/src/privileges.rs) with what each kind of \
+         role needs on it (nothing, if only the owner uses it), and the README's table of roles"
+    );
+    assert!(
+        dangling.is_empty(),
+        "lease_diesel::privileges names objects the migrations do not create: {dangling:?}"
+    );
+
+    exec(
+        &mut admin,
+        "CREATE TABLE lease.drain_requests (worker uuid PRIMARY KEY);
+         CREATE SEQUENCE lease.drain_seq;
+         CREATE FUNCTION lease.drain(p uuid) RETURNS void LANGUAGE sql AS $$ SELECT $$;",
+    )
+    .await;
+    let (missing, _) = uncovered(&mut admin).await;
+    assert_eq!(
+        missing,
+        [
+            "function lease.drain(uuid)",
+            "relation lease.drain_requests",
+            "sequence lease.drain_seq",
+        ],
+        "the coverage check missed new objects"
+    );
+}
+
+/// What a role lacks is named object by object and privilege by privilege; a role that does
+/// not exist is an error of its own; granting gives exactly what was missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_privileges_name_what_a_role_lacks() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    exec(&mut admin, REVOKE_PUBLIC_DEFAULTS).await;
+    let owner = store(&db.url);
+    let bare = make_role(&mut admin, &db.name, "bare", "").await;
+    let bare = RoleName::new(&bare).expect("a name");
+    for kind in RoleKind::ALL {
+        assert_eq!(
+            owner
+                .missing_privileges(&bare, kind)
+                .await
+                .expect("missing privileges"),
+            privileges::required(kind),
+            "a role without grants lacks everything a {kind} needs"
+        );
+    }
+
+    let granted = owner
+        .grant_privileges(&bare, RoleKind::Worker)
+        .await
+        .expect("granting as the owner");
+    assert_eq!(granted, privileges::grants(RoleKind::Worker, &bare));
+    for kind in RoleKind::ALL {
+        assert_eq!(
+            owner
+                .missing_privileges(&bare, kind)
+                .await
+                .expect("missing"),
+            [],
+            "a worker's role is a {kind} too"
+        );
+    }
+
+    exec(
+        &mut admin,
+        &format!("REVOKE UPDATE ON lease.shards FROM {}", bare.as_str()),
+    )
+    .await;
+    assert_eq!(
+        owner
+            .missing_privileges(&bare, RoleKind::Worker)
+            .await
+            .expect("missing"),
+        [Grant {
+            on: Object::Table("lease.shards"),
+            privileges: vec!["UPDATE"],
+        }]
+    );
+    // The check is read-only: the role itself may ask.
+    let as_bare = store(&url_as(&db.url, bare.as_str()));
+    assert_eq!(
+        as_bare
+            .missing_privileges(&bare, RoleKind::Monitor)
+            .await
+            .expect("asking about itself"),
+        []
+    );
+
+    // A role that holds the privileges without the grant option cannot pass them on: Postgres
+    // only warns, and nothing is granted.
+    let other = RoleName::new(&make_role(&mut admin, &db.name, "other", "").await).expect("name");
+    exec(
+        &mut admin,
+        &format!("GRANT UPDATE ON lease.shards TO {}", bare.as_str()),
+    )
+    .await;
+    match as_bare.grant_privileges(&other, RoleKind::Worker).await {
+        Err(e @ PgSetupError::PermissionDenied { .. }) => {
+            assert!(!e.is_transient());
+            assert!(e.to_string().contains("owner of schema lease"), "{e}");
+        }
+        other => panic!("granting as a non-owner: got {other:?}"),
+    }
+    assert_eq!(
+        owner
+            .missing_privileges(&other, RoleKind::Worker)
+            .await
+            .expect("missing"),
+        privileges::required(RoleKind::Worker),
+        "a refused grant left something granted"
+    );
+
+    let ghost = RoleName::new(&fresh_role("ghost")).expect("a name");
+    for result in [
+        owner.missing_privileges(&ghost, RoleKind::Worker).await,
+        owner
+            .grant_privileges(&ghost, RoleKind::Worker)
+            .await
+            .map(|_| Vec::new()),
+    ] {
+        match result {
+            Err(e @ PgSetupError::UnknownRole { .. }) => {
+                assert!(e.to_string().contains(ghost.as_str()), "{e}")
+            }
+            other => panic!("an unknown role: got {other:?}"),
+        }
+    }
 }
 
 /// Missing, older and newer schemas, and a role that may not read the schema, are typed,
@@ -858,22 +1122,14 @@ async fn wait_server_past(admin: &mut AsyncPgConnection, t: Timestamp) {
     panic!("the server clock did not pass {t}");
 }
 
-/// A role with USAGE on the schema and EXECUTE on `lease.is_current`, and no privilege on any
-/// table, gets true and false right, and its `true` still holds off a takeover of the bucket
+/// A role with the fencing privileges (USAGE on the schema and EXECUTE on `lease.is_current`,
+/// no privilege on the engine's tables), gets true and false right, and its `true` still holds off a takeover of the bucket
 /// past the lease's expiry, until its transaction ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn is_current_needs_only_execute_and_its_lock_holds_off_a_takeover() {
     let db = lease_testdb::database().await;
     let mut admin = connect(&db.url).await;
-    let role = make_role(
-        &mut admin,
-        &db.name,
-        "fence",
-        "GRANT USAGE ON SCHEMA lease TO {role}; \
-         GRANT EXECUTE ON FUNCTION lease.is_current(text, bigint, uuid, bigint, timestamptz) \
-           TO {role};",
-    )
-    .await;
+    let role = role_of_kind(&mut admin, &db.name, "fence", RoleKind::Fencing).await;
     let mut app = connect(&url_as(&db.url, &role)).await;
     assert!(
         app.batch_execute("SELECT 1 FROM lease.shards")
@@ -1056,4 +1312,295 @@ async fn connect_failures_say_their_cause_and_whether_to_retry() {
         }
         other => panic!("a refused connection: got {other:?}"),
     }
+}
+
+// ---- issue 11, item 5: versions and compatibility ------------------------------------------
+
+/// Columns, with defaults or nullable, on each of the engine's tables, and an index: what a
+/// newer release might add (a drain request, a paused bucket, a group's note).
+const ADD_COLUMNS: &str = "
+    ALTER TABLE lease.members ADD COLUMN drain_requested_at timestamptz;
+    ALTER TABLE lease.shards ADD COLUMN paused boolean NOT NULL DEFAULT false;
+    ALTER TABLE lease.groups ADD COLUMN note text NOT NULL DEFAULT '';
+    CREATE INDEX members_draining_idx ON lease.members (group_name)
+        WHERE drain_requested_at IS NOT NULL;
+";
+
+/// A migration of a newer release, as its runner would apply it.
+fn newer(version: &str, up: &str, compatibility: Compatibility) -> ExtraMigration {
+    ExtraMigration {
+        version: version.to_owned(),
+        name: format!("{version}_test_{}", compatibility.as_str()),
+        up: up.to_owned(),
+        compatibility,
+    }
+}
+
+fn additive() -> ExtraMigration {
+    newer("29990101000001", ADD_COLUMNS, Compatibility::Additive)
+}
+
+fn breaking() -> ExtraMigration {
+    newer(
+        "29990101000002",
+        "COMMENT ON TABLE lease.shards IS 'a breaking change, for the test'",
+        Compatibility::Breaking,
+    )
+}
+
+/// `version: additive` for every row of the version table.
+async fn recorded(conn: &mut AsyncPgConnection) -> Vec<String> {
+    names(
+        conn,
+        "SELECT version || ': ' || additive AS name FROM lease.engine_migrations ORDER BY version",
+    )
+    .await
+}
+
+/// A build accepts a schema with newer additive migrations (reporting them) and needs its own;
+/// a breaking migration it does not know makes it refuse the schema, and its `migrate` writes
+/// nothing. Each migration is recorded with its compatibility.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newer_additive_migrations_are_accepted_and_breaking_ones_refused() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    let this = store(&db.url);
+    let (add, brk) = (additive(), breaking());
+
+    match this.schema_status_with(std::slice::from_ref(&add)).await {
+        Err(PgSetupError::SchemaOutdated { missing }) => {
+            assert_eq!(missing, std::slice::from_ref(&add.version))
+        }
+        other => panic!("a newer build before its migration: got {other:?}"),
+    }
+    assert_eq!(
+        this.migrate_with(std::slice::from_ref(&add))
+            .await
+            .expect("the newer release migrates"),
+        [add.version.as_str()]
+    );
+    let status = this
+        .schema_status()
+        .await
+        .expect("this build on the newer schema");
+    assert_eq!(status.newer_additive, [add.version.as_str()]);
+    assert_eq!(status.applied.last(), Some(&add.version));
+    this.check_schema().await.expect("check_schema accepts it");
+    let before = objects(&mut admin).await;
+    assert!(
+        this.migrate()
+            .await
+            .expect("this build's migrate")
+            .is_empty()
+    );
+    assert_eq!(objects(&mut admin).await, before, "a no-op migrate wrote");
+    assert_eq!(
+        this.schema_status_with(std::slice::from_ref(&add))
+            .await
+            .expect("the newer build")
+            .newer_additive,
+        Vec::<String>::new()
+    );
+
+    assert_eq!(
+        this.migrate_with(&[add.clone(), brk.clone()])
+            .await
+            .expect("a breaking migration"),
+        [brk.version.as_str()]
+    );
+    for (what, result) in [
+        ("check", this.check_schema().await),
+        ("migrate", this.migrate().await.map(drop)),
+    ] {
+        match result {
+            Err(e @ PgSetupError::SchemaNewer { .. }) => {
+                assert!(!e.is_transient());
+                let text = e.to_string();
+                assert!(
+                    text.contains(&brk.version) && text.contains("upgrade"),
+                    "{text}"
+                );
+                assert!(
+                    !text.contains(&add.version),
+                    "an additive one is named: {text}"
+                );
+            }
+            other => panic!("{what} with a newer breaking migration: got {other:?}"),
+        }
+    }
+    let before = objects(&mut admin).await;
+    let versions = recorded(&mut admin).await;
+    assert!(matches!(
+        this.migrate().await,
+        Err(PgSetupError::SchemaNewer { .. })
+    ));
+    assert_eq!(objects(&mut admin).await, before);
+    assert_eq!(recorded(&mut admin).await, versions);
+    this.schema_status_with(&[add.clone(), brk.clone()])
+        .await
+        .expect("the build that knows it");
+
+    let mut want: Vec<String> = MigrationSource::<Pg>::migrations(&MIGRATIONS)
+        .expect("the migrations")
+        .iter()
+        .map(|m| {
+            let first = m.name().to_string();
+            let additive = !first.ends_with("create_lease_schema");
+            format!("{}: {additive}", m.name().version())
+        })
+        .collect();
+    want.sort();
+    want.push(format!("{}: true", add.version));
+    want.push(format!("{}: false", brk.version));
+    assert_eq!(recorded(&mut admin).await, want);
+}
+
+/// A version table made before migrations carried their compatibility (no `additive`
+/// column) still serves the check; its rows count as breaking to a build that does not know
+/// them; it gets the column when a runner next records a migration, not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_table_from_before_the_rule_gets_its_column_when_a_migration_is_recorded() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    exec(
+        &mut admin,
+        "ALTER TABLE lease.engine_migrations DROP COLUMN additive",
+    )
+    .await;
+    let has_column = "SELECT EXISTS (SELECT 1 FROM information_schema.columns
+                       WHERE table_schema = 'lease' AND table_name = 'engine_migrations'
+                         AND column_name = 'additive') AS yes";
+    let this = store(&db.url);
+    this.check_schema().await.expect("an old version table");
+    assert!(this.migrate().await.expect("nothing to do").is_empty());
+    assert!(
+        !flag(&mut admin, has_column).await,
+        "a no-op migrate altered it"
+    );
+
+    exec(
+        &mut admin,
+        "INSERT INTO lease.engine_migrations (version, name) VALUES ('29990101000009', 'old')",
+    )
+    .await;
+    match this.check_schema().await {
+        Err(PgSetupError::SchemaNewer { unknown }) => assert_eq!(unknown, ["29990101000009"]),
+        other => panic!("an unknown row without a compatibility: got {other:?}"),
+    }
+    exec(
+        &mut admin,
+        "DELETE FROM lease.engine_migrations WHERE version = '29990101000009'",
+    )
+    .await;
+
+    let add = additive();
+    assert_eq!(
+        this.migrate_with(std::slice::from_ref(&add))
+            .await
+            .expect("migrate"),
+        [add.version.as_str()]
+    );
+    assert!(flag(&mut admin, has_column).await);
+    let rows = recorded(&mut admin).await;
+    assert_eq!(rows.last(), Some(&format!("{}: true", add.version)));
+    assert!(
+        rows[..rows.len() - 1]
+            .iter()
+            .all(|r| r.ends_with(": false"))
+    );
+    assert_eq!(
+        this.schema_status().await.expect("check").newer_additive,
+        [add.version]
+    );
+}
+
+/// Every statement of the engine, prepared on a connection before columns are added to each
+/// of its tables, runs on that connection afterwards: they name their columns, so a cached
+/// plan never changes its result type ("cached plan must not change result type").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engines_statements_survive_added_columns_on_connections_that_prepared_them() {
+    let db = lease_testdb::database().await;
+    let mut conn = connect(&db.url).await;
+    let g = group("prepared");
+    let me = WorkerId::new();
+    let round = async |conn: &mut AsyncPgConnection| {
+        // Twice: creating, then finding the group, are two statements.
+        for _ in 0..2 {
+            ops::ensure_group(conn, None, &g, shards(4))
+                .await
+                .expect("ensure");
+        }
+        let beat = ops::heartbeat(
+            conn,
+            None,
+            &g,
+            me,
+            process(me),
+            ttl_ms(30_000),
+            &MemberMetadata::empty(),
+        )
+        .await
+        .expect("heartbeat");
+        let won = ops::claim(conn, None, &g, me, beat.session, 4)
+            .await
+            .expect("claim");
+        assert_eq!(won.len(), 4);
+        assert!(
+            ops::is_current(conn, None, &g, won[0].bucket, me, won[0].token)
+                .await
+                .expect("is_current")
+        );
+        ops::release(conn, None, &g, me, beat.session, &[won[0].bucket])
+            .await
+            .expect("release");
+        let snap = ops::snapshot(conn, None, &g).await.expect("snapshot");
+        assert_eq!(snap.members.len(), 1);
+        ops::leave(conn, None, &g, me, Some(beat.session))
+            .await
+            .expect("leave");
+    };
+    round(&mut conn).await;
+    store(&db.url)
+        .migrate_with(&[additive()])
+        .await
+        .expect("the additive migration");
+    round(&mut conn).await;
+    round(&mut conn).await;
+}
+
+/// Runners of this build and of a newer one, and checks, at once on a migrated database: the
+/// newer migration is applied once, every runner and check succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_runners_of_two_releases_and_checks() {
+    let db = lease_testdb::database().await;
+    let add = additive();
+    let mut tasks = Vec::new();
+    for i in 0..9 {
+        let (s, add) = (store(&db.url), add.clone());
+        tasks.push(tokio::spawn(async move {
+            match i % 3 {
+                0 => s.migrate_with(&[add]).await,
+                1 => s.migrate().await,
+                _ => s.check_schema().await.map(|()| Vec::new()),
+            }
+        }));
+    }
+    let mut applied = Vec::new();
+    for t in tasks {
+        applied.extend(
+            t.await
+                .expect("task")
+                .expect("a concurrent runner or check"),
+        );
+    }
+    assert_eq!(applied, [add.version.as_str()]);
+    let mut admin = connect(&db.url).await;
+    assert_eq!(
+        recorded(&mut admin)
+            .await
+            .iter()
+            .filter(|r| r.starts_with(&add.version))
+            .count(),
+        1
+    );
 }

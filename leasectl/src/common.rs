@@ -127,11 +127,19 @@ impl DbArgs {
         Ok(store)
     }
 
-    /// A store on this database whose schema is in place, retrying while the database is
-    /// unreachable.
+    /// A store on this database whose schema serves this build, retrying while the database
+    /// is unreachable. A schema with migrations of a newer release that are all additive
+    /// serves it: that is said on stderr (a warning), and the command goes on.
     pub async fn open(&self) -> Result<PgLeaseStore, Failure> {
         let store = self.store()?;
-        retry_while_unreachable(|| store.check_schema()).await?;
+        let status = retry_while_unreachable(|| store.schema_status()).await?;
+        if !status.newer_additive.is_empty() {
+            tracing::warn!(
+                migrations = %status.newer_additive.join(", "),
+                "the lease schema has migrations of a newer release, all additive: this \
+                 leasectl works with them; upgrade it when convenient"
+            );
+        }
         Ok(store)
     }
 }

@@ -7,7 +7,8 @@
 use clap::Args;
 use lease::Chain;
 use lease::postgres::diagnose::{Diagnosis, Replication};
-use lease::postgres::{PgSetupError, TlsMode, Verification};
+use lease::postgres::privileges::{RoleKind, RoleName};
+use lease::postgres::{PgLeaseStore, PgSetupError, TlsMode, Verification};
 use serde_json::json;
 
 use crate::common::{DbArgs, Failure};
@@ -67,7 +68,15 @@ pub async fn run(args: DoctorArgs) -> Result<(), Failure> {
     let store = args.db.store()?;
     // One attempt: the doctor reports an unreachable server rather than wait for it.
     let checks = match store.diagnose().await {
-        Ok(diagnosis) => judge(&diagnosis),
+        Ok(diagnosis) => {
+            let mut checks = judge(&diagnosis);
+            let at = checks
+                .iter()
+                .position(|c| c.name == "schema")
+                .map_or(checks.len(), |i| i + 1);
+            checks.insert(at, privileges(&store, &diagnosis).await);
+            checks
+        }
         Err(e) => vec![unreachable(&e)],
     };
     let failed = checks.iter().any(|c| c.status == Status::Fail);
@@ -102,6 +111,50 @@ pub async fn run(args: DoctorArgs) -> Result<(), Failure> {
         )));
     }
     Ok(())
+}
+
+/// The connected role against what a worker needs (`leasectl grant` prints the statements).
+async fn privileges(store: &PgLeaseStore, d: &Diagnosis) -> Check {
+    const NAME: &str = "privileges";
+    if d.schema
+        .as_ref()
+        .is_err_and(|e| !matches!(e, PgSetupError::PermissionDenied { .. }))
+    {
+        return check(
+            NAME,
+            Status::Warn,
+            "not checked: the schema is not as expected",
+        );
+    }
+    let role = match RoleName::new(&d.role) {
+        Ok(role) => role,
+        Err(e) => return check(NAME, Status::Warn, format!("not checked: {e}")),
+    };
+    match store.missing_privileges(&role, RoleKind::Worker).await {
+        Ok(missing) if missing.is_empty() => check(
+            NAME,
+            Status::Ok,
+            format!("role {:?} holds every privilege a worker uses", d.role),
+        ),
+        Ok(missing) => {
+            let lacking: Vec<String> = missing
+                .iter()
+                .map(|g| format!("{} on {}", g.privileges.join(", "), g.on.name()))
+                .collect();
+            check(
+                NAME,
+                Status::Fail,
+                format!(
+                    "role {:?} lacks what a worker uses: {}; `leasectl grant --role {}` prints \
+                     the statements that give it",
+                    d.role,
+                    lacking.join("; "),
+                    d.role
+                ),
+            )
+        }
+        Err(e) => check(NAME, Status::Warn, format!("not checked: {}", Chain(&e))),
+    }
 }
 
 fn unreachable(e: &PgSetupError) -> Check {

@@ -1,9 +1,9 @@
 //! `leasectl`: the command line of the lease engine.
 //!
-//! `leasectl demo` runs a scripted story entirely in memory; `migrate`, `worker`, `status`,
-//! `release` and `doctor` work on Postgres (`--database-url` or `DATABASE_URL`). Each
-//! subcommand is a module owning its arguments and its run function; [`common`] holds what
-//! they share: connecting, failures and exit codes.
+//! `leasectl demo` runs a scripted story entirely in memory; `migrate`, `grant`, `worker`,
+//! `status`, `release` and `doctor` work on Postgres (`--database-url` or `DATABASE_URL`).
+//! Each subcommand is a module owning its arguments and its run function; [`common`] holds
+//! what they share: connecting, failures and exit codes.
 //!
 //! Exit codes: 0 success, 2 bad input or configuration (the message names the flag), 1 a
 //! runtime failure (database unreachable, schema missing, stdout not writable, a worker that
@@ -14,6 +14,7 @@ mod common;
 mod demo;
 mod doctor;
 mod duration;
+mod grant;
 mod migrate;
 mod output;
 mod release;
@@ -41,6 +42,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Apply the embedded migrations (creates the `lease` schema); safe to run again.
     Migrate(migrate::MigrateArgs),
+    /// Print (or apply, with --apply) the GRANT statements a role needs to run workers
+    /// (--kind worker), read groups (monitor) or fence writes (fencing), and nothing more.
+    Grant(grant::GrantArgs),
     /// Run one worker until SIGTERM or SIGINT, printing what it is assigned and revoked. The
     /// first signal stops it gracefully (revoke everything, leave the group); a second one
     /// ends it at once, without leaving, so its leases expire after the ttl.
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Demo(args) => demo::run(args).await,
             Command::Migrate(args) => migrate::run(args).await,
+            Command::Grant(args) => grant::run(args).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Status(args) => status::run(args).await,
             Command::Release(args) => release::run(args).await,

@@ -59,6 +59,7 @@ async fn a_healthy_database_passes_and_says_what_it_found() {
         "tls",
         "server",
         "schema",
+        "privileges",
         "primary",
         "clock",
         "wake-ups",

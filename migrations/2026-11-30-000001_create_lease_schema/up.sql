@@ -1,3 +1,5 @@
+-- compatibility: breaking (the first migration: no binary runs without it)
+--
 -- The lease engine's tables: one row per group, one per (group, worker) session, one per
 -- (group, bucket). See docs/ARCHITECTURE.md, "Data model and session rules".
 --

@@ -1,3 +1,5 @@
+-- compatibility: additive (indexes only)
+--
 -- Claims cost what they take and the owners they inspect, not the shard count.
 --
 -- Unowned buckets, lowest first: a claim walks this index, skipping rows other claimers hold.

@@ -1,3 +1,5 @@
+-- compatibility: additive (the same function; every role that could call it still may)
+--
 -- lease.is_current becomes callable with EXECUTE alone. Its row lock (FOR SHARE) needs UPDATE
 -- on lease.shards when the caller takes it; as SECURITY DEFINER it runs with the owner's
 -- rights, so an application's role needs USAGE on schema lease and EXECUTE on this function,
