@@ -106,15 +106,22 @@ impl Replication {
     /// Whether a commit the server acknowledges is on at least one standby too: a
     /// synchronous standby is streaming and `synchronous_commit` waits for it.
     pub fn commits_wait_for_a_standby(&self) -> bool {
-        let waits = matches!(
-            self.synchronous_commit.as_str(),
-            "on" | "remote_write" | "remote_apply"
-        );
-        waits
+        self.configured_synchronous()
             && self
                 .standbys
                 .iter()
                 .any(|s| matches!(s.sync_state.as_deref(), Some("sync" | "quorum")))
+    }
+
+    /// The settings make commits wait for a standby (`synchronous_commit` of `on`,
+    /// `remote_write` or `remote_apply` with `synchronous_standby_names` set), whether or not
+    /// this role may see which standby is in sync. While no named standby is connected,
+    /// commits wait rather than being acknowledged unreplicated.
+    pub fn configured_synchronous(&self) -> bool {
+        matches!(
+            self.synchronous_commit.as_str(),
+            "on" | "remote_write" | "remote_apply"
+        ) && !self.synchronous_standby_names.trim().is_empty()
     }
 }
 

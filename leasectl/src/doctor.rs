@@ -348,6 +348,20 @@ fn replication(r: &Replication) -> Check {
             ),
         );
     }
+    if r.configured_synchronous() && r.standbys.iter().all(|s| s.sync_state.is_none()) {
+        return check(
+            "replication",
+            Status::Ok,
+            format!(
+                "synchronous by its settings (synchronous_commit={}, synchronous_standby_names={:?}, \
+                 standbys: {}): commits wait for a named standby, so a failover to it loses \
+                 no lease; which standby is in sync is visible to members of pg_monitor",
+                r.synchronous_commit,
+                r.synchronous_standby_names,
+                names.join(", ")
+            ),
+        );
+    }
     check(
         "replication",
         Status::Warn,

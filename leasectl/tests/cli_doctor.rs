@@ -155,3 +155,51 @@ fn no_server_fails_the_connection_check_at_once() {
         started.elapsed()
     );
 }
+
+/// The replication finding against a real streaming standby: synchronous as a superuser sees
+/// it; synchronous by its settings as a role that may not see which standby is in sync (it
+/// was reported as asynchronous before); asynchronous, a warning, once the primary stops
+/// naming the standby.
+#[test]
+fn replication_is_judged_by_what_the_role_can_see() {
+    use lease_testdb::{Cluster, ClusterOptions, Replication};
+    let primary = Cluster::start(ClusterOptions {
+        tcp: true,
+        ..ClusterOptions::default()
+    })
+    .unwrap_or_else(|e| panic!("a primary: {e}"));
+    let _standby = primary
+        .start_standby(Replication::Synchronous)
+        .unwrap_or_else(|e| panic!("a standby: {e}"));
+    primary
+        .psql("CREATE ROLE plain LOGIN")
+        .expect("a role outside pg_monitor");
+
+    let (_, checks) = doctor(&primary.tcp_url("postgres", "postgres", ""));
+    let (status, detail) = finding(&checks, "replication");
+    assert_eq!(status, "ok", "{detail}");
+    assert!(detail.starts_with("synchronous ("), "{detail}");
+    assert!(detail.contains("(sync)"), "{detail}");
+
+    let (_, checks) = doctor(&primary.tcp_url("plain", "postgres", ""));
+    let (status, detail) = finding(&checks, "replication");
+    assert_eq!(status, "ok", "{detail}");
+    assert!(detail.contains("synchronous by its settings"), "{detail}");
+    assert!(detail.contains("not visible to this role"), "{detail}");
+
+    primary
+        .psql("ALTER SYSTEM SET synchronous_standby_names = ''")
+        .and_then(|_| primary.psql("SELECT pg_reload_conf()"))
+        .expect("making replication asynchronous");
+    // A reload is asynchronous: wait until a new session sees the setting.
+    for _ in 0..100 {
+        if primary.psql("SHOW synchronous_standby_names").as_deref() == Ok("") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (_, checks) = doctor(&primary.tcp_url("plain", "postgres", ""));
+    let (status, detail) = finding(&checks, "replication");
+    assert_eq!(status, "warn", "{detail}");
+    assert!(detail.starts_with("asynchronous"), "{detail}");
+}
