@@ -28,8 +28,8 @@
 use lease::memory::MemoryLeaseStore;
 use lease::policy;
 use lease::{
-    GroupName, Incarnation, LeaseStore, ManualClock, MemberLoad, MemberMetadata, ShardCount, Ttl,
-    WorkerId,
+    GroupName, Incarnation, LeaseStore, ManualClock, MemberLoad, MemberMetadata, ShardCount,
+    Takeover, Ttl, WorkerId,
 };
 use std::collections::BTreeSet;
 use uuid::Uuid;
@@ -122,7 +122,13 @@ impl Policy for Ours {
                         )
                         .await?;
                     self.store
-                        .claim(&self.group, me, beat.session, target.target)
+                        .claim(
+                            &self.group,
+                            me,
+                            beat.session,
+                            target.target,
+                            Takeover::Allowed,
+                        )
                         .await
                 })
                 .expect("setup claim");
@@ -149,7 +155,7 @@ impl Policy for Ours {
                 if plan.claim > 0 {
                     claimed = self
                         .store
-                        .claim(&self.group, me, beat.session, plan.claim)
+                        .claim(&self.group, me, beat.session, plan.claim, Takeover::Allowed)
                         .await?
                         .len() as u32;
                 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lease::memory::MemoryLeaseStore;
 use lease::{
-    GroupName, Incarnation, LeaseStore, MemberMetadata, SessionId, ShardCount, Ttl, WorkerId,
+    GroupName, Incarnation, LeaseStore, MemberMetadata, SessionId, ShardCount, Takeover, Ttl,
+    WorkerId,
 };
 
 /// `(N, W)`: a small group and a large one.
@@ -42,7 +43,7 @@ async fn settled(n: u32, w: u32) -> (MemoryLeaseStore, GroupName, WorkerId, Sess
         session = beat.session;
         let share = n / w - u32::from(i == w - 1);
         store
-            .claim(&group, last, session, share)
+            .claim(&group, last, session, share, Takeover::Allowed)
             .await
             .expect("claim");
     }
@@ -74,7 +75,10 @@ fn bench(c: &mut Criterion) {
             BenchmarkId::new("claim+release", format!("N={n},W={w}")),
             |b| {
                 b.to_async(&rt).iter(|| async {
-                    let won = store.claim(&name, me, session, 1).await.expect("claim");
+                    let won = store
+                        .claim(&name, me, session, 1, Takeover::Allowed)
+                        .await
+                        .expect("claim");
                     assert_eq!(won.len(), 1, "one bucket was claimable");
                     store
                         .release(&name, me, session, &[won[0].bucket])

@@ -30,7 +30,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease::postgres::{PgLeaseStore, ops};
 use lease::{
     Bucket, FencingToken, GroupName, Incarnation, LeaseStore, LeaseWorker, MemberMetadata,
-    OwnershipHandler, RevokeReason, ShardCount, Ttl, WorkerError, WorkerHandle, WorkerId,
+    OwnershipHandler, RevokeReason, ShardCount, Takeover, Ttl, WorkerError, WorkerHandle, WorkerId,
 };
 
 const BUCKETS: u32 = 65_536;
@@ -59,7 +59,7 @@ async fn member(store: &PgLeaseStore, group: &GroupName, ttl: Ttl, share: u32) -
         .await
         .expect("join");
     let won = store
-        .claim(group, w, beat.session, share)
+        .claim(group, w, beat.session, share, Takeover::Allowed)
         .await
         .expect("claim");
     assert_eq!(won.len() as u32, share, "setup claim");
@@ -150,9 +150,17 @@ async fn claim_latency(reps: usize) {
         for rep in 0..reps + 2 {
             conn.batch_execute("BEGIN").await.expect("begin");
             let t0 = Instant::now();
-            let won = ops::claim(&mut conn, None, &case.group, me, beat.session, WANT)
-                .await
-                .expect("claim");
+            let won = ops::claim(
+                &mut conn,
+                None,
+                &case.group,
+                me,
+                beat.session,
+                WANT,
+                Takeover::Allowed,
+            )
+            .await
+            .expect("claim");
             let took = t0.elapsed();
             conn.batch_execute("ROLLBACK").await.expect("rollback");
             claimed = won.len();

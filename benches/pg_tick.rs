@@ -50,7 +50,7 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz, Uuid as Sq
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease::postgres::{PgLeaseStore, ops};
 use lease::{
-    GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId, policy,
+    GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Takeover, Ttl, WorkerId, policy,
 };
 use uuid::Uuid;
 
@@ -512,7 +512,7 @@ async fn setup(shape: Shape, pool_size: usize) -> (Arc<Bench>, AsyncPgConnection
                 .await
                 .expect("join");
             let won = store
-                .claim(&group, worker, joined.session, share)
+                .claim(&group, worker, joined.session, share, Takeover::Allowed)
                 .await
                 .expect("claim");
             assert_eq!(won.len() as u32, share, "setup claim");
@@ -973,7 +973,7 @@ async fn scale(heartbeats: usize) -> f64 {
             .expect("join");
         assert_eq!(
             store
-                .claim(&group, w, joined.session, share)
+                .claim(&group, w, joined.session, share, Takeover::Allowed)
                 .await
                 .expect("claim")
                 .len(),

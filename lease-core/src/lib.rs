@@ -17,7 +17,8 @@
 //!
 //! ```
 //! use lease_core::{
-//!     policy, GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId,
+//!     policy, GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Takeover, Ttl,
+//!     WorkerId,
 //! };
 //! use lease_memory::MemoryLeaseStore;
 //!
@@ -31,7 +32,7 @@
 //! let beat = store.heartbeat(&group, me, process, ttl, &MemberMetadata::empty()).await?;
 //! let plan = policy::plan(&beat.view, me, &beat.owned_buckets());
 //! assert_eq!(plan.claim, 8); // alone in the group: everything is mine
-//! let won = store.claim(&group, me, beat.session, plan.claim).await?;
+//! let won = store.claim(&group, me, beat.session, plan.claim, Takeover::Allowed).await?;
 //! assert_eq!(won.len(), 8);
 //! assert!(store.is_current(&group, won[0].bucket, me, won[0].token).await?);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -59,9 +60,9 @@ pub use ids::{
 };
 pub use invalid::InvalidInput;
 pub use policy::{Plan, plan};
-pub use store::LeaseStore;
 #[cfg(any(test, feature = "mock"))]
 pub use store::MockLeaseStore;
+pub use store::{LeaseStore, Takeover};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, Ttl, store_precision};
 pub use view::{
     BucketInfo, BucketState, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo, MemberLoad,

@@ -12,6 +12,19 @@ use crate::ids::{
 use crate::time::Ttl;
 use crate::view::{GroupSnapshot, Heartbeat, Lease};
 
+/// Which claimable buckets a [`claim`](LeaseStore::claim) may take (contract rule C7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Takeover {
+    /// Buckets with no owner and buckets whose recorded session is not live.
+    Allowed,
+    /// Only buckets with no owner recorded. For a caller that cannot yet rule out that the
+    /// holder of a session the store calls dead still trusts it: a worker that has not
+    /// watched the store's clock advance steadily for a ttl (it just started, or the store's
+    /// clock just stepped forward), so a session's expiry may not mean its holder fenced.
+    Deferred,
+}
+
 /// Where leases live: the shared state a pool of workers agrees through.
 ///
 /// Ownership hangs on **sessions**. Each worker has at most one member row per group holding
@@ -115,12 +128,16 @@ pub trait LeaseStore: Send + Sync {
     ///   expires with the session. The result is sorted by bucket.
     /// - **C5** Two concurrent claims never both win a bucket.
     /// - **C6** Claiming does not extend the session.
+    /// - **C7** With [`Takeover::Deferred`], only buckets with no owner recorded (never
+    ///   owned, released, or left) are claimable: a bucket whose recorded session is not live
+    ///   is left alone. [`Takeover::Allowed`] takes both kinds.
     async fn claim(
         &self,
         group: &GroupName,
         worker: WorkerId,
         session: SessionId,
         want: u32,
+        takeover: Takeover,
     ) -> Result<Vec<Lease>, StoreError>;
 
     /// Give up those of `buckets` that `worker` owns under `session`, so others can claim them
@@ -238,8 +255,9 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
         worker: WorkerId,
         session: SessionId,
         want: u32,
+        takeover: Takeover,
     ) -> Result<Vec<Lease>, StoreError> {
-        (**self).claim(group, worker, session, want).await
+        (**self).claim(group, worker, session, want, takeover).await
     }
 
     async fn release(

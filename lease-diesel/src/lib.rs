@@ -23,7 +23,9 @@
 //! (the GRANT statements `leasectl grant` prints), and checks what a role lacks.
 //!
 //! ```no_run
-//! use lease_core::{GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId};
+//! use lease_core::{
+//!     GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Takeover, Ttl, WorkerId,
+//! };
 //! use lease_diesel::PgLeaseStore;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,7 +36,9 @@
 //! let (me, process) = (WorkerId::new(), Incarnation::new());
 //! let ttl = Ttl::from_secs(30)?;
 //! let beat = store.heartbeat(&group, me, process, ttl, &MemberMetadata::empty()).await?;
-//! let won = store.claim(&group, me, beat.session, beat.view.claimable.min(8)).await?;
+//! let won = store
+//!     .claim(&group, me, beat.session, beat.view.claimable.min(8), Takeover::Allowed)
+//!     .await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -73,7 +77,7 @@ use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, Trans
 use lease_core::{
     BackendFailure, Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat,
     Incarnation, Lease, LeaseStore, MemberMetadata, Operation, SessionId, ShardCount, StoreError,
-    Ttl, WorkerId, store_precision,
+    Takeover, Ttl, WorkerId, store_precision,
 };
 
 pub use error::PgSetupError;
@@ -566,10 +570,11 @@ impl LeaseStore for PgLeaseStore {
         worker: WorkerId,
         session: SessionId,
         want: u32,
+        takeover: Takeover,
     ) -> Result<Vec<Lease>, StoreError> {
         let at = self.at();
         self.with_conn(Operation::Claim, async |c| {
-            ops::claim(c, at, group, worker, session, want).await
+            ops::claim(c, at, group, worker, session, want, takeover).await
         })
         .await
     }

@@ -10,13 +10,13 @@ use diesel::OptionalExtension;
 use diesel::pg::data_types::PgInterval;
 use diesel::prelude::*;
 use diesel::sql_types::{
-    Array, BigInt, Integer, Interval, Nullable, Text, Timestamptz, Uuid as SqlUuid,
+    Array, BigInt, Bool, Integer, Interval, Nullable, Text, Timestamptz, Uuid as SqlUuid,
 };
 use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
 use lease_core::{
     Bucket, BucketInfo, BucketState, FencingToken, GroupName, GroupSnapshot, GroupView, Heartbeat,
     Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata, Operation, SessionId, ShardCount,
-    StoreError, Timestamp, Ttl, WorkerId,
+    StoreError, Takeover, Timestamp, Ttl, WorkerId,
 };
 use uuid::Uuid;
 
@@ -196,6 +196,7 @@ pub async fn claim(
     worker: WorkerId,
     session: SessionId,
     want: u32,
+    takeover: Takeover,
 ) -> Result<Vec<Lease>, StoreError> {
     let row: Option<sql::ClaimRow> = Prepared(
         diesel::sql_query(sql::CLAIM)
@@ -204,7 +205,8 @@ pub async fn claim(
             .bind::<BigInt, _>(i64::from(want))
             .bind::<Nullable<Timestamptz>, _>(at)
             .bind::<SqlUuid, _>(session.as_uuid())
-            .bind::<BigInt, _>(i64::from(worker.claim_seed())),
+            .bind::<BigInt, _>(i64::from(worker.claim_seed()))
+            .bind::<Bool, _>(!matches!(takeover, Takeover::Deferred)),
     )
     .get_result(conn)
     .await

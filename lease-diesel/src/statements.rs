@@ -129,8 +129,10 @@ pub(crate) struct HeartbeatRow {
 
 /// Claim up to `$3` claimable buckets for the worker's live session `$5`, in its claim order
 /// (from `$6 % shard_count` up, then from 0: C3), raising each one's token. `$1` group, `$2`
-/// worker, `$3` how many, `$4` client time, `$5` session, `$6` the worker's claim seed. No row:
-/// the group does not exist; a null session: `$5` is not the worker's live session.
+/// worker, `$3` how many, `$4` client time, `$5` session, `$6` the worker's claim seed, `$7`
+/// whether dead sessions' buckets may be taken (C7: when false, `owners` is empty, so only
+/// unowned buckets are). No row: the group does not exist; a null session: `$5` is not the
+/// worker's live session.
 ///
 /// The worker's own member row is locked first (its counter is updated, and a claimer judging
 /// it dead must skip it). Its cost follows what it takes and the owners it inspects, never the
@@ -176,6 +178,7 @@ WITH RECURSIVE me AS (
     -- A loose index scan: the smallest owner session, then the next one above it, and so on.
     (SELECT s.owner_session, s.owner_worker FROM lease.shards s
       WHERE s.group_name = $1 AND s.owner_session IS NOT NULL AND EXISTS (SELECT 1 FROM mine)
+        AND $7
       ORDER BY s.owner_session
       LIMIT 1)
     UNION ALL

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use lease_core::{
     Bucket, BucketState, FencingToken, GroupName, Lease, LeaseStore, ManualClock, MemberMetadata,
-    ShardCount, Ttl, WorkerId,
+    ShardCount, Takeover, Ttl, WorkerId,
 };
 use lease_diesel::PgLeaseStore;
 
@@ -54,7 +54,7 @@ async fn a_owns_everything(store: &PgLeaseStore, a: WorkerId) -> Vec<Lease> {
         .expect("A's heartbeat");
     assert!(beat.new_session);
     let won = store
-        .claim(&g, a, beat.session, SHARDS)
+        .claim(&g, a, beat.session, SHARDS, Takeover::Allowed)
         .await
         .expect("A's claim");
     let expected: Vec<(u32, i64)> = (0..SHARDS).map(|b| (b, 1)).collect();
@@ -92,7 +92,7 @@ async fn a_trusted_client_clock_an_hour_ahead_steals_live_leases() {
     );
     assert_eq!(beat_b.view.claimable, SHARDS, "to B, A's leases look dead");
     let stolen = store_b
-        .claim(&g, b, beat_b.session, SHARDS)
+        .claim(&g, b, beat_b.session, SHARDS, Takeover::Allowed)
         .await
         .expect("B's claim");
     let expected: Vec<(u32, i64)> = (0..SHARDS).map(|b| (b, 2)).collect();
@@ -164,7 +164,7 @@ async fn on_the_server_clock_a_second_worker_cannot_take_a_live_lease() {
     assert_eq!(a_load, expected_load, "B sees A owning everything");
 
     let taken = store_b
-        .claim(&g, b, beat_b.session, SHARDS)
+        .claim(&g, b, beat_b.session, SHARDS, Takeover::Allowed)
         .await
         .expect("B's claim");
     assert!(taken.is_empty(), "B took live leases: {taken:?}");

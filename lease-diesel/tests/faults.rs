@@ -18,7 +18,7 @@ use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
     BackendFailure, Bucket, BucketState, Change, FencingToken, GroupName, LeaseStore,
-    MemberMetadata, SessionId, ShardCount, StoreError, Ttl,
+    MemberMetadata, SessionId, ShardCount, StoreError, Takeover, Ttl,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError};
 
@@ -64,7 +64,10 @@ async fn unreachable_server_gives_backend_errors() {
         "heartbeat",
         store.heartbeat(&g, me, process(me), ttl(30), &MemberMetadata::empty())
     );
-    fails_fast!("claim", store.claim(&g, me, SessionId::new(), 4));
+    fails_fast!(
+        "claim",
+        store.claim(&g, me, SessionId::new(), 4, Takeover::Allowed)
+    );
     fails_fast!(
         "release",
         store.release(&g, me, SessionId::new(), &[Bucket(0)])
@@ -133,7 +136,10 @@ async fn hostile_group_names_are_plain_data_on_the_server_clock() {
         assert!(beat.new_session);
         assert_eq!(beat.view.shard_count.get(), n);
         assert_eq!(beat.view.claimable, n);
-        let won = store.claim(&g, me, beat.session, 2).await.expect("claim");
+        let won = store
+            .claim(&g, me, beat.session, 2, Takeover::Allowed)
+            .await
+            .expect("claim");
         let won: Vec<(u32, i64)> = won.iter().map(|l| (l.bucket.0, l.token.0)).collect();
         assert_eq!(won, vec![(0, 1), (1, 1)], "claim in group {name:?}");
     }
@@ -209,7 +215,10 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
         .heartbeat(&g, me, process(me), ttl(30), &meta)
         .await
         .expect("heartbeat");
-    let won = store.claim(&g, me, first.session, 3).await.expect("claim");
+    let won = store
+        .claim(&g, me, first.session, 3, Takeover::Allowed)
+        .await
+        .expect("claim");
     assert_eq!(tokens(&won), vec![(0, 1), (1, 1), (2, 1)]);
 
     let mut admin = AsyncPgConnection::establish(&db.url)
@@ -229,7 +238,7 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
             store.heartbeat(&g, me, process(me), ttl(30), &meta),
             store.snapshot(&g),
             store.is_current(&g, Bucket(0), me, FencingToken(1)),
-            store.claim(&g, me, first.session, 0),
+            store.claim(&g, me, first.session, 0, Takeover::Allowed),
         );
         assert!(a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok());
         assert_eq!(store.pool().status().size, POOL, "the pool is full");
@@ -266,7 +275,7 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
             store.heartbeat(&g, me, process(me), ttl(30), &meta),
             store.snapshot(&g),
             store.is_current(&g, Bucket(0), me, FencingToken(1)),
-            store.claim(&g, me, first.session, 0),
+            store.claim(&g, me, first.session, 0, Takeover::Allowed),
         );
         let ok = [
             ok_or_backend("heartbeat", &a),
@@ -325,7 +334,7 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
             snap.buckets
         );
         let again = store
-            .claim(&g, me, first.session, 0)
+            .claim(&g, me, first.session, 0, Takeover::Allowed)
             .await
             .expect("claim after recovery");
         assert!(again.is_empty());
@@ -351,7 +360,10 @@ async fn a_connection_killed_mid_statement_gives_a_backend_error() {
         .heartbeat(&g, me, process(me), ttl(30), &meta)
         .await
         .expect("heartbeat");
-    let won = store.claim(&g, me, first.session, 2).await.expect("claim");
+    let won = store
+        .claim(&g, me, first.session, 2, Takeover::Allowed)
+        .await
+        .expect("claim");
     assert_eq!(tokens(&won), vec![(0, 1), (1, 1)]);
 
     // Another session locks the worker's member row, so the next heartbeat waits on it.

@@ -21,7 +21,7 @@ use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 use lease_core::{
-    Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount,
+    Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount, Takeover,
     Timestamp, Ttl, WorkerId,
 };
 use lease_diesel::privileges::{self, Grant, Object, RoleKind, RoleName};
@@ -659,7 +659,10 @@ async fn a_monitor_role_on_a_read_only_connection_checks_and_reads() {
         )
         .await
         .expect("heartbeat");
-    owner.claim(&g, me, beat.session, 4).await.expect("claim");
+    owner
+        .claim(&g, me, beat.session, 4, Takeover::Allowed)
+        .await
+        .expect("claim");
 
     let mut admin = connect(&db.url).await;
     exec(&mut admin, REVOKE_PUBLIC_DEFAULTS).await;
@@ -747,7 +750,7 @@ async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
         .await
         .expect("a short-lived member joins");
     let held = worker
-        .claim(&g, short, brief.session, 2)
+        .claim(&g, short, brief.session, 2, Takeover::Allowed)
         .await
         .expect("the short-lived member claims");
     assert_eq!(held.len(), 2);
@@ -764,7 +767,10 @@ async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
     wait_server_past(&mut admin, brief.expires_at).await;
     // The dead member's row is still there: the claim judges it dead in lease.owner_is_dead,
     // share-locking it.
-    let won = worker.claim(&g, me, beat.session, 4).await.expect("claim");
+    let won = worker
+        .claim(&g, me, beat.session, 4, Takeover::Allowed)
+        .await
+        .expect("claim");
     assert_eq!(won.len(), 4, "the free and the dead member's buckets");
     worker
         .heartbeat(
@@ -1157,7 +1163,7 @@ async fn is_current_needs_only_execute_and_its_lock_holds_off_a_takeover() {
     )
     .await
     .expect("a joins");
-    let leases = ops::claim(&mut conn, None, &g, a, first.session, 4)
+    let leases = ops::claim(&mut conn, None, &g, a, first.session, 4, Takeover::Allowed)
         .await
         .expect("a claims");
     let b_join = ops::heartbeat(
@@ -1192,13 +1198,13 @@ async fn is_current_needs_only_execute_and_its_lock_holds_off_a_takeover() {
             .expect("is_current in a transaction")
     );
     wait_server_past(&mut admin, first.expires_at).await;
-    let taken = ops::claim(&mut conn, None, &g, b, b_join.session, 4)
+    let taken = ops::claim(&mut conn, None, &g, b, b_join.session, 4, Takeover::Allowed)
         .await
         .expect("b claims");
     assert_eq!(taken.len(), 3, "b took the bucket being written");
     assert!(taken.iter().all(|l| l.bucket != lease.bucket));
     exec(&mut app, "COMMIT").await;
-    let taken = ops::claim(&mut conn, None, &g, b, b_join.session, 4)
+    let taken = ops::claim(&mut conn, None, &g, b, b_join.session, 4, Takeover::Allowed)
         .await
         .expect("b claims again");
     assert_eq!(
@@ -1541,7 +1547,7 @@ async fn the_engines_statements_survive_added_columns_on_connections_that_prepar
         )
         .await
         .expect("heartbeat");
-        let won = ops::claim(conn, None, &g, me, beat.session, 4)
+        let won = ops::claim(conn, None, &g, me, beat.session, 4, Takeover::Allowed)
             .await
             .expect("claim");
         assert_eq!(won.len(), 4);

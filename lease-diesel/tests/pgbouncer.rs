@@ -31,7 +31,7 @@ use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease_core::{
     BackendFailure, Bucket, Chain, GroupName, Heartbeat, LeaseStore, MemberMetadata, ShardCount,
-    StoreError, SystemClock, Timestamp, Ttl, WorkerId,
+    StoreError, SystemClock, Takeover, Timestamp, Ttl, WorkerId,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError};
 use lease_testdb::{PgBouncer, PoolMode, TestDb};
@@ -621,7 +621,10 @@ async fn eight_clients_share_three_server_connections() {
                         .heartbeat(&g, w, process(w), ttl(), &meta)
                         .await
                         .expect("heartbeat");
-                    let won = store.claim(&g, w, beat.session, 2).await.expect("claim");
+                    let won = store
+                        .claim(&g, w, beat.session, 2, Takeover::Allowed)
+                        .await
+                        .expect("claim");
                     if let Some(lease) = won.first() {
                         assert!(
                             store
@@ -807,7 +810,10 @@ async fn round_trips_per_operation_direct_and_through_the_pooler() {
                 .await
                 .expect("heartbeat");
             measure("heartbeat");
-            let won = store.claim(&g, w, beat.session, 2).await.expect("claim");
+            let won = store
+                .claim(&g, w, beat.session, 2, Takeover::Allowed)
+                .await
+                .expect("claim");
             measure("claim");
             store
                 .is_current(&g, won[0].bucket, w, won[0].token)

@@ -10,7 +10,7 @@ use diesel::sql_types::{Bool, Integer, Timestamptz};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
     Bucket, BucketState, ErrorKind, FencingToken, GroupName, Heartbeat, Incarnation, Lease,
-    MemberMetadata, SessionId, ShardCount, StoreError, Timestamp, Ttl, WorkerId,
+    MemberMetadata, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId,
 };
 use lease_diesel::ops;
 
@@ -146,9 +146,17 @@ where
     .await
     .expect("ensure");
     let first = beat(&mut conn, &group, a, ttl, "a joins").await;
-    let leases = ops::claim(&mut conn, None, &group, a, first.session, SHARDS)
-        .await
-        .expect("a claims");
+    let leases = ops::claim(
+        &mut conn,
+        None,
+        &group,
+        a,
+        first.session,
+        SHARDS,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("a claims");
     assert_eq!(leases.len(), SHARDS as usize);
     // b is a live member before a's session ends, as a claimer racing a renewal is: a member
     // that joins later would, on joining, delete a's dead row (H3) and so skip the race.
@@ -245,9 +253,17 @@ async fn a_renewal_begun_before_expiry_cannot_revive_the_session() {
     let mut claimer = connect(&s.url).await;
     wait_server_past(&mut admin, s.first.expires_at).await;
 
-    let taken = ops::claim(&mut claimer, None, &s.group, s.b, s.b_session, SHARDS)
-        .await
-        .expect("b claims");
+    let taken = ops::claim(
+        &mut claimer,
+        None,
+        &s.group,
+        s.b,
+        s.b_session,
+        SHARDS,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("b claims");
     assert_eq!(
         taken.len(),
         SHARDS as usize,
@@ -296,9 +312,17 @@ async fn a_claim_skips_an_owner_whose_renewal_holds_the_lock() {
     assert!(!renewed.new_session);
     // ...past the session's old expiry: to a claimer's snapshot a looks dead.
     wait_server_past(&mut admin, s.first.expires_at).await;
-    let taken = ops::claim(&mut claimer, None, &s.group, s.b, s.b_session, SHARDS)
-        .await
-        .expect("b claims");
+    let taken = ops::claim(
+        &mut claimer,
+        None,
+        &s.group,
+        s.b,
+        s.b_session,
+        SHARDS,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("b claims");
     assert!(
         taken.is_empty(),
         "b took buckets of a session being renewed: {taken:?}"
@@ -306,9 +330,17 @@ async fn a_claim_skips_an_owner_whose_renewal_holds_the_lock() {
     exec(&mut renewal, "COMMIT").await;
 
     // Once committed the renewal is visible: still nothing to take.
-    let taken = ops::claim(&mut claimer, None, &s.group, s.b, s.b_session, SHARDS)
-        .await
-        .expect("b claims again");
+    let taken = ops::claim(
+        &mut claimer,
+        None,
+        &s.group,
+        s.b,
+        s.b_session,
+        SHARDS,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("b claims again");
     assert!(taken.is_empty());
     let beat = beat(&mut renewal, &s.group, s.a, long(), "a renews again").await;
     assert_eq!(beat.session, s.first.session);
@@ -327,9 +359,17 @@ async fn a_renewal_waits_for_a_claim_that_judged_it_dead() {
     wait_server_past(&mut admin, s.first.expires_at).await;
 
     exec(&mut claimer, "BEGIN").await;
-    let taken = ops::claim(&mut claimer, None, &s.group, s.b, s.b_session, SHARDS)
-        .await
-        .expect("b claims");
+    let taken = ops::claim(
+        &mut claimer,
+        None,
+        &s.group,
+        s.b,
+        s.b_session,
+        SHARDS,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("b claims");
     assert_eq!(taken.len(), SHARDS as usize);
 
     let renewal_pid = backend_pid(&mut renewal).await;
@@ -376,9 +416,17 @@ async fn a_claim_never_takes_a_bucket_claimed_after_its_snapshot() {
     let b_pid = backend_pid(&mut late_claimer).await;
     let (group, b, b_session) = (s.group.clone(), s.b, s.b_session);
     let blocked = tokio::spawn(async move {
-        ops::claim(&mut late_claimer, None, &group, b, b_session, SHARDS)
-            .await
-            .expect("b's claim")
+        ops::claim(
+            &mut late_claimer,
+            None,
+            &group,
+            b,
+            b_session,
+            SHARDS,
+            Takeover::Allowed,
+        )
+        .await
+        .expect("b's claim")
     });
     wait_blocked_on_lock(&mut admin, b_pid).await;
 
@@ -386,9 +434,17 @@ async fn a_claim_never_takes_a_bucket_claimed_after_its_snapshot() {
     let c_session = beat(&mut other, &s.group, c, long(), "c joins")
         .await
         .session;
-    let c_won = ops::claim(&mut other, None, &s.group, c, c_session, SHARDS)
-        .await
-        .expect("c claims");
+    let c_won = ops::claim(
+        &mut other,
+        None,
+        &s.group,
+        c,
+        c_session,
+        SHARDS,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("c claims");
     assert_eq!(c_won.len(), SHARDS as usize);
 
     exec(&mut gate, "COMMIT").await;
@@ -434,9 +490,17 @@ async fn a_fenced_transaction_holds_off_a_takeover() {
         "the owner's own fencing check failed"
     );
     wait_server_past(&mut admin, s.first.expires_at).await;
-    let taken = ops::claim(&mut claimer, None, &s.group, s.b, s.b_session, SHARDS)
-        .await
-        .expect("b claims");
+    let taken = ops::claim(
+        &mut claimer,
+        None,
+        &s.group,
+        s.b,
+        s.b_session,
+        SHARDS,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("b claims");
     assert_eq!(
         taken.len(),
         SHARDS as usize - 1,
@@ -445,9 +509,17 @@ async fn a_fenced_transaction_holds_off_a_takeover() {
     assert!(taken.iter().all(|l| l.bucket != lease.bucket));
     exec(&mut app, "COMMIT").await;
 
-    let taken = ops::claim(&mut claimer, None, &s.group, s.b, s.b_session, SHARDS)
-        .await
-        .expect("b claims again");
+    let taken = ops::claim(
+        &mut claimer,
+        None,
+        &s.group,
+        s.b,
+        s.b_session,
+        SHARDS,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("b claims again");
     assert_eq!(
         taken.iter().map(|l| l.bucket).collect::<Vec<_>>(),
         vec![lease.bucket]
@@ -483,7 +555,7 @@ async fn a_claim_that_waited_past_its_expiry_claims_nothing() {
     let pid = backend_pid(&mut conn).await;
     let (g, session) = (group.clone(), joined.session);
     let claim = tokio::spawn(async move {
-        let result = ops::claim(&mut conn, None, &g, b, session, SHARDS).await;
+        let result = ops::claim(&mut conn, None, &g, b, session, SHARDS, Takeover::Allowed).await;
         (result, conn)
     });
     wait_blocked_on_lock(&mut admin, pid).await;
@@ -632,7 +704,16 @@ async fn a_second_process_with_one_worker_id_waits_then_is_refused() {
         "the refusal renewed it"
     );
     // The second process cannot act under the session either.
-    let claim = ops::claim(&mut second, None, &group, w, SessionId::new(), SHARDS).await;
+    let claim = ops::claim(
+        &mut second,
+        None,
+        &group,
+        w,
+        SessionId::new(),
+        SHARDS,
+        Takeover::Allowed,
+    )
+    .await;
     assert_eq!(
         claim.map_err(|e| e.kind()).err(),
         Some(ErrorKind::SessionExpired)
@@ -664,9 +745,17 @@ async fn concurrent_claims_walk_past_each_others_rows() {
     let dead = seeded_at_zero();
     let gone = beat(&mut admin, &group, dead, short(), "the doomed worker joins").await;
     exec(&mut admin, "BEGIN").await;
-    let held = ops::claim(&mut admin, None, &group, dead, gone.session, 8)
-        .await
-        .expect("the doomed worker claims");
+    let held = ops::claim(
+        &mut admin,
+        None,
+        &group,
+        dead,
+        gone.session,
+        8,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("the doomed worker claims");
     assert_eq!(held.len(), 8);
     exec(&mut admin, "COMMIT").await;
     let released = ops::release(
@@ -689,13 +778,13 @@ async fn concurrent_claims_walk_past_each_others_rows() {
 
     for (round, (want_a, expect_b)) in [(2, vec![2, 3]), (2, vec![6, 7])].into_iter().enumerate() {
         exec(&mut first, "BEGIN").await;
-        let taken_a = ops::claim(&mut first, None, &group, a, sa, want_a)
+        let taken_a = ops::claim(&mut first, None, &group, a, sa, want_a, Takeover::Allowed)
             .await
             .expect("a claims");
         assert_eq!(taken_a.len(), 2, "round {round}: {taken_a:?}");
         let taken_b = tokio::time::timeout(
             Duration::from_secs(5),
-            ops::claim(&mut second, None, &group, b, sb, 2),
+            ops::claim(&mut second, None, &group, b, sb, 2, Takeover::Allowed),
         )
         .await
         .unwrap_or_else(|_| panic!("round {round}: b waited for the rows a holds"))

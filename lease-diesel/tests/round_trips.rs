@@ -15,7 +15,9 @@ use diesel_async::pooled_connection::{
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 mod support;
 
-use lease_core::{Bucket, GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId};
+use lease_core::{
+    Bucket, GroupName, LeaseStore, MemberMetadata, ShardCount, Takeover, Ttl, WorkerId,
+};
 use lease_diesel::PgLeaseStore;
 use support::process;
 
@@ -103,7 +105,9 @@ async fn a_steady_heartbeat_is_one_statement_writing_one_row() {
             .heartbeat(&group, w, process(w), ttl, &meta)
             .await
             .expect("join");
-        let won = store.claim(&group, w, joined.session, 128).await;
+        let won = store
+            .claim(&group, w, joined.session, 128, Takeover::Allowed)
+            .await;
         assert_eq!(won.expect("claim").len(), 128);
     }
     let me = workers[0];
@@ -194,7 +198,7 @@ async fn every_operation_is_one_statement() {
             .expect("heartbeat");
         let mid = snapshot(&counts);
         let won = store
-            .claim(&group, me, beat.session, 4)
+            .claim(&group, me, beat.session, 4, Takeover::Allowed)
             .await
             .expect("claim");
         let after_claim = snapshot(&counts);

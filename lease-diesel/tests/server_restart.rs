@@ -15,7 +15,8 @@ use support::{ok_or_backend, process, tokens};
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    Bucket, ErrorKind, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount, Ttl,
+    Bucket, ErrorKind, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount, Takeover,
+    Ttl,
 };
 use lease_diesel::PgLeaseStore;
 use lease_testdb::Cluster;
@@ -67,7 +68,10 @@ async fn server_stop_and_resume_keeps_ownership() {
         .heartbeat(&g, me, process(me), ttl, &meta)
         .await
         .expect("heartbeat");
-    let won = store.claim(&g, me, first.session, 4).await.expect("claim");
+    let won = store
+        .claim(&g, me, first.session, 4, Takeover::Allowed)
+        .await
+        .expect("claim");
     assert_eq!(tokens(&won), vec![(0, 1), (1, 1), (2, 1), (3, 1)]);
     // Several pooled connections, all of them open when the server goes away.
     let (a, b, c) = tokio::join!(
@@ -116,7 +120,10 @@ async fn server_stop_and_resume_keeps_ownership() {
             "heartbeat",
             store.heartbeat(&g, me, process(me), ttl, &meta)
         );
-        fails!("claim", store.claim(&g, me, first.session, 4));
+        fails!(
+            "claim",
+            store.claim(&g, me, first.session, 4, Takeover::Allowed)
+        );
         fails!(
             "release",
             store.release(&g, me, first.session, &[Bucket(0)])
@@ -166,7 +173,7 @@ async fn server_stop_and_resume_keeps_ownership() {
     assert_eq!(tokens(&snap.live_leases()), tokens(&won));
     // And the store works in full again: the remaining buckets can be claimed.
     let rest = store
-        .claim(&g, me, beat.session, 8)
+        .claim(&g, me, beat.session, 8, Takeover::Allowed)
         .await
         .expect("claim after recovery");
     assert_eq!(tokens(&rest), vec![(4, 1), (5, 1), (6, 1), (7, 1)]);

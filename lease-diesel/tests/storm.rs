@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use lease_core::{
     Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount,
-    StoreError, Ttl, WorkerId,
+    StoreError, Takeover, Ttl, WorkerId,
 };
 use lease_diesel::PgLeaseStore;
 use support::process;
@@ -150,7 +150,10 @@ async fn worker(shared: Arc<Shared>, index: usize, seed: u64, rounds: u32) {
         // Claim.
         let want = 1 + rng.below(8) as u32;
         counters.claims.fetch_add(1, Ordering::Relaxed);
-        let won = match store.claim(group, me, session, want).await {
+        let won = match store
+            .claim(group, me, session, want, Takeover::Allowed)
+            .await
+        {
             Ok(won) => won,
             Err(e) => return shared.error("claim", me, &e),
         };

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Bool};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use lease_core::{GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Ttl, WorkerId};
+use lease_core::{
+    GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Takeover, Ttl, WorkerId,
+};
 use lease_diesel::{PgLeaseStore, PgSetupError, TlsMode, Verification};
 use lease_testdb::{Cluster, ClusterOptions, tls_server as server};
 
@@ -232,7 +234,7 @@ async fn workers_and_the_listening_connection_use_tls() {
         .await
         .expect("a heartbeat over TLS");
     store
-        .claim(&group, me, beat.session, 4)
+        .claim(&group, me, beat.session, 4, Takeover::Allowed)
         .await
         .expect("a claim over TLS");
     let mut admin = AsyncPgConnection::establish(&server().cluster.socket_url("postgres"))

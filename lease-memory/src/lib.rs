@@ -9,7 +9,8 @@
 //! ```
 //! use std::time::Duration;
 //! use lease_core::{
-//!     GroupName, Incarnation, LeaseStore, ManualClock, MemberMetadata, ShardCount, Ttl, WorkerId,
+//!     GroupName, Incarnation, LeaseStore, ManualClock, MemberMetadata, ShardCount, Takeover, Ttl,
+//!     WorkerId,
 //! };
 //! use lease_memory::MemoryLeaseStore;
 //!
@@ -23,18 +24,18 @@
 //! let ttl = Ttl::from_secs(10)?;
 //! let none = MemberMetadata::empty();
 //! let sa = store.heartbeat(&group, a, Incarnation::new(), ttl, &none).await?.session;
-//! let won = store.claim(&group, a, sa, 4).await?;
+//! let won = store.claim(&group, a, sa, 4, Takeover::Allowed).await?;
 //! assert_eq!(won.len(), 4);
 //!
 //! // b cannot take a live lease...
 //! let b_process = Incarnation::new();
 //! let sb = store.heartbeat(&group, b, b_process, ttl, &none).await?.session;
-//! assert!(store.claim(&group, b, sb, 4).await?.is_empty());
+//! assert!(store.claim(&group, b, sb, 4, Takeover::Allowed).await?.is_empty());
 //!
 //! // ...but once a stops renewing and its session expires, b takes over with higher tokens.
 //! clock.advance(Duration::from_secs(10));
 //! let sb = store.heartbeat(&group, b, b_process, ttl, &none).await?.session;
-//! let taken = store.claim(&group, b, sb, 4).await?;
+//! let taken = store.claim(&group, b, sb, 4, Takeover::Allowed).await?;
 //! assert_eq!(taken.len(), 4);
 //! assert!(taken.iter().zip(&won).all(|(new, old)| new.token > old.token));
 //! assert!(!store.is_current(&group, won[0].bucket, a, won[0].token).await?);
@@ -53,7 +54,7 @@ use lease_core::{
     BackendFailure, Bucket, BucketInfo, BucketState, Change, ChangeFeed, Clock, FencingToken,
     GroupName, GroupSnapshot, GroupView, Heartbeat, Incarnation, Lease, LeaseStore, MemberInfo,
     MemberLoad, MemberMetadata, Operation, SessionId, ShardCount, StoreError, SystemClock,
-    Timestamp, Ttl, WorkerId, store_precision,
+    Takeover, Timestamp, Ttl, WorkerId, store_precision,
 };
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
@@ -321,6 +322,7 @@ impl LeaseStore for MemoryLeaseStore {
         worker: WorkerId,
         session: SessionId,
         want: u32,
+        takeover: Takeover,
     ) -> Result<Vec<Lease>, StoreError> {
         let (mut state, now) = self.lock(Operation::Claim)?;
         let g = state.group_mut(group)?;
@@ -335,7 +337,10 @@ impl LeaseStore for MemoryLeaseStore {
             .shards
             .claim_order(worker)
             .map(|b| b.0 as usize)
-            .filter(|&i| !g.is_owned_live(&g.buckets[i], now))
+            .filter(|&i| match takeover {
+                Takeover::Deferred => g.buckets[i].owner.is_none(),
+                _ => !g.is_owned_live(&g.buckets[i], now),
+            })
             .take(want as usize)
             .collect();
         picked.sort_unstable();

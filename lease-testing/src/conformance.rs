@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use lease_core::LeaseStore;
 use lease_core::{
-    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, Takeover,
+    WorkerId,
 };
 use lease_core::{BucketState, Heartbeat, Lease};
 use lease_core::{Change, ChangeFeed};
@@ -54,6 +55,7 @@ pub const CASES: &[&str] = &[
     "claims_follow_the_worker_s_order",
     "claim_never_takes_a_live_lease",
     "claim_takes_expired_leases",
+    "a_deferred_claim_takes_only_unowned_buckets",
     "claim_excludes_another_worker",
     "concurrent_claims_never_overlap",
     "claim_increments_tokens",
@@ -109,6 +111,7 @@ macro_rules! conformance_suite {
             claims_follow_the_worker_s_order,
             claim_never_takes_a_live_lease,
             claim_takes_expired_leases,
+            a_deferred_claim_takes_only_unowned_buckets,
             claim_excludes_another_worker,
             concurrent_claims_never_overlap,
             claim_increments_tokens,
@@ -236,7 +239,10 @@ async fn session<S: LeaseStore + ?Sized>(store: &S, g: &GroupName, w: WorkerId) 
 
 async fn claim<S: LeaseStore>(store: &S, g: &GroupName, w: WorkerId, want: u32) -> Vec<Lease> {
     let s = session(store, g, w).await;
-    store.claim(g, w, s, want).await.expect("claim succeeds")
+    store
+        .claim(g, w, s, want, Takeover::Allowed)
+        .await
+        .expect("claim succeeds")
 }
 
 /// Every bucket's token, in order.
@@ -337,7 +343,9 @@ pub async fn unknown_group_fails_every_operation<S: LeaseStore>(store: S, _clock
         "heartbeat",
     );
     assert_kind(
-        store.claim(&g, a, session(&store, &g, a).await, 1).await,
+        store
+            .claim(&g, a, session(&store, &g, a).await, 1, Takeover::Allowed)
+            .await,
         nf,
         "claim",
     );
@@ -377,7 +385,9 @@ pub async fn groups_are_independent<S: LeaseStore>(store: S, clock: ManualClock)
     assert_eq!(nums(&claim(&store, &g1, a, 3).await), vec![0, 1, 2]);
     // a has no session in g2 yet.
     assert_kind(
-        store.claim(&g2, a, session(&store, &g2, a).await, 1).await,
+        store
+            .claim(&g2, a, session(&store, &g2, a).await, 1, Takeover::Allowed)
+            .await,
         ErrorKind::SessionExpired,
         "claim in a group not joined",
     );
@@ -631,7 +641,10 @@ pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: Manua
         .heartbeat(&g, a, first, ttl(), &meta)
         .await
         .expect("first heartbeat");
-    let won = store.claim(&g, a, hb.session, 2).await.expect("claim");
+    let won = store
+        .claim(&g, a, hb.session, 2, Takeover::Allowed)
+        .await
+        .expect("claim");
     assert_eq!(won.len(), 2);
     clock.advance(secs(1));
     let before = store.snapshot(&g).await.expect("snapshot");
@@ -686,7 +699,7 @@ pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: Manua
         "the first incarnation after the second took over",
     );
     assert_kind(
-        store.claim(&g, a, hb.session, 4).await,
+        store.claim(&g, a, hb.session, 4, Takeover::Allowed).await,
         ErrorKind::SessionExpired,
         "a claim under the replaced session",
     );
@@ -711,7 +724,10 @@ pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: Manua
         "a leave under an old session removed the row"
     );
     assert_eq!(snap.members[0].session, taken.session);
-    let mine = store.claim(&g, a, taken.session, 4).await.expect("claim");
+    let mine = store
+        .claim(&g, a, taken.session, 4, Takeover::Allowed)
+        .await
+        .expect("claim");
     assert_eq!(mine.len(), 4);
 }
 
@@ -725,12 +741,15 @@ pub async fn operations_act_only_under_the_named_session<S: LeaseStore>(
     let hb = beat(&store, &g, a).await;
     let stranger = SessionId::new();
     assert_kind(
-        store.claim(&g, a, stranger, 2).await,
+        store.claim(&g, a, stranger, 2, Takeover::Allowed).await,
         ErrorKind::SessionExpired,
         "a claim under a session the worker does not hold",
     );
     assert_eq!(hb.view.claimable, 4);
-    let won = store.claim(&g, a, hb.session, 2).await.expect("claim");
+    let won = store
+        .claim(&g, a, hb.session, 2, Takeover::Allowed)
+        .await
+        .expect("claim");
     assert_eq!(nums(&won), vec![0, 1]);
     assert!(
         store
@@ -917,7 +936,10 @@ pub async fn heartbeat_changes_no_bucket<S: LeaseStore>(store: S, clock: ManualC
 pub async fn claim_needs_a_live_session<S: LeaseStore>(store: S, clock: ManualClock) {
     let g = setup(&store, "orders", 2).await;
     let [a] = workers(1)[..] else { unreachable!() };
-    match store.claim(&g, a, session(&store, &g, a).await, 1).await {
+    match store
+        .claim(&g, a, session(&store, &g, a).await, 1, Takeover::Allowed)
+        .await
+    {
         Err(StoreError::SessionExpired { group: eg, worker }) => {
             assert_eq!((eg, worker), (g.clone(), a));
         }
@@ -926,7 +948,9 @@ pub async fn claim_needs_a_live_session<S: LeaseStore>(store: S, clock: ManualCl
     beat(&store, &g, a).await;
     clock.advance(secs(TTL_SECS));
     assert_kind(
-        store.claim(&g, a, session(&store, &g, a).await, 1).await,
+        store
+            .claim(&g, a, session(&store, &g, a).await, 1, Takeover::Allowed)
+            .await,
         ErrorKind::SessionExpired,
         "claim at the instant of expiry",
     );
@@ -1020,6 +1044,46 @@ pub async fn claim_takes_expired_leases<S: LeaseStore>(store: S, clock: ManualCl
     assert!(taken.iter().all(|l| l.token.0 == 2));
 }
 
+/// C7: a deferred claim leaves a dead session's buckets alone and takes unowned (released)
+/// ones; an allowed claim then takes the dead session's.
+pub async fn a_deferred_claim_takes_only_unowned_buckets<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    let held = claim(&store, &g, a, 4).await;
+    let a_session = session(&store, &g, a).await;
+    let released = store
+        .release(&g, a, a_session, &[Bucket(1)])
+        .await
+        .expect("release");
+    assert_eq!(released, vec![Bucket(1)]);
+    assert_eq!(held.len(), 4);
+    clock.advance(secs(TTL_SECS));
+    let hb = beat(&store, &g, b).await;
+    let won = store
+        .claim(&g, b, hb.session, 4, Takeover::Deferred)
+        .await
+        .expect("deferred claim");
+    assert_eq!(nums(&won), vec![1], "only the released bucket");
+    assert_eq!(won[0].token.0, 2);
+    let won = store
+        .claim(&g, b, hb.session, 4, Takeover::Deferred)
+        .await
+        .expect("deferred claim");
+    assert!(won.is_empty(), "a dead session's buckets taken: {won:?}");
+    let won = store
+        .claim(&g, b, hb.session, 4, Takeover::Allowed)
+        .await
+        .expect("claim");
+    assert_eq!(nums(&won), vec![0, 2, 3]);
+    assert!(won.iter().all(|l| l.token.0 == 2), "{won:?}");
+}
+
 /// C2, G3: what one worker holds, another cannot claim.
 pub async fn claim_excludes_another_worker<S: LeaseStore>(store: S, _clock: ManualClock) {
     let g = setup(&store, "orders", 6).await;
@@ -1056,7 +1120,9 @@ pub async fn concurrent_claims_never_overlap<S: LeaseStore + 'static>(
             tasks.spawn(async move {
                 (
                     w,
-                    store.claim(&g, w, session(&store, &g, w).await, 64).await,
+                    store
+                        .claim(&g, w, session(&store, &g, w).await, 64, Takeover::Allowed)
+                        .await,
                 )
             });
         }
@@ -1340,7 +1406,9 @@ pub async fn heartbeat_after_leave_starts_a_new_session<S: LeaseStore>(
     claim(&store, &g, a, 2).await;
     store.leave(&g, a, None).await.expect("leave");
     assert_kind(
-        store.claim(&g, a, session(&store, &g, a).await, 1).await,
+        store
+            .claim(&g, a, session(&store, &g, a).await, 1, Takeover::Allowed)
+            .await,
         ErrorKind::SessionExpired,
         "claim after leave",
     );

@@ -52,7 +52,8 @@ use crate::model::Model;
 use lease_core::LeaseStore;
 use lease_core::StoreError;
 use lease_core::{
-    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, Takeover,
+    WorkerId,
 };
 use lease_core::{BucketState, GroupSnapshot, Heartbeat, Lease};
 use lease_core::{Clock, ManualClock, Timestamp, Ttl};
@@ -122,7 +123,7 @@ pub enum Op {
         /// How many to claim.
         want: u32,
     },
-    /// `claim(group, worker, session, want)`.
+    /// `claim(group, worker, session, want, takeover)`.
     Claim {
         /// Index into [`GROUPS`].
         group: usize,
@@ -132,6 +133,8 @@ pub enum Op {
         process: usize,
         /// How many to claim.
         want: u32,
+        /// [`Takeover::Deferred`] if true (only unowned buckets), else [`Takeover::Allowed`].
+        deferred: bool,
     },
     /// `release(group, worker, session, buckets)`.
     Release {
@@ -328,7 +331,7 @@ pub fn apply_to_model(
             let claim = matches!(beat, Outcome::Heartbeat(_)).then(|| {
                 let session = sessions.of(g, w, p);
                 Box::new(outcome(
-                    model.claim(&group(g), worker(w), session, want, now),
+                    model.claim(&group(g), worker(w), session, want, Takeover::Allowed, now),
                     Outcome::Leases,
                 ))
             });
@@ -339,8 +342,16 @@ pub fn apply_to_model(
             worker: w,
             process: p,
             want,
+            deferred,
         } => outcome(
-            model.claim(&group(g), worker(w), sessions.of(g, w, p), want, now),
+            model.claim(
+                &group(g),
+                worker(w),
+                sessions.of(g, w, p),
+                want,
+                takeover(deferred),
+                now,
+            ),
             Outcome::Leases,
         ),
         Op::Release {
@@ -380,6 +391,15 @@ pub fn apply_to_model(
             now,
         )),
         Op::Advance { .. } => Outcome::Done,
+    }
+}
+
+/// The claim scope an [`Op::Claim`] asks for.
+fn takeover(deferred: bool) -> Takeover {
+    if deferred {
+        Takeover::Deferred
+    } else {
+        Takeover::Allowed
     }
 }
 
@@ -429,7 +449,9 @@ pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op:
             let claim = if matches!(beat, Outcome::Heartbeat(_)) {
                 let session = sessions.of(g, w, p);
                 Some(Box::new(outcome(
-                    store.claim(&group(g), worker(w), session, want).await,
+                    store
+                        .claim(&group(g), worker(w), session, want, Takeover::Allowed)
+                        .await,
                     Outcome::Leases,
                 )))
             } else {
@@ -442,9 +464,16 @@ pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op:
             worker: w,
             process: p,
             want,
+            deferred,
         } => outcome(
             store
-                .claim(&group(g), worker(w), sessions.of(g, w, p), want)
+                .claim(
+                    &group(g),
+                    worker(w),
+                    sessions.of(g, w, p),
+                    want,
+                    takeover(deferred),
+                )
                 .await,
             Outcome::Leases,
         ),
@@ -553,8 +582,8 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
             .prop_map(|(group, worker, process, ttl_ms)| Op::Heartbeat { group, worker, process, ttl_ms }),
         8 => (prop_oneof![3 => Just(0usize), 1 => Just(1usize)], w.clone(), process(), ttls, 1u32..6)
             .prop_map(|(group, worker, process, ttl_ms, want)| Op::Tick { group, worker, process, ttl_ms, want }),
-        2 => (g.clone(), w.clone(), process(), 0u32..6)
-            .prop_map(|(group, worker, process, want)| Op::Claim { group, worker, process, want }),
+        2 => (g.clone(), w.clone(), process(), 0u32..6, prop::bool::weighted(0.3))
+            .prop_map(|(group, worker, process, want, deferred)| Op::Claim { group, worker, process, want, deferred }),
         1 => (buckets, w.clone(), process())
             .prop_map(|((group, buckets), worker, process)| Op::Release { group, worker, process, buckets }),
         3 => owned_release,

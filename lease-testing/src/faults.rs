@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use lease_core::ChangeFeed;
 use lease_core::LeaseStore;
-use lease_core::{BackendFailure, Operation, StoreError};
+use lease_core::{BackendFailure, Operation, StoreError, Takeover};
 use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
@@ -149,9 +149,12 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
         worker: WorkerId,
         session: SessionId,
         want: u32,
+        takeover: Takeover,
     ) -> Result<Vec<Lease>, StoreError> {
         self.gate(Operation::Claim).await?;
-        self.inner.claim(group, worker, session, want).await
+        self.inner
+            .claim(group, worker, session, want, takeover)
+            .await
     }
 
     async fn release(

@@ -10,7 +10,8 @@ use uuid::Uuid;
 
 use lease_core::StoreError;
 use lease_core::{
-    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, Takeover,
+    WorkerId,
 };
 use lease_core::{
     BucketInfo, BucketState, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo, MemberLoad,
@@ -236,6 +237,7 @@ impl Model {
         worker: WorkerId,
         session: SessionId,
         want: u32,
+        takeover: Takeover,
         now: Timestamp,
     ) -> Result<Vec<Lease>, StoreError> {
         let now = store_precision(now);
@@ -251,7 +253,11 @@ impl Model {
             .shards
             .claim_order(worker)
             .map(|b| b.0 as usize)
-            .filter(|&i| g.live_owner(&g.buckets[i], now).is_none())
+            .filter(|&i| match takeover {
+                // C7: only buckets no owner is recorded for.
+                Takeover::Deferred => g.buckets[i].owner.is_none(),
+                _ => g.live_owner(&g.buckets[i], now).is_none(),
+            })
             .take(want as usize)
             .collect();
         claimable.sort_unstable();

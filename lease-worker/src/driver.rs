@@ -19,7 +19,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::LeaseWorker;
 use crate::events::{OwnershipHandler, WorkerError, WorkerFailed};
 use crate::leases::{LeaseSender, Leases};
-use crate::machine::{Delivery, Input, Machine, Output, Owned, Report, Rules, StoreCall};
+use crate::machine::{
+    ClockStep, Delivery, Input, Machine, Output, Owned, Report, Rules, StoreCall,
+};
 use crate::metrics::Metrics;
 use crate::registry::Running;
 
@@ -220,9 +222,11 @@ impl<S: LeaseStore + 'static, A: Application> Driver<S, A> {
                         .heartbeat(group, worker, rules.incarnation, rules.ttl, &metadata)
                         .await,
                 ),
-                StoreCall::Claim { session, want } => {
-                    Input::Claimed(store.claim(group, worker, session, want).await)
-                }
+                StoreCall::Claim {
+                    session,
+                    want,
+                    takeover,
+                } => Input::Claimed(store.claim(group, worker, session, want, takeover).await),
                 StoreCall::Release { session, buckets } => {
                     Input::Released(store.release(group, worker, session, &buckets).await)
                 }
@@ -289,6 +293,22 @@ impl<S: LeaseStore + 'static, A: Application> Driver<S, A> {
                 "renewals did not succeed in time; revoking every bucket"
             ),
             Report::TickCompleted { took } => self.metrics.tick(took),
+            Report::ClockStep(ClockStep::Forward(by)) => {
+                tracing::warn!(
+                    at_least = ?by,
+                    "the store's clock stepped forward: taking no dead session's bucket for a \
+                     ttl, until their holders have fenced"
+                );
+                self.metrics.clock_step(true);
+            }
+            Report::ClockStep(ClockStep::Backward(by)) => {
+                tracing::warn!(
+                    at_least = ?by,
+                    "the store's clock stepped back: leases live longer by as much in the \
+                     store's eyes"
+                );
+                self.metrics.clock_step(false);
+            }
         }
     }
 
@@ -635,7 +655,7 @@ mod tests {
                 })
             });
         let c = calls.clone();
-        store.expect_claim().returning(move |_, _, _, _| {
+        store.expect_claim().returning(move |_, _, _, _, _| {
             Calls::count(&c.claim);
             Ok(Vec::new())
         });

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use lease_core::{
     Bucket, FencingToken, GroupName, Heartbeat, Incarnation, Lease, Operation, RevokeReason,
-    SessionId, ShardCount, StoreError, Ttl, WorkerId, policy,
+    SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId, policy,
 };
 
 use crate::events::{WorkerError, WorkerFailed};
@@ -145,6 +145,9 @@ pub enum StoreCall {
         session: SessionId,
         /// How many.
         want: u32,
+        /// Whether dead sessions' buckets may be taken: only once the worker has watched the
+        /// store's clock advance steadily for a ttl (see [`Machine`]).
+        takeover: Takeover,
     },
     /// [`LeaseStore::release`](lease_core::LeaseStore::release).
     Release {
@@ -216,6 +219,21 @@ pub enum Report {
         /// How long it took, from its heartbeat's send time.
         took: Duration,
     },
+    /// The store's clock moved between two heartbeats by more than the worker's own clock
+    /// allows (beyond half the safety margin): a step of the server's wall clock.
+    ClockStep(ClockStep),
+}
+
+/// A step of the store's clock, seen between two heartbeats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockStep {
+    /// The store's clock jumped ahead by at least this much: sessions aged at once, so a
+    /// session the store calls dead may still be trusted by its holder. The worker takes no
+    /// dead session's bucket for a ttl from now.
+    Forward(Duration),
+    /// The store's clock went back by at least this much: leases live longer by as much in
+    /// the store's eyes (their holders still fence on their own clocks).
+    Backward(Duration),
 }
 
 fn error_is_transient(e: &WorkerError) -> bool {
@@ -302,6 +320,14 @@ pub struct Machine {
     pending: Option<Delivery>,
     /// Whether the trust deadline's revocations were queued already.
     fenced: bool,
+    /// Since when the store's clock has been seen advancing with the worker's own, without a
+    /// forward step: from the first heartbeat's answer, or the last step's detection.
+    steady_since: Option<Instant>,
+    /// The last successful heartbeat: when it was sent, answered, and the store's time in it.
+    last_beat: Option<(Instant, Instant, Timestamp)>,
+    /// A claim this tick was restricted to unowned buckets and asked for this many: if it won
+    /// fewer, it may have left wanted buckets of dead sessions, so tick when takeovers open.
+    deferred_short: Option<u32>,
     reports: VecDeque<Report>,
     /// Why the worker is stopping (`Ok`: it was asked to), once it is.
     stopping: Option<Result<(), WorkerFailed>>,
@@ -332,6 +358,9 @@ impl Machine {
             in_flight: None,
             pending: None,
             fenced: false,
+            steady_since: None,
+            last_beat: None,
+            deferred_short: None,
             reports: VecDeque::new(),
             stopping: None,
             finished: false,
@@ -759,6 +788,7 @@ impl Machine {
             return;
         }
         self.failures = 0;
+        self.observe_clock(sent, now, beat.observed_at);
         self.last_sent = Some(sent);
         self.trusted_until = Some(sent + self.rules.ttl.as_duration() - self.rules.safety_margin);
         self.fenced = false;
@@ -900,11 +930,18 @@ impl Machine {
         }
         let batch = want.min(CLAIM_BATCH);
         self.batch_of_more = (batch < want).then_some(batch);
+        let takeover = if self.takeover_opens().is_some_and(|t| now >= t) {
+            Takeover::Allowed
+        } else {
+            Takeover::Deferred
+        };
+        self.deferred_short = (takeover == Takeover::Deferred).then_some(batch);
         Some(self.call(
             now,
             StoreCall::Claim {
                 session,
                 want: batch,
+                takeover,
             },
         ))
     }
@@ -917,6 +954,13 @@ impl Machine {
         match result {
             Ok(won) => {
                 self.reports.push_back(Report::Claimed(won.len()));
+                if self
+                    .deferred_short
+                    .is_some_and(|asked| u32::try_from(won.len()).is_ok_and(|n| n >= asked))
+                {
+                    // It won all it asked for: nothing wanted was left behind.
+                    self.deferred_short = None;
+                }
                 self.held.extend(won.iter().map(|l| (l.bucket, l.token)));
                 if self
                     .batch_of_more
@@ -1032,11 +1076,56 @@ impl Machine {
         self.steps.push_back(Step::Finish);
     }
 
+    /// When this worker may take dead sessions' buckets: a ttl after it began watching the
+    /// store's clock advance steadily. Until then a session the store calls dead may be one
+    /// whose holder still trusts it: the store's clock stepped forward (before this worker
+    /// started, or since), and the holder fences by its own clock, up to a ttl after its last
+    /// renewal. The worker's own ttl stands for the group's: workers of a group share one.
+    pub fn takeover_opens(&self) -> Option<Instant> {
+        self.steady_since.map(|t| t + self.rules.ttl.as_duration())
+    }
+
+    /// Compare the store's time in a heartbeat with the last one's: between the two answers
+    /// the store's clock must have advanced by at least the time from the first answer to the
+    /// second request, and by at most the time from the first request to the second answer,
+    /// give or take half the safety margin (the trust deadline absorbs smaller steps).
+    fn observe_clock(&mut self, sent: Instant, received: Instant, observed: Timestamp) {
+        let tolerance = self.rules.safety_margin / 2;
+        if let Some((sent_before, received_before, observed_before)) = self.last_beat {
+            let most = received.saturating_duration_since(sent_before);
+            let least = sent.saturating_duration_since(received_before);
+            let advanced = observed - observed_before;
+            match advanced.to_std() {
+                Ok(advanced) if advanced > most + tolerance => {
+                    self.steady_since = Some(received);
+                    self.reports
+                        .push_back(Report::ClockStep(ClockStep::Forward(advanced - most)));
+                }
+                Ok(advanced) if advanced + tolerance < least => {
+                    self.reports
+                        .push_back(Report::ClockStep(ClockStep::Backward(least - advanced)));
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    // The store's clock went back past the earlier heartbeat's time.
+                    let back = (observed_before - observed).to_std().unwrap_or_default();
+                    if back + least > tolerance {
+                        self.reports
+                            .push_back(Report::ClockStep(ClockStep::Backward(back + least)));
+                    }
+                }
+            }
+        } else {
+            self.steady_since = Some(received);
+        }
+        self.last_beat = Some((sent, received, observed));
+    }
+
     fn end_tick(&mut self, now: Instant) {
         if self.stopping.is_some() {
             return;
         }
-        let next = if self.again {
+        let mut next = if self.again {
             now
         } else if self.woken {
             now + self.rules.wake_debounce
@@ -1045,6 +1134,12 @@ impl Machine {
             // trust is counted from.
             self.last_sent.unwrap_or(now) + self.rules.renew_interval
         };
+        if self.deferred_short.take().is_some()
+            && let Some(opens) = self.takeover_opens().filter(|&t| t > now)
+        {
+            // Dead sessions' buckets were left for later: claim them as soon as that is safe.
+            next = next.min(opens);
+        }
         if let Some(started) = self.last_sent {
             self.reports.push_back(Report::TickCompleted {
                 took: now.saturating_duration_since(started),

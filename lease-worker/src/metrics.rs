@@ -9,6 +9,7 @@
 //! | `lease_store_errors_total` | counter | failed or timed-out store calls |
 //! | `lease_stuck_total` | counter | revocations the application did not acknowledge in time |
 //! | `lease_tick_seconds` | histogram | duration of a tick |
+//! | `lease_clock_steps_total` | counter | steps of the store's clock seen between heartbeats, by `direction` (forward, backward) |
 //! | `lease_polling_fallback` | gauge | 1 while the worker has no change feed (the store cannot push wake-ups, e.g. Postgres behind a transaction pooler without a direct URL) and re-plans only at its renew interval; 0 while wake-ups are pushed |
 
 use std::time::Duration;
@@ -29,6 +30,8 @@ pub(crate) struct Metrics {
     stuck: Counter,
     tick: Histogram,
     polling: Gauge,
+    steps_forward: Counter,
+    steps_backward: Counter,
 }
 
 impl Metrics {
@@ -45,7 +48,9 @@ impl Metrics {
             errors: counter!("lease_store_errors_total", "group" => g.clone()),
             stuck: counter!("lease_stuck_total", "group" => g.clone()),
             tick: histogram!("lease_tick_seconds", "group" => g.clone()),
-            polling: gauge!("lease_polling_fallback", "group" => g),
+            polling: gauge!("lease_polling_fallback", "group" => g.clone()),
+            steps_forward: counter!("lease_clock_steps_total", "group" => g.clone(), "direction" => "forward"),
+            steps_backward: counter!("lease_clock_steps_total", "group" => g, "direction" => "backward"),
         }
     }
 
@@ -78,6 +83,15 @@ impl Metrics {
     /// Whether the worker re-plans only at its renew interval (no change feed).
     pub(crate) fn polling(&self, polling: bool) {
         self.polling.set(if polling { 1.0 } else { 0.0 });
+    }
+
+    /// A step of the store's clock, forward or back.
+    pub(crate) fn clock_step(&self, forward: bool) {
+        if forward {
+            self.steps_forward.increment(1);
+        } else {
+            self.steps_backward.increment(1);
+        }
     }
 
     pub(crate) fn tick(&self, took: Duration) {

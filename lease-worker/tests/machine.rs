@@ -12,6 +12,8 @@
 //!    before anything is assigned or claimed;
 //! 4. when a tick completes, what the application holds is what the store says the worker owns,
 //!    less what it is releasing or gave up on;
+//! 5. a claim may take dead sessions' buckets exactly from a ttl after the first heartbeat's
+//!    answer (the store's clock advances with the test's time here, never stepping);
 //!
 //! and the plumbing: one store call and one delivery at a time.
 //!
@@ -20,6 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use lease_core::Takeover;
 use lease_core::{
     BackendFailure, Bucket, Clock, FencingToken, GroupName, GroupView, Heartbeat, Incarnation,
     Lease, ManualClock, MemberLoad, Operation, SessionId, ShardCount, StoreError, Ttl, WorkerId,
@@ -117,7 +120,12 @@ enum AppState {
 struct World {
     m: Machine,
     now: Instant,
+    /// The store's clock reads `base` at `start` and advances with the test's time.
+    start: Instant,
     base: chrono::DateTime<chrono::Utc>,
+    /// When the machine's first heartbeat was answered successfully: it may take dead
+    /// sessions' buckets only a ttl after (the store's clock never steps here).
+    first_answer: Option<Instant>,
     // The store.
     session: Option<SessionId>,
     sessions_minted: u128,
@@ -148,7 +156,9 @@ impl World {
         Self {
             m: Machine::new(rules(), now),
             now,
+            start: now,
             base: ManualClock::new().now(),
+            first_answer: None,
             session: None,
             sessions_minted: 0,
             held: BTreeMap::new(),
@@ -175,7 +185,8 @@ impl World {
     }
 
     fn timestamp(&self) -> chrono::DateTime<chrono::Utc> {
-        self.base
+        let elapsed = chrono::TimeDelta::from_std(self.now - self.start).expect("a short test");
+        lease_core::store_precision(self.base + elapsed)
     }
 
     /// Apply the call in flight to the store; the answer the machine would get.
@@ -225,7 +236,7 @@ impl World {
                         .collect(),
                 }))
             }
-            StoreCall::Claim { session, want } => {
+            StoreCall::Claim { session, want, .. } => {
                 if self.session != Some(*session) {
                     return Input::Claimed(Err(StoreError::SessionExpired {
                         group: GroupName::new("g").expect("name"),
@@ -292,6 +303,7 @@ impl World {
             let sent = self.call.as_ref().map(|(_, sent)| *sent).expect("sent");
             if self.m.awaits() == Some(&StoreCall::Heartbeat) {
                 self.last_sent = Some(sent);
+                self.first_answer.get_or_insert(self.now);
                 if self.known_session != Some(beat.session) {
                     // Everything the application holds must be revoked first.
                     self.owe_revoke = self
@@ -406,7 +418,16 @@ impl World {
                         self.call
                     );
                     match &call {
-                        StoreCall::Claim { .. } => {
+                        StoreCall::Claim { takeover, .. } => {
+                            // 5. Dead sessions' buckets only a ttl after the store's clock was
+                            // first seen (it never steps here), and then always.
+                            let opens = self.first_answer.map(|t| t + TTL);
+                            assert_eq!(
+                                *takeover == Takeover::Allowed,
+                                opens.is_some_and(|t| self.now >= t),
+                                "takeover {takeover:?} at {:?} after the first answer",
+                                self.first_answer.map(|t| self.now - t)
+                            );
                             assert!(
                                 self.owe_revoke.is_empty(),
                                 "a claim before the new session's revocations: {:?}",

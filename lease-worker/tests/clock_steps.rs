@@ -1,0 +1,222 @@
+//! The worker machine against steps of the store's clock, with explicit time: each heartbeat
+//! answer carries the store's time, and the machine compares its progress with its own clock.
+//! A forward step is reported and defers taking dead sessions' buckets for a ttl from when it
+//! was seen (their holders may still trust them); a backward step is reported; a steady clock
+//! opens takeovers a ttl after the first answer and never reports a step.
+
+use std::time::{Duration, Instant};
+
+use chrono::TimeDelta;
+use lease_core::{
+    Clock, GroupName, GroupView, Heartbeat, Incarnation, ManualClock, MemberLoad, SessionId,
+    ShardCount, Takeover, Timestamp, Ttl, WorkerId, store_precision,
+};
+use lease_worker::machine::{ClockStep, Input, Machine, Output, Report, Rules, StoreCall};
+
+const TTL: Duration = Duration::from_secs(10);
+const RENEW: Duration = Duration::from_secs(2);
+const MARGIN: Duration = Duration::from_secs(1);
+/// The store's answer takes this long to come back.
+const ROUND_TRIP: Duration = Duration::from_millis(4);
+
+fn rules(worker: WorkerId) -> Rules {
+    Rules {
+        group: GroupName::new("steps").expect("name"),
+        shards: ShardCount::new(8).expect("count"),
+        worker,
+        incarnation: Incarnation::new(),
+        ttl: Ttl::new(TTL).expect("ttl"),
+        renew_interval: RENEW,
+        safety_margin: MARGIN,
+        wake_debounce: Duration::from_millis(10),
+        call_timeout: Duration::from_secs(5),
+        ack_limit: None,
+    }
+}
+
+/// A worker alone in a group whose 8 buckets all look claimable (a dead session's), and a
+/// store whose clock reads `store_at(now)`: the local time since the start plus `offset`.
+struct Run {
+    m: Machine,
+    worker: WorkerId,
+    session: SessionId,
+    start: Instant,
+    now: Instant,
+    base: Timestamp,
+    /// What the store's clock is ahead of (or behind) the local one.
+    offset: TimeDelta,
+    steps: Vec<ClockStep>,
+}
+
+impl Run {
+    fn new() -> Self {
+        let worker = WorkerId::new();
+        let now = Instant::now();
+        Self {
+            m: Machine::new(rules(worker), now),
+            worker,
+            session: SessionId::new(),
+            start: now,
+            now,
+            base: ManualClock::new().now(),
+            offset: TimeDelta::zero(),
+            steps: Vec::new(),
+        }
+    }
+
+    fn store_at(&self) -> Timestamp {
+        let local = TimeDelta::from_std(self.now - self.start).expect("short");
+        store_precision(self.base + local + self.offset)
+    }
+
+    /// Run the machine until it makes a store call; reports are collected, deliveries done.
+    fn next_call(&mut self) -> StoreCall {
+        for _ in 0..10_000 {
+            self.m.handle_timeout(self.now);
+            match self.m.poll(self.now) {
+                Some(Output::Call(call)) => return call,
+                Some(Output::Report(Report::ClockStep(step))) => self.steps.push(step),
+                Some(Output::Report(_)) => {}
+                Some(Output::Deliver(_)) => self.m.handle(self.now, Input::Delivered),
+                Some(Output::Finished(r)) => panic!("the machine finished: {r:?}"),
+                None => {
+                    let t = self.m.poll_timeout().expect("something to wait for");
+                    self.now = self.now.max(t);
+                }
+            }
+        }
+        panic!("no store call");
+    }
+
+    /// Answer the heartbeat in flight, a round trip after it was sent.
+    fn answer_heartbeat(&mut self) {
+        self.now += ROUND_TRIP;
+        let at = self.store_at();
+        let beat = Heartbeat {
+            session: self.session,
+            new_session: false,
+            observed_at: at,
+            expires_at: at + TimeDelta::from_std(TTL).expect("ttl"),
+            view: GroupView {
+                shard_count: ShardCount::new(8).expect("count"),
+                members: vec![MemberLoad {
+                    worker: self.worker,
+                    owned: 0,
+                }],
+                claimable: 8,
+            },
+            owned: Vec::new(),
+        };
+        self.m.handle(self.now, Input::Heartbeat(Ok(beat)));
+    }
+
+    /// One tick: a heartbeat answered, then the claim it plans, answered with nothing won
+    /// (the buckets stay claimable); the claim's scope.
+    fn tick(&mut self) -> (Instant, Takeover) {
+        let call = self.next_call();
+        assert_eq!(call, StoreCall::Heartbeat);
+        self.answer_heartbeat();
+        let answered = self.now;
+        match self.next_call() {
+            StoreCall::Claim { takeover, .. } => {
+                self.now += ROUND_TRIP;
+                self.m.handle(self.now, Input::Claimed(Ok(Vec::new())));
+                (answered, takeover)
+            }
+            other => panic!("a claim was due, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_steady_clock_opens_takeovers_a_ttl_after_the_first_answer() {
+    let mut run = Run::new();
+    let (first, takeover) = run.tick();
+    assert_eq!(takeover, Takeover::Deferred, "a worker without history");
+    loop {
+        let (at, takeover) = run.tick();
+        if at - first >= TTL {
+            assert_eq!(
+                takeover,
+                Takeover::Allowed,
+                "{:?} after the first",
+                at - first
+            );
+            // Ticking when takeovers open, not at the next renewal after.
+            assert!(at - first < TTL + ROUND_TRIP * 4, "{:?}", at - first);
+            break;
+        }
+        assert_eq!(
+            takeover,
+            Takeover::Deferred,
+            "{:?} after the first",
+            at - first
+        );
+    }
+    assert!(run.steps.is_empty(), "{:?}", run.steps);
+}
+
+#[test]
+fn a_forward_step_defers_takeovers_for_a_ttl_and_is_reported() {
+    let mut run = Run::new();
+    let (first, _) = run.tick();
+    while run.tick().0 - first < TTL {}
+    assert_eq!(run.tick().1, Takeover::Allowed);
+
+    // The store's clock jumps 15 s ahead (NTP stepping after a VM resume): every session in
+    // the store aged 15 s at once.
+    run.offset = TimeDelta::seconds(15);
+    let (seen, takeover) = run.tick();
+    assert_eq!(takeover, Takeover::Deferred, "right after the step");
+    match run.steps.as_slice() {
+        [ClockStep::Forward(by)] => assert!(
+            *by > Duration::from_secs(14) && *by <= Duration::from_secs(15),
+            "{by:?}"
+        ),
+        other => panic!("one forward step expected: {other:?}"),
+    }
+    loop {
+        let (at, takeover) = run.tick();
+        if at - seen >= TTL {
+            assert_eq!(takeover, Takeover::Allowed);
+            break;
+        }
+        assert_eq!(
+            takeover,
+            Takeover::Deferred,
+            "{:?} after the step",
+            at - seen
+        );
+    }
+    assert_eq!(run.steps.len(), 1, "{:?}", run.steps);
+}
+
+#[test]
+fn a_backward_step_is_reported_and_defers_nothing() {
+    let mut run = Run::new();
+    let (first, _) = run.tick();
+    while run.tick().0 - first < TTL {}
+    run.offset = TimeDelta::seconds(-5);
+    let (_, takeover) = run.tick();
+    assert_eq!(takeover, Takeover::Allowed);
+    match run.steps.as_slice() {
+        [ClockStep::Backward(by)] => assert!(
+            *by > Duration::from_millis(4_900) && *by <= Duration::from_secs(5),
+            "{by:?}"
+        ),
+        other => panic!("one backward step expected: {other:?}"),
+    }
+}
+
+#[test]
+fn steps_the_trust_margin_absorbs_are_not_reported() {
+    let mut run = Run::new();
+    let (first, _) = run.tick();
+    while run.tick().0 - first < TTL {}
+    // Under half the 1 s margin, either way.
+    run.offset = TimeDelta::milliseconds(400);
+    assert_eq!(run.tick().1, Takeover::Allowed);
+    run.offset = TimeDelta::milliseconds(-20);
+    assert_eq!(run.tick().1, Takeover::Allowed);
+    assert!(run.steps.is_empty(), "{:?}", run.steps);
+}
