@@ -1,0 +1,194 @@
+//! Steps of the Postgres server's wall clock (the server runs under libfaketime, Debian
+//! package `faketime`), with three workers (ttl 10 s, renew 2 s) on 12 buckets. Expiry is the
+//! server's clock, so a forward step ages every session at once: the workers see the step in
+//! their heartbeats and take no dead session's bucket until a ttl after, by when every holder
+//! has fenced. The ownership log, stamped with this host's clock, must show no bucket held
+//! twice at once. A backward step is reported and moves nothing. The workers have no wake-ups,
+//! so each learns of the step only at its own renewal. Waits poll with deadlines.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lease::postgres::PgLeaseStore;
+use lease::testing::{FaultyStore, OwnershipLog, RecordingHandler};
+use lease::{
+    GroupName, LeaseWorker, OwnershipEvent, RevokeReason, ShardCount, SystemClock, Timestamp,
+    WorkerHandle, WorkerId,
+};
+use lease_testdb::{Cluster, ClusterOptions};
+
+const SHARDS: u32 = 12;
+const TTL: Duration = Duration::from_secs(10);
+const RENEW: Duration = Duration::from_secs(2);
+
+struct Pool {
+    log: Arc<Mutex<OwnershipLog<Timestamp>>>,
+    workers: BTreeMap<WorkerId, WorkerHandle>,
+}
+
+impl Pool {
+    async fn start(cluster: &Cluster) -> Self {
+        cluster
+            .psql("CREATE DATABASE steps")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let store = PgLeaseStore::builder(cluster.socket_url("steps"))
+            .build()
+            .expect("store");
+        store.migrate().await.expect("migrate");
+        let group = GroupName::new("steps").expect("name");
+        let log = Arc::new(Mutex::new(OwnershipLog::new()));
+        let mut workers = BTreeMap::new();
+        for _ in 0..3 {
+            let config = LeaseWorker::builder(group.clone(), ShardCount::new(SHARDS).expect("n"))
+                .ttl(TTL)
+                .renew_interval(RENEW)
+                .build()
+                .expect("config");
+            let id = config.worker_id();
+            let handler = RecordingHandler::new(id, log.clone(), Arc::new(SystemClock));
+            // Without wake-ups, a holder learns that its session expired only at its next
+            // renewal (as behind a pooler, or when a notification is lost): the widest window
+            // for a claimer to take its buckets while it still works on them.
+            let store = FaultyStore::new(store.clone());
+            store.faults().no_feed.store(true, Ordering::SeqCst);
+            let handle = config.start(store, handler).await.expect("start");
+            workers.insert(id, handle);
+            // Renewals a third of the interval apart (they keep their cadence, having no
+            // wake-ups): after a step, the first to renew finds the others' sessions dead
+            // while they still hold their buckets.
+            tokio::time::sleep(RENEW / 3).await;
+        }
+        Self { log, workers }
+    }
+
+    fn owned(&self) -> Vec<usize> {
+        self.workers
+            .values()
+            .map(|h| h.owned().borrow().len())
+            .collect()
+    }
+
+    fn balanced(&self) -> bool {
+        let owned = self.owned();
+        owned.iter().sum::<usize>() == SHARDS as usize
+            && owned
+                .iter()
+                .max()
+                .zip(owned.iter().min())
+                .is_some_and(|(a, b)| a - b <= 1)
+    }
+
+    async fn until_balanced(&self, limit: Duration) -> Duration {
+        let start = Instant::now();
+        while !self.balanced() {
+            assert!(
+                start.elapsed() < limit,
+                "not balanced within {limit:?}: {:?}",
+                self.owned()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        start.elapsed()
+    }
+
+    /// How many revocations with `reason` the log holds.
+    fn revoked(&self, reason: RevokeReason) -> usize {
+        self.log
+            .lock()
+            .expect("log")
+            .entries()
+            .iter()
+            .filter(|e| matches!(e.event, OwnershipEvent::Revoked { reason: r, .. } if r == reason))
+            .count()
+    }
+
+    async fn shutdown(self) {
+        for (_, h) in self.workers {
+            h.shutdown().await.expect("a clean stop");
+        }
+        let summary = self
+            .log
+            .lock()
+            .expect("log")
+            .check()
+            .unwrap_or_else(|e| panic!("ownership log: {e}"));
+        eprintln!("ownership log: {summary:?}");
+    }
+}
+
+fn fake_clock_server() -> Cluster {
+    Cluster::start(ClusterOptions {
+        fake_clock: true,
+        ..ClusterOptions::default()
+    })
+    .unwrap_or_else(|e| panic!("a server under libfaketime: {e}"))
+}
+
+/// The server's clock is `seconds` off this host's, give or take a second.
+fn assert_stepped(cluster: &Cluster, seconds: i64) {
+    let server: f64 = cluster
+        .psql("SELECT extract(epoch FROM clock_timestamp())")
+        .expect("reading the server's clock")
+        .parse()
+        .expect("a number");
+    let here = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    let off = server - here;
+    assert!(
+        (off - seconds as f64).abs() < 1.0,
+        "the server's clock is {off:+.1} s off, not {seconds:+} s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_step_of_the_server_clock_puts_no_bucket_in_two_hands() {
+    let cluster = fake_clock_server();
+    let pool = Pool::start(&cluster).await;
+    // Past the workers' first ttl, so that takeovers are open as in a long-running pool.
+    pool.until_balanced(Duration::from_secs(30)).await;
+    tokio::time::sleep(TTL).await;
+    assert!(pool.balanced(), "{:?}", pool.owned());
+
+    cluster.set_clock_offset(15).expect("stepping the clock");
+    let stepped = Instant::now();
+    // Every session looked dead to the server at once: each worker's next heartbeat started a
+    // new session and fenced what it held.
+    let deadline = stepped + RENEW * 3;
+    while pool.revoked(RevokeReason::Expired) < SHARDS as usize {
+        assert!(
+            Instant::now() < deadline,
+            "the step did not expire the sessions: {} revoked",
+            pool.revoked(RevokeReason::Expired)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_stepped(&cluster, 15);
+    // Nobody takes a dead session's bucket for a ttl from when it saw the step.
+    pool.until_balanced(TTL + RENEW + Duration::from_secs(4))
+        .await;
+    eprintln!(
+        "+15 s step: balanced again {:?} after it",
+        stepped.elapsed()
+    );
+    pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backward_step_of_the_server_clock_moves_nothing() {
+    let cluster = fake_clock_server();
+    let pool = Pool::start(&cluster).await;
+    pool.until_balanced(Duration::from_secs(30)).await;
+    let before = pool.log.lock().expect("log").entries().len();
+    cluster.set_clock_offset(-15).expect("stepping the clock");
+    assert_stepped(&cluster, -15);
+    // Nothing is to happen: watch three renewals of every worker on the stepped clock.
+    tokio::time::sleep(RENEW * 3).await;
+    assert!(pool.balanced(), "{:?}", pool.owned());
+    let after = pool.log.lock().expect("log").entries().len();
+    assert_eq!(before, after, "ownership changed after a backward step");
+    pool.shutdown().await;
+}
