@@ -38,6 +38,9 @@ fn settled(n: u32, w: u32) -> (GroupView, WorkerId, Vec<Bucket>) {
         shard_count: ShardCount::new(n).expect("shard count"),
         members: members.clone(),
         claimable: 0,
+        generation: Default::default(),
+        previous: None,
+        draining: 0,
     };
     (view, members[me as usize].worker, mine)
 }

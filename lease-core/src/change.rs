@@ -20,6 +20,9 @@ pub enum Change {
     Left(WorkerId),
     /// A worker released buckets.
     Released(WorkerId),
+    /// The group's shard count was changed: owners of the old generation's buckets should
+    /// revoke and release them.
+    Resized,
     /// Changes were dropped because the receiver fell behind, or the store lost its channel
     /// for a while; re-plan anyway.
     Missed,

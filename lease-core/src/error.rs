@@ -63,6 +63,38 @@ pub enum StoreError {
         /// The group's shard count.
         shard_count: ShardCount,
     },
+    /// A [`resize`](crate::LeaseStore::resize) named a `from` count the group does not have
+    /// (another resize got there first, or the caller's idea of the group is stale). Nothing
+    /// was written; retrying the same call cannot help: read the group's count again.
+    #[error(
+        "group {group:?} has {found} shards, not {from}; nothing was changed (read its count \
+         again before resizing)"
+    )]
+    ResizeFromMismatch {
+        /// The group.
+        group: GroupName,
+        /// The count the caller expected.
+        from: ShardCount,
+        /// The count the store holds.
+        found: ShardCount,
+    },
+    /// An earlier resize of the group is still draining: `draining` buckets of its old
+    /// generation (of `from` buckets) are not retired yet. Nothing was written; retrying helps
+    /// once they are (their owners release them, or their sessions die).
+    #[error(
+        "group {group:?} is still draining its resize from {from} to {to} shards ({draining} \
+         old buckets not retired yet); nothing was changed"
+    )]
+    ResizeInProgress {
+        /// The group.
+        group: GroupName,
+        /// The count of the draining generation.
+        from: ShardCount,
+        /// The group's current count.
+        to: ShardCount,
+        /// Old buckets not retired yet.
+        draining: u32,
+    },
     /// A value failed validation.
     #[error(transparent)]
     InvalidInput(#[from] InvalidInput),
@@ -105,6 +137,8 @@ pub enum Operation {
     IsCurrent,
     /// [`changes`](crate::LeaseStore::changes).
     Changes,
+    /// [`resize`](crate::LeaseStore::resize).
+    Resize,
 }
 
 impl Operation {
@@ -119,6 +153,7 @@ impl Operation {
             Self::Snapshot => "snapshot",
             Self::IsCurrent => "is_current",
             Self::Changes => "changes",
+            Self::Resize => "resize",
         }
     }
 }
@@ -213,12 +248,15 @@ impl StoreError {
 
     /// Whether retrying the operation later can succeed without anyone changing anything:
     /// a transient backend failure, a session that expired (the next heartbeat starts one),
-    /// or a worker id another process holds (its session ends eventually). Everything else
+    /// a worker id another process holds (its session ends eventually), or a resize refused
+    /// while an earlier one drains (the drain ends once its owners release or die). Everything else
     /// (an unknown group, a shard-count mismatch, a bucket out of range, bad input, a missing
     /// schema, a refused privilege...) needs someone to act first.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::SessionExpired { .. } | Self::WorkerIdInUse { .. } => true,
+            Self::SessionExpired { .. }
+            | Self::WorkerIdInUse { .. }
+            | Self::ResizeInProgress { .. } => true,
             Self::Backend { failure, .. } => failure.is_transient(),
             _ => false,
         }
@@ -233,6 +271,8 @@ impl StoreError {
             Self::SessionExpired { .. } => ErrorKind::SessionExpired,
             Self::WorkerIdInUse { .. } => ErrorKind::WorkerIdInUse,
             Self::BucketOutOfRange { .. } => ErrorKind::BucketOutOfRange,
+            Self::ResizeFromMismatch { .. } => ErrorKind::ResizeFromMismatch,
+            Self::ResizeInProgress { .. } => ErrorKind::ResizeInProgress,
             Self::InvalidInput(_) => ErrorKind::InvalidInput,
             Self::Backend { .. } => ErrorKind::Backend,
         }
@@ -274,6 +314,10 @@ pub enum ErrorKind {
     WorkerIdInUse,
     /// See [`StoreError::BucketOutOfRange`].
     BucketOutOfRange,
+    /// See [`StoreError::ResizeFromMismatch`].
+    ResizeFromMismatch,
+    /// See [`StoreError::ResizeInProgress`].
+    ResizeInProgress,
     /// See [`StoreError::InvalidInput`].
     InvalidInput,
     /// See [`StoreError::Backend`].

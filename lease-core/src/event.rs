@@ -16,16 +16,21 @@ pub enum RevokeReason {
     Expired,
     /// The worker is stopping.
     Shutdown,
+    /// The group's shard count changed: the bucket belongs to the old generation and is
+    /// released once the handler returns, so that the new buckets sharing its keys can be
+    /// claimed (the application may checkpoint first).
+    Resharded,
 }
 
 impl RevokeReason {
-    /// `shed`, `lost`, `expired` or `shutdown`.
+    /// `shed`, `lost`, `expired`, `shutdown` or `resharded`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Shed => "shed",
             Self::Lost => "lost",
             Self::Expired => "expired",
             Self::Shutdown => "shutdown",
+            Self::Resharded => "resharded",
         }
     }
 }

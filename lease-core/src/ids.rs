@@ -132,6 +132,21 @@ impl ShardCount {
         self.0
     }
 
+    /// The bucket a key with hash `hash` belongs to: `hash mod n`. This is the routing rule
+    /// of the library: applications route work to buckets with it (or the same rule), and a
+    /// [`resize`](crate::LeaseStore::resize) relies on it to know which old and new buckets
+    /// share keys ([`crate::resize`]).
+    ///
+    /// ```
+    /// use lease_core::{Bucket, ShardCount};
+    /// assert_eq!(ShardCount::new(16)?.bucket_of(37), Bucket(5));
+    /// # Ok::<(), lease_core::InvalidInput>(())
+    /// ```
+    pub fn bucket_of(self, hash: u64) -> Bucket {
+        // The remainder is below `n`, a u32.
+        Bucket((hash % u64::from(self.0)) as u32)
+    }
+
     /// Whether `bucket` is one of this group's buckets (`0..n`).
     pub fn contains(self, bucket: Bucket) -> bool {
         bucket.0 < self.0

@@ -48,6 +48,7 @@ mod ids;
 mod invalid;
 pub mod ownership_log;
 pub mod policy;
+pub mod resize;
 mod store;
 mod time;
 mod view;
@@ -60,6 +61,7 @@ pub use ids::{
 };
 pub use invalid::InvalidInput;
 pub use policy::{Plan, plan};
+pub use resize::{Generation, ResizeOutcome};
 #[cfg(any(test, feature = "mock"))]
 pub use store::MockLeaseStore;
 pub use store::{LeaseStore, Takeover};

@@ -18,6 +18,9 @@
 //!     shard_count: ShardCount::new(12)?,
 //!     members: vec![MemberLoad { worker: a, owned: 12 }, MemberLoad { worker: b, owned: 0 }],
 //!     claimable: 0,
+//!     generation: Default::default(),
+//!     previous: None,
+//!     draining: 0,
 //! };
 //! let mine: Vec<Bucket> = (0..12).map(Bucket).collect();
 //! let plan = policy::plan(&view, a, &mine);
@@ -157,6 +160,9 @@ mod tests {
             shard_count: ShardCount::new(n).unwrap(),
             members: loads(owned),
             claimable: n - sum,
+            generation: Default::default(),
+            previous: None,
+            draining: 0,
         }
     }
 
@@ -364,6 +370,9 @@ mod tests {
                             .map(|(k, h)| MemberLoad { worker: worker(k as u32), owned: h.len() as u32 })
                             .collect(),
                         claimable: free.len() as u32,
+                        generation: Default::default(),
+                        previous: None,
+                        draining: 0,
                     };
                     let p = plan(&v, worker(i as u32), &held[i]);
                     for b in &p.shed {

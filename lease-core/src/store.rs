@@ -9,6 +9,7 @@ use crate::error::StoreError;
 use crate::ids::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
+use crate::resize::ResizeOutcome;
 use crate::time::Ttl;
 use crate::view::{GroupSnapshot, Heartbeat, Lease};
 
@@ -48,8 +49,14 @@ pub enum Takeover {
 ///   dead forever, and session ids are never reused.
 /// - **G3 Exclusive ownership.** At any instant a bucket has at most one owner, also under
 ///   concurrent calls from many processes.
-/// - **G4 Fencing tokens** are per bucket, start at 0 (never owned), increase by exactly one on
-///   every claim and never change otherwise (not on renewal, release, leave or expiry).
+/// - **G4 Fencing tokens** are per bucket, start at 0 (never owned; for a bucket opened by a
+///   [`resize`](Self::resize), at the highest token of its parents, Z4), increase by exactly
+///   one on every claim and never change otherwise (not on renewal, release, leave or
+///   expiry). So tokens rise **per key** too: every claim of a bucket containing key `k`
+///   gets a token above every earlier token of a bucket containing `k`, across generations.
+/// - **G9 Per-key exclusion.** With `hash mod n` as the routing rule
+///   ([`ShardCount::bucket_of`](crate::ShardCount::bucket_of)), at no instant do two live
+///   sessions own buckets containing one key, across generations (Z5).
 /// - **G5 Unknown groups.** Every operation on a group never created with
 ///   [`ensure_group`](Self::ensure_group) fails with [`StoreError::GroupNotFound`], except
 ///   [`is_current`](Self::is_current), which answers `false`, and
@@ -73,7 +80,10 @@ pub trait LeaseStore: Send + Sync {
     ///   tokens and members stay as they were.
     /// - **E3** If the group exists with another count it fails with
     ///   [`StoreError::ShardCountMismatch`] (`configured` = `shards`, `found` = the stored
-    ///   count) and writes nothing.
+    ///   count) and writes nothing, unless `shards` is the count the group was last resized
+    ///   from ([`GroupView::previous`](crate::GroupView::previous)): then it succeeds and
+    ///   changes nothing, and the caller adopts the stored count (a worker configured before
+    ///   the resize keeps working).
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError>;
 
     /// Extend `worker`'s live session in `group`, or start a new one for `incarnation`, and
@@ -93,10 +103,12 @@ pub trait LeaseStore: Send + Sync {
     ///   naming when that session expires, and writes nothing: the session is never shared.
     /// - **H3** Every heartbeat removes the group's other member rows whose sessions are dead
     ///   (their buckets stay claimable), so dead members do not linger in snapshots.
-    /// - **H4** The view lists every live member, idle ones with 0, with the buckets it owns,
-    ///   sorted by worker id, the worker itself included; `claimable` counts the buckets no
-    ///   live session owns; `owned` is exactly the worker's leases under `session`, sorted by
-    ///   bucket, each expiring with the session.
+    /// - **H4** The view lists every live member, idle ones with 0, with the buckets of the
+    ///   current generation it owns, sorted by worker id, the worker itself included;
+    ///   `claimable` counts the current generation's buckets no live session owns (waiting
+    ///   ones included); `generation`, `previous` and `draining` are the group's (Z1, Z3);
+    ///   `owned` is exactly the worker's leases under `session` in both generations, sorted by
+    ///   bucket, each with its generation's shard count and expiring with the session.
     /// - **H5** It never changes a bucket or a token; a renewal writes only the worker's member
     ///   row, and the rows of members found dead (H3).
     /// - **H6** Starting a session sends [`Change::Joined`](crate::Change::Joined) to the
@@ -131,6 +143,10 @@ pub trait LeaseStore: Send + Sync {
     /// - **C7** With [`Takeover::Deferred`], only buckets with no owner recorded (never
     ///   owned, released, or left) are claimable: a bucket whose recorded session is not live
     ///   is left alone. [`Takeover::Allowed`] takes both kinds.
+    /// - **C8** Only buckets of the current generation are claimed. While a resize drains, a
+    ///   bucket is claimable only if, in addition, every old bucket it shares keys with
+    ///   ([`resize::parents`](crate::resize::parents)) is retired: released, or (with
+    ///   [`Takeover::Allowed`] only) its recorded session is not live.
     async fn claim(
         &self,
         group: &GroupName,
@@ -145,11 +161,13 @@ pub trait LeaseStore: Send + Sync {
     ///
     /// # Contract
     ///
-    /// - **R1** A bucket outside `0..shards` fails the call with
-    ///   [`StoreError::BucketOutOfRange`]; nothing is written.
+    /// - **R1** A bucket outside `0..shards` (and, while a resize drains, outside the old
+    ///   generation's `0..previous`) fails the call with [`StoreError::BucketOutOfRange`];
+    ///   nothing is written.
     /// - **R2** Of the listed buckets, those owned by `session` while it is the worker's live
     ///   session become unowned; the others (unowned, another's, repeated, or any when `session`
-    ///   is not live) are left alone. The released buckets are returned sorted. A store may skip, rather
+    ///   is not live) are left alone, whichever generation they are of (a session never holds
+    ///   one number in both). The released buckets are returned sorted. A store may skip, rather
     ///   than wait for, a bucket another transaction holds locked (an application's fencing
     ///   check in Postgres); it stays owned and the caller retries it.
     /// - **R3** Tokens do not change: the next claim of a released bucket gets token + 1.
@@ -170,7 +188,8 @@ pub trait LeaseStore: Send + Sync {
     /// # Contract
     ///
     /// - **L1** If the member row holds `session` (or `session` is `None`), every bucket owned
-    ///   by the row's session while live becomes unowned (tokens unchanged) and is returned,
+    ///   by the row's session while live, in both generations, becomes unowned (tokens
+    ///   unchanged) and is returned,
     ///   sorted; the member row, live or dead, is deleted. A bucket row another transaction
     ///   holds locked may be skipped instead: its session is gone with the member row, so it is
     ///   claimable once that transaction ends.
@@ -189,9 +208,11 @@ pub trait LeaseStore: Send + Sync {
     ///
     /// # Contract
     ///
-    /// - **S1** Every bucket, in order, with its recorded owner and session, token, the owner
-    ///   session's expiry (if that session still exists) and its state: live, expired (owner
-    ///   recorded, session dead or gone) or unowned.
+    /// - **S1** Every bucket of the current generation, in order, with its recorded owner and
+    ///   session, token, the owner session's expiry (if that session still exists) and its
+    ///   state: live, expired (owner recorded, session dead or gone) or unowned; the
+    ///   generation and `previous`; while a resize drains, the old generation's buckets the
+    ///   same way in `draining` (live = not retired).
     /// - **S2** Every member row, live or dead, sorted by worker id, with the number of buckets
     ///   its session owns (0 if dead).
     /// - **S3** It writes nothing.
@@ -203,7 +224,10 @@ pub trait LeaseStore: Send + Sync {
     ///
     /// - **F1** True if and only if the bucket's recorded owner is `worker`, under its live
     ///   session, with exactly `token`. A stale token, another owner, a dead session, a
-    ///   released bucket, an unknown group or a bucket out of range all give `false`.
+    ///   released bucket, an unknown group or a bucket out of range all give `false`. During
+    ///   a resize it answers for either generation: an old bucket not retired yet is current
+    ///   for its owner, and a bucket number never matches in both (Z4: the new bucket's
+    ///   tokens are above its parents').
     async fn is_current(
         &self,
         group: &GroupName,
@@ -212,7 +236,37 @@ pub trait LeaseStore: Send + Sync {
         token: FencingToken,
     ) -> Result<bool, StoreError>;
 
-    /// Subscribe to `group`'s wake-ups (joins, leaves, releases). `None` if the store has no
+    /// Change the shard count of `group` from `from` to `to` while it runs: open generation
+    /// g+1 with `to` unowned buckets and let generation g drain.
+    ///
+    /// # Contract
+    ///
+    /// - **Z1** A compare-and-set on the count: if the group's count is not `from` it fails
+    ///   with [`StoreError::ResizeFromMismatch`]; if an earlier resize is still draining, with
+    ///   [`StoreError::ResizeInProgress`]; an unknown group gives
+    ///   [`StoreError::GroupNotFound`]. Each writes nothing. `from == to` (the group's count)
+    ///   is a no-op: [`ResizeOutcome::Unchanged`], nothing written.
+    /// - **Z2** Otherwise the generation rises by one, the count becomes `to` with buckets
+    ///   `0..to`, and the old buckets keep their owners and tokens as the draining generation
+    ///   (`previous` = `from`). Nothing can claim an old bucket any more. Members' loads count
+    ///   the new generation only. It sends [`Change::Resized`](crate::Change::Resized).
+    /// - **Z3** An old bucket is **retired** once released (or left) or once its recorded
+    ///   session is not live; it never comes back. While some old bucket is not retired the
+    ///   group drains (`draining` > 0); once all are, the old generation is gone (snapshots
+    ///   and views no longer show it) and the count is `to` for good. `previous` stays `from`
+    ///   until the next resize (E3 accepts it).
+    /// - **Z4** A new bucket starts at the highest token of its parents, so its first claim
+    ///   gets a token above every token its keys had.
+    /// - **Z5** A new bucket is claimable only when all its parents are retired (C8): for
+    ///   every key, at no instant do two live sessions own buckets containing it.
+    async fn resize(
+        &self,
+        group: &GroupName,
+        from: ShardCount,
+        to: ShardCount,
+    ) -> Result<ResizeOutcome, StoreError>;
+
+    /// Subscribe to `group`'s wake-ups (joins, leaves, releases, resizes). `None` if the store has no
     /// change feed; workers then re-plan on their renew interval only (and say so in their
     /// `lease_polling_fallback` gauge). A store that cannot push wake-ups in its configuration
     /// (Postgres behind a transaction pooler without a direct URL) answers `None` rather than
@@ -221,7 +275,7 @@ pub trait LeaseStore: Send + Sync {
     /// # Contract
     ///
     /// - **W1** A feed returned before an operation receives the change that operation sends
-    ///   (H6, R4, L4), from whichever process performed it.
+    ///   (H6, R4, L4, Z2), from whichever process performed it.
     async fn changes(&self, _group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
         Ok(None)
     }
@@ -291,6 +345,15 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
         token: FencingToken,
     ) -> Result<bool, StoreError> {
         (**self).is_current(group, bucket, worker, token).await
+    }
+
+    async fn resize(
+        &self,
+        group: &GroupName,
+        from: ShardCount,
+        to: ShardCount,
+    ) -> Result<ResizeOutcome, StoreError> {
+        (**self).resize(group, from, to).await
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {

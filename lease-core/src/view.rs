@@ -3,6 +3,7 @@
 use crate::ids::{
     Bucket, FencingToken, GroupName, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
+use crate::resize::{self, Generation};
 use crate::time::Timestamp;
 
 /// Ownership of one bucket: who holds it, with which fencing token, until when.
@@ -10,6 +11,9 @@ use crate::time::Timestamp;
 pub struct Lease {
     /// The bucket.
     pub bucket: Bucket,
+    /// The shard count of the bucket's generation: the group's count, or during a resize the
+    /// old count for a bucket of the draining generation.
+    pub shards: ShardCount,
     /// The owner.
     pub owner: WorkerId,
     /// The fencing token of this ownership.
@@ -28,14 +32,49 @@ pub struct MemberLoad {
 }
 
 /// The part of a group's state the fair-share policy decides on.
+///
+/// During a resize every count here is of the new (current) generation: the policy shares the
+/// new generation's buckets, and buckets of the draining generation are only ever released.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct GroupView {
-    /// The group's bucket count.
+    /// The group's bucket count (of the current generation).
     pub shard_count: ShardCount,
-    /// Every live member (idle ones included) with its load, sorted by worker id.
+    /// Every live member (idle ones included) with its load, sorted by worker id. `owned`
+    /// counts buckets of the current generation only.
     pub members: Vec<MemberLoad>,
-    /// Buckets nobody live owns: never owned, released, or held by a dead session.
+    /// Buckets of the current generation nobody live owns: never owned, released, or held by
+    /// a dead session, and during a resize also those still waiting for their parents.
     pub claimable: u32,
+    /// The group's generation (see [`Generation`]).
+    pub generation: Generation,
+    /// The count the current generation was resized from, until the next resize; `None` for a
+    /// group never resized. A worker configured with this count adopts `shard_count`.
+    pub previous: Option<ShardCount>,
+    /// Buckets of the draining generation (of `previous` buckets) not retired yet: 0 when no
+    /// resize is draining.
+    pub draining: u32,
+}
+
+impl GroupView {
+    /// The view of a group of `shard_count` buckets never resized, with these members.
+    pub fn new(shard_count: ShardCount, members: Vec<MemberLoad>, claimable: u32) -> Self {
+        Self {
+            shard_count,
+            members,
+            claimable,
+            generation: Generation::default(),
+            previous: None,
+            draining: 0,
+        }
+    }
+
+    /// The old buckets `bucket` of the current generation shares keys with, when the current
+    /// generation came from a resize; empty otherwise.
+    pub fn parents(&self, bucket: Bucket) -> Vec<Bucket> {
+        self.previous
+            .map(|from| resize::parents(from, self.shard_count, bucket))
+            .unwrap_or_default()
+    }
 }
 
 /// What a heartbeat returns: the worker's session and the compact view of its group. Its size
@@ -53,14 +92,32 @@ pub struct Heartbeat {
     pub expires_at: Timestamp,
     /// The group as the policy needs it.
     pub view: GroupView,
-    /// This worker's leases under `session`, sorted by bucket.
+    /// This worker's leases under `session`, sorted by bucket: of the current generation, and
+    /// during a resize of the draining one (a lease whose `shards` is not the view's
+    /// `shard_count`), which the worker must release. A session never holds a bucket number
+    /// in both generations at once (a new bucket waits for the old bucket of its number).
     pub owned: Vec<Lease>,
 }
 
 impl Heartbeat {
-    /// The buckets this worker owns, in order.
+    /// The buckets of the current generation this worker owns, in order: what the policy
+    /// plans with.
     pub fn owned_buckets(&self) -> Vec<Bucket> {
-        self.owned.iter().map(|l| l.bucket).collect()
+        self.owned
+            .iter()
+            .filter(|l| l.shards == self.view.shard_count)
+            .map(|l| l.bucket)
+            .collect()
+    }
+
+    /// The buckets of the draining generation this worker still owns, in order: to revoke
+    /// (reason `resharded`) and release.
+    pub fn draining_buckets(&self) -> Vec<Bucket> {
+        self.owned
+            .iter()
+            .filter(|l| l.shards != self.view.shard_count)
+            .map(|l| l.bucket)
+            .collect()
     }
 }
 
@@ -136,8 +193,15 @@ pub struct GroupSnapshot {
     pub observed_at: Timestamp,
     /// Every member row, live or expired, sorted by worker id.
     pub members: Vec<MemberInfo>,
-    /// Every bucket, in order.
+    /// Every bucket of the current generation, in order.
     pub buckets: Vec<BucketInfo>,
+    /// The group's generation.
+    pub generation: Generation,
+    /// The count the current generation was resized from, until the next resize.
+    pub previous: Option<ShardCount>,
+    /// While a resize drains: every bucket of the old generation (of `previous` buckets), in
+    /// order, [`BucketState::Live`] for those not retired yet. Empty otherwise.
+    pub draining: Vec<BucketInfo>,
 }
 
 impl GroupSnapshot {
@@ -164,10 +228,41 @@ impl GroupSnapshot {
             shard_count: self.shard_count,
             members: self.live_members(),
             claimable: u32::try_from(claimable).unwrap_or(u32::MAX),
+            generation: self.generation,
+            previous: self.previous,
+            draining: u32::try_from(
+                self.draining
+                    .iter()
+                    .filter(|b| b.state == BucketState::Live)
+                    .count(),
+            )
+            .unwrap_or(u32::MAX),
         }
     }
 
-    /// The live leases, in bucket order.
+    /// While a resize drains: each bucket of the current generation that still waits, with
+    /// the old buckets it waits for (its parents not retired yet), in order.
+    pub fn waiting(&self) -> Vec<(Bucket, Vec<Bucket>)> {
+        let Some(from) = self.previous.filter(|_| !self.draining.is_empty()) else {
+            return Vec::new();
+        };
+        self.shard_count
+            .buckets()
+            .filter_map(|new| {
+                let blocking: Vec<Bucket> = resize::parents(from, self.shard_count, new)
+                    .into_iter()
+                    .filter(|old| {
+                        self.draining
+                            .get(old.0 as usize)
+                            .is_some_and(|b| b.state == BucketState::Live)
+                    })
+                    .collect();
+                (!blocking.is_empty()).then_some((new, blocking))
+            })
+            .collect()
+    }
+
+    /// The live leases of the current generation, in bucket order.
     pub fn live_leases(&self) -> Vec<Lease> {
         self.buckets
             .iter()
@@ -175,6 +270,28 @@ impl GroupSnapshot {
             .filter_map(|b| {
                 Some(Lease {
                     bucket: b.bucket,
+                    shards: self.shard_count,
+                    owner: b.owner?,
+                    token: b.token,
+                    expires_at: b.expires_at?,
+                })
+            })
+            .collect()
+    }
+
+    /// The live leases of the draining generation (not retired yet), in bucket order; each
+    /// lease's `shards` is the old count.
+    pub fn draining_leases(&self) -> Vec<Lease> {
+        let Some(from) = self.previous else {
+            return Vec::new();
+        };
+        self.draining
+            .iter()
+            .filter(|b| b.state == BucketState::Live)
+            .filter_map(|b| {
+                Some(Lease {
+                    bucket: b.bucket,
+                    shards: from,
                     owner: b.owner?,
                     token: b.token,
                     expires_at: b.expires_at?,

@@ -76,8 +76,8 @@ use diesel_async::pooled_connection::{
 use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
 use lease_core::{
     BackendFailure, Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat,
-    Incarnation, Lease, LeaseStore, MemberMetadata, Operation, SessionId, ShardCount, StoreError,
-    Takeover, Ttl, WorkerId, store_precision,
+    Incarnation, Lease, LeaseStore, MemberMetadata, Operation, ResizeOutcome, SessionId,
+    ShardCount, StoreError, Takeover, Ttl, WorkerId, store_precision,
 };
 
 pub use error::PgSetupError;
@@ -626,6 +626,20 @@ impl LeaseStore for PgLeaseStore {
             ops::is_current(c, at, group, bucket, worker, token).await
         })
         .await
+    }
+
+    async fn resize(
+        &self,
+        group: &GroupName,
+        from: ShardCount,
+        to: ShardCount,
+    ) -> Result<ResizeOutcome, StoreError> {
+        let _ = (group, from, to);
+        Err(StoreError::backend_detail(
+            Operation::Resize,
+            BackendFailure::Misconfigured,
+            "the Postgres backend cannot resize a group yet",
+        ))
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {

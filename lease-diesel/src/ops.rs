@@ -14,9 +14,9 @@ use diesel::sql_types::{
 };
 use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
 use lease_core::{
-    Bucket, BucketInfo, BucketState, FencingToken, GroupName, GroupSnapshot, GroupView, Heartbeat,
-    Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata, Operation, SessionId, ShardCount,
-    StoreError, Takeover, Timestamp, Ttl, WorkerId,
+    Bucket, BucketInfo, BucketState, FencingToken, Generation, GroupName, GroupSnapshot, GroupView,
+    Heartbeat, Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata, Operation, SessionId,
+    ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId,
 };
 use uuid::Uuid;
 
@@ -48,6 +48,7 @@ fn not_found(group: &GroupName) -> StoreError {
 fn leases(
     op: Operation,
     owner: WorkerId,
+    shards: ShardCount,
     buckets: &[i32],
     tokens: &[i64],
     expires_at: DateTime<Utc>,
@@ -64,6 +65,7 @@ fn leases(
         .map(|(&b, &t)| {
             Ok(Lease {
                 bucket: bucket(op, b)?,
+                shards,
                 owner,
                 token: FencingToken(t),
                 expires_at,
@@ -151,6 +153,7 @@ pub async fn heartbeat(
     let mut owned = leases(
         Operation::Heartbeat,
         worker,
+        shard_count,
         &row.buckets,
         &row.tokens,
         row.expires_at,
@@ -183,6 +186,9 @@ pub async fn heartbeat(
             shard_count,
             members,
             claimable: shard_count.get().saturating_sub(held),
+            generation: Generation::default(),
+            previous: None,
+            draining: 0,
         },
         owned,
     })
@@ -222,6 +228,7 @@ pub async fn claim(
     leases(
         Operation::Claim,
         worker,
+        shard_count(Operation::Claim, group, row.shard_count)?,
         &row.buckets,
         &row.tokens,
         expires_at,
@@ -362,6 +369,9 @@ pub async fn snapshot(
         observed_at: now,
         members,
         buckets,
+        generation: Generation::default(),
+        previous: None,
+        draining: Vec::new(),
     })
 }
 

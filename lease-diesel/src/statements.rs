@@ -257,6 +257,8 @@ SELECT g.shard_count, mine.session_id, mine.expires_at,
 /// Row of [`CLAIM`].
 #[derive(QueryableByName, Debug)]
 pub(crate) struct ClaimRow {
+    #[diesel(sql_type = Integer)]
+    pub shard_count: i32,
     #[diesel(sql_type = Nullable<SqlUuid>)]
     pub session_id: Option<Uuid>,
     #[diesel(sql_type = Nullable<Timestamptz>)]

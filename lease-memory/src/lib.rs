@@ -56,6 +56,7 @@ use lease_core::{
     MemberLoad, MemberMetadata, Operation, SessionId, ShardCount, StoreError, SystemClock,
     Takeover, Timestamp, Ttl, WorkerId, store_precision,
 };
+use lease_core::{Generation, ResizeOutcome, resize};
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
 
@@ -77,9 +78,13 @@ struct MemberRow {
     heartbeat_at: Timestamp,
     expires_at: Timestamp,
     metadata: MemberMetadata,
-    /// Buckets recorded under `session`. Exact while the session is live: a bucket leaves a
-    /// live session only by release or leave, both of which update this set.
+    /// Buckets of the current generation recorded under `session`. Exact while the session
+    /// is live: a bucket leaves a live session only by release or leave, both of which update
+    /// this set.
     held: BTreeSet<Bucket>,
+    /// Buckets of the draining generation recorded under `session` (moved here from `held`
+    /// by a resize); exact the same way.
+    held_old: BTreeSet<Bucket>,
 }
 
 impl MemberRow {
@@ -93,6 +98,12 @@ struct GroupState {
     shards: ShardCount,
     buckets: Vec<BucketRow>,
     members: BTreeMap<WorkerId, MemberRow>,
+    generation: Generation,
+    /// The count the current generation was resized from.
+    previous: Option<ShardCount>,
+    /// The previous generation's rows (of `previous` buckets) while it may drain; emptied by
+    /// the first operation that finds every one retired.
+    old: Vec<BucketRow>,
 }
 
 impl GroupState {
@@ -119,6 +130,60 @@ impl GroupState {
         })
     }
 
+    /// Z3: an old bucket is retired once released or once its session is not live; with
+    /// `Takeover::Deferred` (C8) only a released one counts.
+    fn retired(&self, row: &BucketRow, now: Timestamp, takeover: Takeover) -> bool {
+        match takeover {
+            Takeover::Deferred => row.owner.is_none(),
+            _ => !self.is_owned_live(row, now),
+        }
+    }
+
+    /// Old buckets not retired yet; when none is left, the old generation is dropped.
+    fn draining(&mut self, now: Timestamp) -> u32 {
+        let n = self
+            .old
+            .iter()
+            .filter(|row| !self.retired(row, now, Takeover::Allowed))
+            .count();
+        if n == 0 && !self.old.is_empty() {
+            self.old = Vec::new();
+            for m in self.members.values_mut() {
+                m.held_old.clear();
+            }
+        }
+        n as u32
+    }
+
+    /// C8: whether every old bucket new bucket `i` shares keys with is retired.
+    fn parents_retired(&self, i: usize, now: Timestamp, takeover: Takeover) -> bool {
+        let Some(from) = self.previous.filter(|_| !self.old.is_empty()) else {
+            return true;
+        };
+        resize::parents(from, self.shards, Bucket(i as u32))
+            .iter()
+            .all(|p| self.retired(&self.old[p.0 as usize], now, takeover))
+    }
+
+    fn bucket_info(&self, i: usize, row: &BucketRow, now: Timestamp) -> BucketInfo {
+        let member = row
+            .owner
+            .and_then(|(w, s)| self.members.get(&w).filter(|m| m.session == s));
+        let state = match (row.owner, member) {
+            (None, _) => BucketState::Unowned,
+            (Some(_), Some(m)) if m.is_live(now) => BucketState::Live,
+            (Some(_), _) => BucketState::Expired,
+        };
+        BucketInfo {
+            bucket: Bucket(i as u32),
+            owner: row.owner.map(|(w, _)| w),
+            session: row.owner.map(|(_, s)| s),
+            token: FencingToken(row.token),
+            expires_at: member.map(|m| m.expires_at),
+            state,
+        }
+    }
+
     fn live_held(&self, now: Timestamp) -> usize {
         self.members
             .values()
@@ -135,10 +200,6 @@ struct State {
 }
 
 impl State {
-    fn group(&self, group: &GroupName) -> Result<&GroupState, StoreError> {
-        self.groups.get(group).ok_or_else(|| not_found(group))
-    }
-
     fn group_mut(&mut self, group: &GroupName) -> Result<&mut GroupState, StoreError> {
         self.groups.get_mut(group).ok_or_else(|| not_found(group))
     }
@@ -202,7 +263,8 @@ impl LeaseStore for MemoryLeaseStore {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
         let (mut state, _now) = self.lock(Operation::EnsureGroup)?;
         match state.groups.get(group) {
-            Some(g) if g.shards == shards => Ok(()),
+            // E3: the count the group was resized from is accepted too (the caller adopts).
+            Some(g) if g.shards == shards || g.previous == Some(shards) => Ok(()),
             Some(g) => Err(StoreError::ShardCountMismatch {
                 group: group.clone(),
                 configured: shards,
@@ -222,6 +284,9 @@ impl LeaseStore for MemoryLeaseStore {
                         shards,
                         buckets,
                         members: BTreeMap::new(),
+                        generation: Generation::default(),
+                        previous: None,
+                        old: Vec::new(),
                     },
                 );
                 Ok(())
@@ -263,10 +328,12 @@ impl LeaseStore for MemoryLeaseStore {
                     expires_at,
                     metadata: metadata.clone(),
                     held: BTreeSet::new(),
+                    held_old: BTreeSet::new(),
                 },
             );
         }
         let g = state.group_mut(group)?;
+        let draining = g.draining(now);
         let me = g.members.get_mut(&worker).ok_or_else(|| {
             StoreError::backend_detail(
                 Operation::Heartbeat,
@@ -278,16 +345,27 @@ impl LeaseStore for MemoryLeaseStore {
         me.heartbeat_at = now;
         me.metadata = metadata.clone();
         let session = me.session;
-        let owned = me
+        let mut owned: Vec<Lease> = me
             .held
             .iter()
             .map(|&bucket| Lease {
                 bucket,
+                shards: g.shards,
                 owner: worker,
                 token: FencingToken(g.buckets[bucket.0 as usize].token),
                 expires_at,
             })
+            .chain(me.held_old.iter().filter_map(|&bucket| {
+                Some(Lease {
+                    bucket,
+                    shards: g.previous?,
+                    owner: worker,
+                    token: FencingToken(g.old.get(bucket.0 as usize)?.token),
+                    expires_at,
+                })
+            }))
             .collect();
+        owned.sort_by_key(|l| l.bucket);
         let members = g
             .members
             .iter()
@@ -302,6 +380,9 @@ impl LeaseStore for MemoryLeaseStore {
             shard_count: g.shards,
             members,
             claimable,
+            generation: g.generation,
+            previous: g.previous,
+            draining,
         };
         if new_session {
             state.notify(group, Change::Joined(worker));
@@ -326,6 +407,7 @@ impl LeaseStore for MemoryLeaseStore {
     ) -> Result<Vec<Lease>, StoreError> {
         let (mut state, now) = self.lock(Operation::Claim)?;
         let g = state.group_mut(group)?;
+        g.draining(now);
         let expires_at = g
             .live_session_mut(worker, session, now)
             .map(|m| m.expires_at)
@@ -341,6 +423,8 @@ impl LeaseStore for MemoryLeaseStore {
                 Takeover::Deferred => g.buckets[i].owner.is_none(),
                 _ => !g.is_owned_live(&g.buckets[i], now),
             })
+            // C8: the resize barrier.
+            .filter(|&i| g.parents_retired(i, now, takeover))
             .take(want as usize)
             .collect();
         picked.sort_unstable();
@@ -357,6 +441,7 @@ impl LeaseStore for MemoryLeaseStore {
             g.buckets[i].token += 1;
             won.push(Lease {
                 bucket,
+                shards: g.shards,
                 owner: worker,
                 token: FencingToken(g.buckets[i].token),
                 expires_at,
@@ -377,7 +462,12 @@ impl LeaseStore for MemoryLeaseStore {
     ) -> Result<Vec<Bucket>, StoreError> {
         let (mut state, now) = self.lock(Operation::Release)?;
         let g = state.group_mut(group)?;
-        if let Some(&bucket) = buckets.iter().find(|&&b| !g.shards.contains(b)) {
+        g.draining(now);
+        let old_range = g.old.len();
+        if let Some(&bucket) = buckets
+            .iter()
+            .find(|&&b| !g.shards.contains(b) && b.0 as usize >= old_range)
+        {
             return Err(StoreError::BucketOutOfRange {
                 group: group.clone(),
                 bucket,
@@ -387,15 +477,23 @@ impl LeaseStore for MemoryLeaseStore {
         let Some(me) = g.live_session_mut(worker, session, now) else {
             return Ok(Vec::new());
         };
-        let mut released: Vec<Bucket> = buckets
-            .iter()
-            .copied()
-            .filter(|b| me.held.remove(b))
-            .collect();
-        released.sort_unstable();
+        let mut released: Vec<Bucket> = Vec::new();
+        let mut released_old: Vec<Bucket> = Vec::new();
+        for b in buckets {
+            if me.held.remove(b) {
+                released.push(*b);
+            } else if me.held_old.remove(b) {
+                released_old.push(*b);
+            }
+        }
         for b in &released {
             g.buckets[b.0 as usize].owner = None;
         }
+        for b in &released_old {
+            g.old[b.0 as usize].owner = None;
+        }
+        released.extend(released_old);
+        released.sort_unstable();
         if !released.is_empty() {
             state.notify(group, Change::Released(worker));
         }
@@ -417,21 +515,29 @@ impl LeaseStore for MemoryLeaseStore {
         let Some(me) = g.members.remove(&worker) else {
             return Ok(Vec::new());
         };
-        let released: Vec<Bucket> = if me.is_live(now) {
-            me.held.into_iter().collect()
+        let (held, held_old) = if me.is_live(now) {
+            (me.held, me.held_old)
         } else {
-            Vec::new()
+            Default::default()
         };
-        for b in &released {
+        for b in &held {
             g.buckets[b.0 as usize].owner = None;
         }
+        for b in &held_old {
+            if let Some(row) = g.old.get_mut(b.0 as usize) {
+                row.owner = None;
+            }
+        }
+        let mut released: Vec<Bucket> = held.into_iter().chain(held_old).collect();
+        released.sort_unstable();
         state.notify(group, Change::Left(worker));
         Ok(released)
     }
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
-        let (state, now) = self.lock(Operation::Snapshot)?;
-        let g = state.group(group)?;
+        let (mut state, now) = self.lock(Operation::Snapshot)?;
+        let g = state.group_mut(group)?;
+        g.draining(now);
         let members = g
             .members
             .iter()
@@ -453,24 +559,13 @@ impl LeaseStore for MemoryLeaseStore {
             .buckets
             .iter()
             .enumerate()
-            .map(|(i, row)| {
-                let member = row
-                    .owner
-                    .and_then(|(w, s)| g.members.get(&w).filter(|m| m.session == s));
-                let state = match (row.owner, member) {
-                    (None, _) => BucketState::Unowned,
-                    (Some(_), Some(m)) if m.is_live(now) => BucketState::Live,
-                    (Some(_), _) => BucketState::Expired,
-                };
-                BucketInfo {
-                    bucket: Bucket(i as u32),
-                    owner: row.owner.map(|(w, _)| w),
-                    session: row.owner.map(|(_, s)| s),
-                    token: FencingToken(row.token),
-                    expires_at: member.map(|m| m.expires_at),
-                    state,
-                }
-            })
+            .map(|(i, row)| g.bucket_info(i, row, now))
+            .collect();
+        let draining = g
+            .old
+            .iter()
+            .enumerate()
+            .map(|(i, row)| g.bucket_info(i, row, now))
             .collect();
         Ok(GroupSnapshot {
             group: group.clone(),
@@ -478,6 +573,9 @@ impl LeaseStore for MemoryLeaseStore {
             observed_at: now,
             members,
             buckets,
+            generation: g.generation,
+            previous: g.previous,
+            draining,
         })
     }
 
@@ -492,11 +590,67 @@ impl LeaseStore for MemoryLeaseStore {
         let Some(g) = state.groups.get(group) else {
             return Ok(false);
         };
-        Ok(g.buckets.get(bucket.0 as usize).is_some_and(|row| {
+        let current = |row: &BucketRow| {
             row.token == token.0
                 && row.owner.is_some_and(|(w, _)| w == worker)
                 && g.is_owned_live(row, now)
-        }))
+        };
+        // F1: either generation; an old bucket owned live is not retired.
+        Ok(g.buckets.get(bucket.0 as usize).is_some_and(current)
+            || g.old.get(bucket.0 as usize).is_some_and(current))
+    }
+
+    async fn resize(
+        &self,
+        group: &GroupName,
+        from: ShardCount,
+        to: ShardCount,
+    ) -> Result<ResizeOutcome, StoreError> {
+        let (mut state, now) = self.lock(Operation::Resize)?;
+        let g = state.group_mut(group)?;
+        if g.shards != from {
+            return Err(StoreError::ResizeFromMismatch {
+                group: group.clone(),
+                from,
+                found: g.shards,
+            });
+        }
+        if from == to {
+            return Ok(ResizeOutcome::Unchanged {
+                generation: g.generation,
+            });
+        }
+        let draining = g.draining(now);
+        if let (Some(previous), true) = (g.previous, draining > 0) {
+            return Err(StoreError::ResizeInProgress {
+                group: group.clone(),
+                from: previous,
+                to: g.shards,
+                draining,
+            });
+        }
+        // Z4: a new bucket starts at its parents' highest token.
+        let buckets = to
+            .buckets()
+            .map(|new| BucketRow {
+                owner: None,
+                token: resize::parents(from, to, new)
+                    .iter()
+                    .map(|p| g.buckets[p.0 as usize].token)
+                    .max()
+                    .unwrap_or(0),
+            })
+            .collect();
+        g.old = std::mem::replace(&mut g.buckets, buckets);
+        for m in g.members.values_mut() {
+            m.held_old = std::mem::take(&mut m.held);
+        }
+        g.shards = to;
+        g.previous = Some(from);
+        g.generation = g.generation.next();
+        let generation = g.generation;
+        state.notify(group, Change::Resized);
+        Ok(ResizeOutcome::Started { generation })
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {

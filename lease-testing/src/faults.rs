@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use lease_core::ChangeFeed;
 use lease_core::LeaseStore;
-use lease_core::{BackendFailure, Operation, StoreError, Takeover};
+use lease_core::{BackendFailure, Operation, ResizeOutcome, StoreError, Takeover};
 use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
@@ -192,6 +192,16 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
     ) -> Result<bool, StoreError> {
         self.gate(Operation::IsCurrent).await?;
         self.inner.is_current(group, bucket, worker, token).await
+    }
+
+    async fn resize(
+        &self,
+        group: &GroupName,
+        from: ShardCount,
+        to: ShardCount,
+    ) -> Result<ResizeOutcome, StoreError> {
+        self.gate(Operation::Resize).await?;
+        self.inner.resize(group, from, to).await
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {

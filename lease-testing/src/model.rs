@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use uuid::Uuid;
 
 use lease_core::StoreError;
+use lease_core::resize;
 use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, Takeover,
     WorkerId,
@@ -16,6 +17,7 @@ use lease_core::{
 use lease_core::{
     BucketInfo, BucketState, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo, MemberLoad,
 };
+use lease_core::{Generation, ResizeOutcome};
 use lease_core::{Timestamp, Ttl, store_precision};
 
 #[derive(Clone, Debug)]
@@ -39,6 +41,12 @@ struct ModelGroup {
     shards: ShardCount,
     buckets: Vec<ModelBucket>,
     members: BTreeMap<WorkerId, ModelMember>,
+    generation: Generation,
+    /// The count the current generation was resized from.
+    previous: Option<ShardCount>,
+    /// The previous generation's buckets (of `previous`), kept after the drain ends; the drain
+    /// runs while one of them is not retired (see `draining`).
+    old: Vec<ModelBucket>,
 }
 
 impl ModelGroup {
@@ -74,14 +82,85 @@ impl ModelGroup {
             .collect()
     }
 
+    /// Z3: an old bucket is retired once released or once its session is not live. With
+    /// `Takeover::Deferred` (C8) only a released one counts.
+    fn retired(&self, b: &ModelBucket, now: Timestamp, takeover: Takeover) -> bool {
+        match takeover {
+            Takeover::Deferred => b.owner.is_none(),
+            _ => self.live_owner(b, now).is_none(),
+        }
+    }
+
+    /// How many old buckets are not retired: 0 when no resize drains.
+    fn draining(&self, now: Timestamp) -> u32 {
+        self.old
+            .iter()
+            .filter(|b| !self.retired(b, now, Takeover::Allowed))
+            .count() as u32
+    }
+
+    /// The old generation's buckets `worker` owns, while it drains.
+    fn old_owned_by(&self, worker: WorkerId, now: Timestamp) -> Vec<Bucket> {
+        self.old
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| self.live_owner(b, now) == Some(worker))
+            .map(|(i, _)| Bucket(i as u32))
+            .collect()
+    }
+
+    /// C8: whether every old bucket new bucket `i` shares keys with is retired.
+    fn parents_retired(&self, i: usize, now: Timestamp, takeover: Takeover) -> bool {
+        let (Some(from), true) = (self.previous, self.draining(now) > 0) else {
+            return true;
+        };
+        resize::parents(from, self.shards, Bucket(i as u32))
+            .iter()
+            .all(|p| self.retired(&self.old[p.0 as usize], now, takeover))
+    }
+
     fn lease(&self, bucket: Bucket, worker: WorkerId) -> Option<Lease> {
         let b = &self.buckets[bucket.0 as usize];
         Some(Lease {
             bucket,
+            shards: self.shards,
             owner: worker,
             token: FencingToken(b.token),
             expires_at: self.members.get(&worker)?.expires_at,
         })
+    }
+
+    fn old_lease(&self, bucket: Bucket, worker: WorkerId) -> Option<Lease> {
+        let b = &self.old[bucket.0 as usize];
+        Some(Lease {
+            bucket,
+            shards: self.previous?,
+            owner: worker,
+            token: FencingToken(b.token),
+            expires_at: self.members.get(&worker)?.expires_at,
+        })
+    }
+
+    fn bucket_info(&self, i: usize, b: &ModelBucket, now: Timestamp) -> BucketInfo {
+        let expires_at = b.owner.and_then(|(w, s)| {
+            self.members
+                .get(&w)
+                .filter(|m| m.session == s)
+                .map(|m| m.expires_at)
+        });
+        let state = match (b.owner, self.live_owner(b, now)) {
+            (None, _) => BucketState::Unowned,
+            (Some(_), Some(_)) => BucketState::Live,
+            (Some(_), None) => BucketState::Expired,
+        };
+        BucketInfo {
+            bucket: Bucket(i as u32),
+            owner: b.owner.map(|(w, _)| w),
+            session: b.owner.map(|(_, s)| s),
+            token: FencingToken(b.token),
+            expires_at,
+            state,
+        }
     }
 }
 
@@ -121,7 +200,8 @@ impl Model {
         shards: ShardCount,
     ) -> Result<(), StoreError> {
         match self.groups.get(group) {
-            Some(g) if g.shards == shards => Ok(()),
+            // E3: the count the group was resized from is accepted too (the caller adopts).
+            Some(g) if g.shards == shards || g.previous == Some(shards) => Ok(()),
             Some(g) => Err(StoreError::ShardCountMismatch {
                 group: group.clone(),
                 configured: shards,
@@ -141,6 +221,9 @@ impl Model {
                         shards,
                         buckets,
                         members: BTreeMap::new(),
+                        generation: Generation::default(),
+                        previous: None,
+                        old: Vec::new(),
                     },
                 );
                 Ok(())
@@ -207,15 +290,24 @@ impl Model {
             .iter()
             .filter(|b| g.live_owner(b, now).is_none())
             .count() as u32;
-        let owned = g
+        let mut owned: Vec<Lease> = g
             .owned_by(worker, now)
             .into_iter()
             .filter_map(|b| g.lease(b, worker))
+            .chain(
+                g.old_owned_by(worker, now)
+                    .into_iter()
+                    .filter_map(|b| g.old_lease(b, worker)),
+            )
             .collect();
+        owned.sort_by_key(|l| l.bucket);
         let view = GroupView {
             shard_count: g.shards,
             members,
             claimable,
+            generation: g.generation,
+            previous: g.previous,
+            draining: g.draining(now),
         };
         if new_session {
             self.sessions_minted += 1;
@@ -258,6 +350,8 @@ impl Model {
                 Takeover::Deferred => g.buckets[i].owner.is_none(),
                 _ => g.live_owner(&g.buckets[i], now).is_none(),
             })
+            // C8: the resize barrier.
+            .filter(|&i| g.parents_retired(i, now, takeover))
             .take(want as usize)
             .collect();
         claimable.sort_unstable();
@@ -282,7 +376,11 @@ impl Model {
     ) -> Result<Vec<Bucket>, StoreError> {
         let now = store_precision(now);
         let g = self.group_mut(group)?;
-        if let Some(&bucket) = buckets.iter().find(|&&b| !g.shards.contains(b)) {
+        let old_range = if g.draining(now) > 0 { g.old.len() } else { 0 };
+        if let Some(&bucket) = buckets
+            .iter()
+            .find(|&&b| !g.shards.contains(b) && b.0 as usize >= old_range)
+        {
             return Err(StoreError::BucketOutOfRange {
                 group: group.clone(),
                 bucket,
@@ -295,8 +393,11 @@ impl Model {
         }
         for &bucket in buckets {
             let i = bucket.0 as usize;
-            if g.live_owner(&g.buckets[i], now) == Some(worker) {
+            if g.buckets.get(i).and_then(|b| g.live_owner(b, now)) == Some(worker) {
                 g.buckets[i].owner = None;
+                released.push(bucket);
+            } else if g.old.get(i).and_then(|b| g.live_owner(b, now)) == Some(worker) {
+                g.old[i].owner = None;
                 released.push(bucket);
             }
         }
@@ -322,7 +423,13 @@ impl Model {
         for b in &released {
             g.buckets[b.0 as usize].owner = None;
         }
+        let old = g.old_owned_by(worker, now);
+        for b in &old {
+            g.old[b.0 as usize].owner = None;
+        }
         g.members.remove(&worker);
+        let mut released = [released, old].concat();
+        released.sort_unstable();
         Ok(released)
     }
 
@@ -351,34 +458,26 @@ impl Model {
             .buckets
             .iter()
             .enumerate()
-            .map(|(i, b)| {
-                let expires_at = b.owner.and_then(|(w, s)| {
-                    g.members
-                        .get(&w)
-                        .filter(|m| m.session == s)
-                        .map(|m| m.expires_at)
-                });
-                let state = match (b.owner, g.live_owner(b, now)) {
-                    (None, _) => BucketState::Unowned,
-                    (Some(_), Some(_)) => BucketState::Live,
-                    (Some(_), None) => BucketState::Expired,
-                };
-                BucketInfo {
-                    bucket: Bucket(i as u32),
-                    owner: b.owner.map(|(w, _)| w),
-                    session: b.owner.map(|(_, s)| s),
-                    token: FencingToken(b.token),
-                    expires_at,
-                    state,
-                }
-            })
+            .map(|(i, b)| g.bucket_info(i, b, now))
             .collect();
+        let draining = if g.draining(now) > 0 {
+            g.old
+                .iter()
+                .enumerate()
+                .map(|(i, b)| g.bucket_info(i, b, now))
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(GroupSnapshot {
             group: group.clone(),
             shard_count: g.shards,
             observed_at: now,
             members,
             buckets,
+            generation: g.generation,
+            previous: g.previous,
+            draining,
         })
     }
 
@@ -395,8 +494,61 @@ impl Model {
         let Some(g) = self.groups.get(group) else {
             return false;
         };
-        g.buckets
-            .get(bucket.0 as usize)
-            .is_some_and(|b| b.token == token.0 && g.live_owner(b, now) == Some(worker))
+        let current = |b: &ModelBucket| b.token == token.0 && g.live_owner(b, now) == Some(worker);
+        // F1: either generation; an old bucket owned live is not retired.
+        g.buckets.get(bucket.0 as usize).is_some_and(current)
+            || g.old.get(bucket.0 as usize).is_some_and(current)
+    }
+
+    /// See [`LeaseStore::resize`](lease_core::LeaseStore::resize).
+    pub fn resize(
+        &mut self,
+        group: &GroupName,
+        from: ShardCount,
+        to: ShardCount,
+        now: Timestamp,
+    ) -> Result<ResizeOutcome, StoreError> {
+        let now = store_precision(now);
+        let g = self.group_mut(group)?;
+        if g.shards != from {
+            return Err(StoreError::ResizeFromMismatch {
+                group: group.clone(),
+                from,
+                found: g.shards,
+            });
+        }
+        if from == to {
+            return Ok(ResizeOutcome::Unchanged {
+                generation: g.generation,
+            });
+        }
+        let draining = g.draining(now);
+        if let (Some(previous), true) = (g.previous, draining > 0) {
+            return Err(StoreError::ResizeInProgress {
+                group: group.clone(),
+                from: previous,
+                to: g.shards,
+                draining,
+            });
+        }
+        // Z4: a new bucket starts at its parents' highest token.
+        let buckets = to
+            .buckets()
+            .map(|new| ModelBucket {
+                owner: None,
+                token: resize::parents(from, to, new)
+                    .iter()
+                    .map(|p| g.buckets[p.0 as usize].token)
+                    .max()
+                    .unwrap_or(0),
+            })
+            .collect();
+        g.old = std::mem::replace(&mut g.buckets, buckets);
+        g.shards = to;
+        g.previous = Some(from);
+        g.generation = g.generation.next();
+        Ok(ResizeOutcome::Started {
+            generation: g.generation,
+        })
     }
 }

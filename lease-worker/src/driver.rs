@@ -628,6 +628,7 @@ mod tests {
                 let owned: Vec<Lease> = (0..4)
                     .map(|b| Lease {
                         bucket: Bucket(b),
+                        shards,
                         owner: worker,
                         token: FencingToken(1),
                         expires_at: now,
@@ -650,6 +651,9 @@ mod tests {
                         shard_count: shards,
                         members,
                         claimable: 0,
+                        generation: Default::default(),
+                        previous: None,
+                        draining: 0,
                     },
                     owned,
                 })

@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `lease_owned_buckets` | gauge | buckets the application owns now |
 //! | `lease_claimed_total` | counter | buckets won by claims |
-//! | `lease_revoked_total` | counter | revocations, by `reason` (shed, lost, expired, shutdown) |
+//! | `lease_revoked_total` | counter | revocations, by `reason` (shed, lost, expired, shutdown, resharded) |
 //! | `lease_store_errors_total` | counter | failed or timed-out store calls |
 //! | `lease_stuck_total` | counter | revocations the application did not acknowledge in time |
 //! | `lease_tick_seconds` | histogram | duration of a tick |
@@ -26,6 +26,7 @@ pub(crate) struct Metrics {
     lost: Counter,
     expired: Counter,
     shutdown: Counter,
+    resharded: Counter,
     errors: Counter,
     stuck: Counter,
     tick: Histogram,
@@ -45,6 +46,7 @@ impl Metrics {
             lost: revoked(RevokeReason::Lost),
             expired: revoked(RevokeReason::Expired),
             shutdown: revoked(RevokeReason::Shutdown),
+            resharded: revoked(RevokeReason::Resharded),
             errors: counter!("lease_store_errors_total", "group" => g.clone()),
             stuck: counter!("lease_stuck_total", "group" => g.clone()),
             tick: histogram!("lease_tick_seconds", "group" => g.clone()),
@@ -68,6 +70,7 @@ impl Metrics {
             RevokeReason::Lost => &self.lost,
             RevokeReason::Expired => &self.expired,
             RevokeReason::Shutdown => &self.shutdown,
+            RevokeReason::Resharded => &self.resharded,
         }
         .increment(1);
     }

@@ -104,6 +104,9 @@ impl Run {
                     owned: 0,
                 }],
                 claimable: 8,
+                generation: Default::default(),
+                previous: None,
+                draining: 0,
             },
             owned: Vec::new(),
         };

@@ -223,12 +223,16 @@ impl World {
                         shard_count: ShardCount::new(SHARDS).expect("count"),
                         members,
                         claimable,
+                        generation: Default::default(),
+                        previous: None,
+                        draining: 0,
                     },
                     owned: self
                         .held
                         .iter()
                         .map(|(&bucket, &token)| Lease {
                             bucket,
+                            shards: ShardCount::new(SHARDS).expect("count"),
                             owner: me(),
                             token,
                             expires_at: at,
@@ -257,6 +261,7 @@ impl World {
                     self.held.insert(b, FencingToken(*t));
                     won.push(Lease {
                         bucket: b,
+                        shards: ShardCount::new(SHARDS).expect("count"),
                         owner: me(),
                         token: FencingToken(*t),
                         expires_at: at,

@@ -172,6 +172,9 @@ mod tests {
                 })
                 .collect(),
             buckets: Vec::new(),
+            generation: Default::default(),
+            previous: None,
+            draining: Vec::new(),
         }
     }
 
