@@ -41,7 +41,7 @@ fn the_generator_reaches_the_risky_states() {
         TestRng::deterministic_rng(RngAlgorithm::ChaCha),
     );
     let strategy = ReferenceModel::sequential_strategy(1..40);
-    let mut reached = [0usize; 7];
+    let mut reached = [0usize; 9];
     for _ in 0..SEQUENCES {
         let (mut state, ops, _) = strategy
             .new_tree(&mut runner)
@@ -55,7 +55,7 @@ fn the_generator_reaches_the_risky_states() {
         }
     }
     // Floors: about half of what this generator reached when it was written (see the table).
-    let floors = [0.20, 0.15, 0.20, 0.20, 0.25, 0.30, 0.04];
+    let floors = [0.20, 0.15, 0.20, 0.20, 0.25, 0.30, 0.04, 0.15, 0.009];
     let mut table = String::from("| state | sequences reaching it | floor |\n|---|---:|---:|\n");
     let mut low = Vec::new();
     for ((name, _), (&n, &floor)) in Reach::default()

@@ -34,6 +34,10 @@
 //!   results of its own calls told it, are disjoint from every other process's until they
 //!   expire;
 //! - fencing tokens never decrease, and each claim returns a token above every one seen;
+//! - across resizes ([`Op::Resize`]), per key (hashes `0..KEYS`, routed by
+//!   [`ShardCount::bucket_of`]): no key lies in buckets of either generation held by two live
+//!   processes (as they believe) or two live sessions (as the store's snapshot says), and
+//!   every claim of a bucket returns a token above every token seen for each of its keys;
 //! - every recorded owner is one of the workers of the test, and every live lease is known to
 //!   exactly the process that holds it, with its token.
 
@@ -55,7 +59,7 @@ use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, Takeover,
     WorkerId,
 };
-use lease_core::{BucketState, GroupSnapshot, Heartbeat, Lease};
+use lease_core::{BucketState, GroupSnapshot, Heartbeat, Lease, ResizeOutcome};
 use lease_core::{Clock, ManualClock, Timestamp, Ttl};
 
 /// The groups operations pick from: a plain name and one full of quotes and SQL.
@@ -70,6 +74,13 @@ pub const PROCESSES: usize = 2;
 
 /// The shard counts groups are created with.
 const SHARD_COUNTS: [u32; 5] = [1, 2, 3, 5, 8];
+
+/// The shard counts resizes go to: splits, merges, and counts sharing no factor.
+const RESIZE_COUNTS: [u32; 7] = [1, 2, 3, 4, 5, 6, 8];
+
+/// The key hashes the per-key checks look at: `0..KEYS` covers every pair of buckets of any
+/// two counts of [`SHARD_COUNTS`] and [`RESIZE_COUNTS`] (a multiple of their lcm, 120).
+pub const KEYS: u64 = 120;
 
 /// The group named by index `i` of [`GROUPS`].
 pub fn group(i: usize) -> GroupName {
@@ -173,6 +184,15 @@ pub enum Op {
         /// Token.
         token: i64,
     },
+    /// `resize(group, from, to)`.
+    Resize {
+        /// Index into [`GROUPS`].
+        group: usize,
+        /// The count the caller believes the group has.
+        from: u32,
+        /// The new count.
+        to: u32,
+    },
     /// Move the shared clock forward.
     Advance {
         /// Milliseconds.
@@ -197,6 +217,8 @@ pub enum Outcome {
     Snapshot(GroupSnapshot),
     /// A fencing check.
     Bool(bool),
+    /// A resize's outcome.
+    Resized(ResizeOutcome),
     /// A failure, with every field: the error as it displays (a contract error shows all its
     /// fields, so two stores agree on it only if they agree on each).
     Failed(String),
@@ -228,7 +250,7 @@ impl SessionNames {
                 for m in &mut snap.members {
                     self.name(&mut m.session);
                 }
-                for b in &mut snap.buckets {
+                for b in snap.buckets.iter_mut().chain(&mut snap.draining) {
                     if let Some(s) = &mut b.session {
                         self.name(s);
                     }
@@ -390,6 +412,10 @@ pub fn apply_to_model(
             FencingToken(token),
             now,
         )),
+        Op::Resize { group: g, from, to } => outcome(
+            model.resize(&group(g), shards(from), shards(to), now),
+            Outcome::Resized,
+        ),
         Op::Advance { .. } => Outcome::Done,
     }
 }
@@ -514,6 +540,10 @@ pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op:
                 .await,
             Outcome::Bool,
         ),
+        Op::Resize { group: g, from, to } => outcome(
+            store.resize(&group(g), shards(from), shards(to)).await,
+            Outcome::Resized,
+        ),
         Op::Advance { .. } => Outcome::Done,
     }
 }
@@ -589,10 +619,17 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
         3 => owned_release,
         1 => (g.clone(), w.clone(), prop_oneof![3 => process().prop_map(Some), 1 => Just(None)])
             .prop_map(|(group, worker, process)| Op::Leave { group, worker, process }),
-        1 => g.prop_map(|group| Op::Snapshot { group }),
+        1 => g.clone().prop_map(|group| Op::Snapshot { group }),
         3 => is_current,
         3 => prop::sample::select(vec![1u64, 500, 1_000, 2_999, 3_000, 7_000])
             .prop_map(|ms| Op::Advance { ms }),
+        // Mostly from the group's count (a resize that can start), now and then from another.
+        2 => (g.clone(), prop::bool::weighted(0.85), prop::sample::select(RESIZE_COUNTS.to_vec()), prop::sample::select(RESIZE_COUNTS.to_vec()))
+            .prop_map(move |(group, current, other, to)| Op::Resize {
+                group,
+                from: if current { counts[group] } else { other },
+                to,
+            }),
     ]
     .boxed()
 }
@@ -614,11 +651,15 @@ pub struct Reach {
     pub stale_claim: u32,
     /// An operator's eviction removed a member.
     pub evicted: u32,
+    /// A resize opened a generation while an old bucket was owned live (so it drains).
+    pub resize: u32,
+    /// A claim won a bucket of a generation whose predecessor was still draining.
+    pub drain_claim: u32,
 }
 
 impl Reach {
     /// The names and counts, in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u32); 7] {
+    pub fn fields(&self) -> [(&'static str, u32); 9] {
         [
             (
                 "claim takes over another worker's dead lease",
@@ -630,6 +671,8 @@ impl Reach {
             ("heartbeat refused: worker id in use", self.in_use),
             ("claim under a dead or replaced session", self.stale_claim),
             ("eviction removes a member", self.evicted),
+            ("resize with live owners to drain", self.resize),
+            ("claim while a drain runs", self.drain_claim),
         ]
     }
 
@@ -652,6 +695,13 @@ impl Reach {
                 self.count_claim(before, *group, *w, claim, now);
             }
             (Op::Release { .. }, Outcome::Buckets(b)) if !b.is_empty() => self.release += 1,
+            (Op::Resize { group: g, .. }, Outcome::Resized(ResizeOutcome::Started { .. }))
+                if before
+                    .snapshot(&group(*g), now)
+                    .is_ok_and(|s| !s.live_leases().is_empty()) =>
+            {
+                self.resize += 1;
+            }
             (Op::IsCurrent { .. }, Outcome::Bool(true)) => self.is_current += 1,
             (Op::Leave { process: None, .. }, Outcome::Buckets(_)) => {
                 let member = |m: &Model| {
@@ -683,6 +733,9 @@ impl Reach {
                 let Ok(snap) = before.snapshot(&group(g), now) else {
                     return;
                 };
+                if !won.is_empty() && !snap.draining.is_empty() {
+                    self.drain_claim += 1;
+                }
                 for lease in won {
                     let prior = &snap.buckets[lease.bucket.0 as usize];
                     match prior.owner {
@@ -709,7 +762,8 @@ fn op_group(op: &Op) -> usize {
         | Op::Release { group, .. }
         | Op::Leave { group, .. }
         | Op::Snapshot { group }
-        | Op::IsCurrent { group, .. } => group,
+        | Op::IsCurrent { group, .. }
+        | Op::Resize { group, .. } => group,
         Op::Advance { .. } => 0,
     }
 }
@@ -806,6 +860,11 @@ impl ReferenceStateMachine for ReferenceModel {
         let before = state.model.clone();
         let mut out = apply_to_model(&mut state.model, &mut state.sessions, op, state.now);
         state.reach.count(&before, op, &out, state.now);
+        if let (Op::Resize { group, to, .. }, Outcome::Resized(ResizeOutcome::Started { .. })) =
+            (op, &out)
+        {
+            state.shard_counts[*group] = *to;
+        }
         if let Op::Tick { group, worker, .. } | Op::Claim { group, worker, .. } = op {
             let (g, w) = (*group, *worker);
             state
@@ -815,6 +874,29 @@ impl ReferenceStateMachine for ReferenceModel {
         state.names.normalize(&mut out);
         state.last = Some(out);
         state
+    }
+}
+
+/// The reference state machine without [`Op::Resize`]: for a backend that does not implement
+/// [`LeaseStore::resize`] yet (`Differential<F, ReferenceModelWithoutResize>`).
+pub struct ReferenceModelWithoutResize;
+
+impl ReferenceStateMachine for ReferenceModelWithoutResize {
+    type State = Reference;
+    type Transition = Op;
+
+    fn init_state() -> BoxedStrategy<Reference> {
+        ReferenceModel::init_state()
+    }
+
+    fn transitions(state: &Reference) -> BoxedStrategy<Op> {
+        op_strategy(state)
+            .prop_filter("no resize", |op| !matches!(op, Op::Resize { .. }))
+            .boxed()
+    }
+
+    fn apply(state: Reference, op: &Op) -> Reference {
+        ReferenceModel::apply(state, op)
     }
 }
 
@@ -833,8 +915,13 @@ pub struct Subject {
     sessions: Sessions,
     /// Per (group, worker, process): the leases its own calls say it holds.
     beliefs: BTreeMap<(usize, usize, usize), BTreeMap<u32, Lease>>,
-    /// Per (group, bucket): the highest token seen.
-    max_token: BTreeMap<(usize, u32), i64>,
+    /// Per (group, key hash): the highest token seen of a bucket containing the key.
+    max_token: BTreeMap<(usize, u64), i64>,
+}
+
+/// The keys (hashes `0..KEYS`) in bucket `bucket` of a generation of `shards` buckets.
+fn keys_of(shards: ShardCount, bucket: Bucket) -> impl Iterator<Item = u64> {
+    (0..KEYS).filter(move |&k| shards.bucket_of(k) == bucket)
 }
 
 /// The system under test: the stores, their shared clock and a runtime to drive them.
@@ -844,8 +931,9 @@ pub struct Subjects {
     subjects: Vec<Subject>,
 }
 
-/// The differential test for the stores `F` builds.
-pub struct Differential<F>(PhantomData<F>);
+/// The differential test for the stores `F` builds, with the operations `R` generates
+/// ([`ReferenceModel`]: all of them).
+pub struct Differential<F, R = ReferenceModel>(PhantomData<(F, R)>);
 
 /// A proptest config with `default_cases` cases unless `PROPTEST_CASES` says otherwise, and
 /// no failure persistence files (shrunk failures are printed instead).
@@ -864,16 +952,19 @@ pub fn config(default_cases: u32) -> Config {
 impl Subject {
     fn believe_claim(&mut self, key: (usize, usize, usize), won: &[Lease]) {
         for l in won {
-            let seen = self.max_token.entry((key.0, l.bucket.0)).or_insert(0);
-            assert!(
-                l.token.0 > *seen,
-                "{}: claim of bucket {} returned token {} but {} was seen before",
-                self.name,
-                l.bucket,
-                l.token,
-                seen
-            );
-            *seen = l.token.0;
+            for k in keys_of(l.shards, l.bucket) {
+                let seen = self.max_token.entry((key.0, k)).or_insert(0);
+                assert!(
+                    l.token.0 > *seen,
+                    "{}: claim of bucket {} of {} returned token {} but key {k} had {} before",
+                    self.name,
+                    l.bucket,
+                    l.shards,
+                    l.token,
+                    seen
+                );
+                *seen = l.token.0;
+            }
             self.beliefs.entry(key).or_default().insert(l.bucket.0, *l);
         }
     }
@@ -960,17 +1051,21 @@ impl Subject {
         }
     }
 
+    /// Per key, across generations: no two processes believe they hold a bucket containing
+    /// it (this covers "no bucket held twice" too).
     fn check_disjoint(&self) {
-        let mut holder: BTreeMap<(usize, u32), (usize, usize)> = BTreeMap::new();
+        let mut holder: BTreeMap<(usize, u64), (usize, usize, Lease)> = BTreeMap::new();
         for (&(g, w, p), held) in &self.beliefs {
-            for &b in held.keys() {
-                if let Some(other) = holder.insert((g, b), (w, p)) {
-                    panic!(
-                        "{}: bucket {b} of group {g} is held by (worker, process) {other:?} and \
-                         {:?} at once",
-                        self.name,
-                        (w, p)
-                    );
+            for l in held.values() {
+                for k in keys_of(l.shards, l.bucket) {
+                    if let Some(other) = holder.insert((g, k), (w, p, *l)) {
+                        panic!(
+                            "{}: key {k} of group {g} is held by (worker, process, lease) \
+                             {other:?} and {:?} at once",
+                            self.name,
+                            (w, p, l)
+                        );
+                    }
                 }
             }
         }
@@ -992,19 +1087,39 @@ impl Subject {
                         b.bucket
                     );
                 }
-                let seen = self.max_token.entry((g, b.bucket.0)).or_insert(0);
+                for k in keys_of(snap.shard_count, b.bucket) {
+                    let seen = self.max_token.entry((g, k)).or_insert(0);
+                    assert!(
+                        b.token.0 >= *seen,
+                        "{}: bucket {} of {} has token {} below {} seen for its key {k}",
+                        self.name,
+                        b.bucket,
+                        snap.shard_count,
+                        b.token,
+                        seen
+                    );
+                    *seen = b.token.0;
+                }
+            }
+            // The store's own word, per key across generations: one live session at most.
+            let live: Vec<Lease> = snap
+                .live_leases()
+                .into_iter()
+                .chain(snap.draining_leases())
+                .collect();
+            for k in 0..KEYS {
+                let holders: Vec<&Lease> = live
+                    .iter()
+                    .filter(|l| l.shards.bucket_of(k) == l.bucket)
+                    .collect();
                 assert!(
-                    b.token.0 >= *seen,
-                    "{}: bucket {} token went from {} down to {}",
-                    self.name,
-                    b.bucket,
-                    seen,
-                    b.token
+                    holders.len() <= 1,
+                    "{}: key {k} of group {g} lies in buckets held live by {holders:?}",
+                    self.name
                 );
-                *seen = b.token.0;
             }
             // The snapshot's live owners agree with what exactly one process believes it holds.
-            for lease in snap.live_leases() {
+            for lease in live {
                 let w = known
                     .iter()
                     .position(|&k| k == lease.owner)
@@ -1012,7 +1127,7 @@ impl Subject {
                 let believers: Vec<(usize, i64)> = (0..PROCESSES)
                     .filter_map(|p| {
                         let l = self.beliefs.get(&(g, w, p))?.get(&lease.bucket.0)?;
-                        Some((p, l.token.0))
+                        (l.shards == lease.shards).then_some((p, l.token.0))
                     })
                     .collect();
                 assert!(
@@ -1028,9 +1143,13 @@ impl Subject {
     }
 }
 
-impl<F: StoreFactory> StateMachineTest for Differential<F> {
+impl<F, R> StateMachineTest for Differential<F, R>
+where
+    F: StoreFactory,
+    R: ReferenceStateMachine<State = Reference, Transition = Op>,
+{
     type SystemUnderTest = Subjects;
-    type Reference = ReferenceModel;
+    type Reference = R;
 
     fn init_test(ref_state: &Reference) -> Subjects {
         let rt = tokio::runtime::Builder::new_multi_thread()
