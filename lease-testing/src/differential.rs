@@ -79,7 +79,7 @@ const SHARD_COUNTS: [u32; 5] = [1, 2, 3, 5, 8];
 const RESIZE_COUNTS: [u32; 7] = [1, 2, 3, 4, 5, 6, 8];
 
 /// The key hashes the per-key checks look at: `0..KEYS` covers every pair of buckets of any
-/// two counts of [`SHARD_COUNTS`] and [`RESIZE_COUNTS`] (a multiple of their lcm, 120).
+/// two of the shard counts groups are created and resized with (a multiple of their lcm, 120).
 pub const KEYS: u64 = 120;
 
 /// The group named by index `i` of [`GROUPS`].
