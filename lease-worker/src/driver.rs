@@ -69,6 +69,16 @@ struct Call {
     task: JoinHandle<Input>,
 }
 
+/// A call nobody waits for any more is stopped, however the driver let go of it (the machine
+/// gave up on it, the worker finished, the worker task ended or was aborted): a detached call
+/// would still reach the store later, a leave reported failed leaving after all, and it would
+/// keep a connection it may hold mid-statement.
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Everything a worker task needs.
 pub(crate) struct Driver<S, A> {
     machine: Machine,
@@ -165,12 +175,9 @@ impl<S: LeaseStore + 'static, A: Application> Driver<S, A> {
                     }
                 }
             }
-            if self.machine.awaits().is_none()
-                && let Some(call) = self.call.take()
-            {
-                // The machine gave up on it (timed out): drop it, which also closes a
-                // connection it may hold mid-statement.
-                call.task.abort();
+            if self.machine.awaits().is_none() {
+                // The machine gave up on it (timed out): stop it.
+                self.call = None;
             }
             self.publish();
             tokio::select! {
@@ -231,9 +238,8 @@ impl<S: LeaseStore + 'static, A: Application> Driver<S, A> {
                 }
             }
         });
-        if let Some(old) = self.call.replace(Call { operation, task }) {
-            old.task.abort();
-        }
+        // A call still held here is one the machine gave up on: replacing it stops it.
+        self.call = Some(Call { operation, task });
     }
 
     async fn deliver(&mut self, d: Delivery) {
