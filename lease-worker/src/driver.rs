@@ -363,7 +363,8 @@ impl WorkerHandle {
         self.owned.clone()
     }
 
-    /// The token that stops the worker when cancelled.
+    /// The token that stops this run of the worker when cancelled (a child of the
+    /// configuration's token, whose cancellation also stops it).
     pub fn cancellation_token(&self) -> CancellationToken {
         self.cancel.clone()
     }
@@ -525,14 +526,17 @@ impl LeaseWorker {
         metrics.polling(feed.is_none());
         let (tx, rx) = watch::channel(Owned::new());
         let worker = self.worker;
-        let cancel = self.cancel.clone();
+        // A token of this run's own: stopping it (its handle's shutdown, or dropping the
+        // handle) must not stop the configuration's later runs, while cancelling the
+        // configuration's token still stops every run.
+        let cancel = self.cancel.child_token();
         let span = tracing::info_span!("lease_worker", group = %self.group, worker = %worker);
         let driver = Driver {
             machine: Machine::new(self.rules(), now()),
             store: Arc::new(store),
             app,
             feed,
-            cancel: self.cancel.clone(),
+            cancel: cancel.clone(),
             published: Published(tx),
             trust,
             metrics,
