@@ -4,13 +4,14 @@
 //! `lease-diesel/tests/runtime.rs` runs on Postgres and `lease-memory/tests/runtime.rs` on the
 //! in-memory store. Waits poll with a deadline; they never sleep a guessed time.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease::postgres::PgLeaseStore;
 use lease::testing::runtime::balanced;
-use lease::testing::{OwnershipLog, RecordingHandler};
+use lease::testing::{FaultyStore, OwnershipLog, RecordingHandler};
 use lease::{
     Clock, GroupName, LeaseStore, LeaseWorker, OwnershipEvent, ShardCount, StoreError, SystemClock,
     WorkerFailed, WorkerHandle, WorkerId,
@@ -19,6 +20,13 @@ use lease::{
 /// A running worker whose group is deleted and created again with another shard count stops
 /// with the typed mismatch error (checked on every heartbeat) instead of being assigned
 /// buckets of a group it routes by another count; the worker of the new group owns them all.
+///
+/// The worker must not see the group missing in between: a heartbeat then ends it with
+/// `GroupNotFound` (an unknown group is permanent), another case. Deleting the group notifies
+/// the worker, which heartbeats again at once, so it raced the second worker's start (6 runs
+/// in 30 ended with `GroupNotFound`). So the first worker's store calls fail (transiently)
+/// from before the delete until the group is back: once one of them failed, none of its calls
+/// is at the store (it makes one at a time), and it retries only into the new group.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_stops_when_its_group_returns_with_another_shard_count() {
     let db = lease_testdb::database().await;
@@ -39,13 +47,22 @@ async fn a_worker_stops_when_its_group_returns_with_another_shard_count() {
         (config, id, handler)
     };
     let (config, first_id, handler) = start(4);
-    let mut first = config.start(store.clone(), handler).await.expect("start");
+    let cut = FaultyStore::new(store.clone());
+    let faults = cut.faults();
+    let mut first = config.start(cut, handler).await.expect("start");
     let deadline = Instant::now() + Duration::from_secs(20);
     while first.owned().borrow().len() < 4 {
         assert!(Instant::now() < deadline, "the first worker never owned 4");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
+    faults.fail_all.store(true, Ordering::SeqCst);
+    // Its next call fails (within a renew interval): from then on none reaches the store.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while faults.injected.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the first worker made no call");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let mut admin = AsyncPgConnection::establish(&db.url).await.expect("admin");
     admin
         .batch_execute("DELETE FROM lease.groups WHERE name = 'del'")
@@ -53,7 +70,9 @@ async fn a_worker_stops_when_its_group_returns_with_another_shard_count() {
         .expect("delete the group");
     let deleted_at = SystemClock.now();
     let (config, second_id, handler) = start(2);
+    // Its start creates the group again, with 2 buckets.
     let second = config.start(store.clone(), handler).await.expect("start");
+    faults.fail_all.store(false, Ordering::SeqCst);
 
     let ended = tokio::time::timeout(Duration::from_secs(20), first.wait())
         .await
