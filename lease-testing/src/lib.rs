@@ -11,12 +11,15 @@
 //!   runs them all on a backend, on tokio's paused clock or on real time.
 //! - [`faults`]: a fault-injecting store wrapper and a clock following tokio's paused time.
 //! - [`RecordingHandler`]: a worker handler that records into an ownership log.
+//! - [`coverage`]: every overlap in an ownership log, and each bucket's time without a holder
+//!   (failover tests and benchmarks).
 //!
 //! Backends depend on it as a dev-dependency only.
 
 #![warn(missing_docs)]
 
 pub mod conformance;
+pub mod coverage;
 pub mod differential;
 pub mod faults;
 pub mod model;
