@@ -1,0 +1,272 @@
+//! Failover, store by store (docs/ARCHITECTURE.md, "Failover"): a primary and a streaming
+//! standby started from the system binaries (lease-testdb), the primary killed (`-m
+//! immediate`) and the standby promoted, a store reaching both through one multi-host URL.
+//! Time is a client clock the tests move, so the quiet period is checked to the microsecond
+//! and nothing waits for a guessed time; waits for a server poll a condition with a bound.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use lease_core::{
+    Bucket, Clock, ErrorKind, FencingToken, GroupName, Incarnation, LeaseStore, ManualClock,
+    MemberMetadata, ShardCount, StoreError, SystemClock, Takeover, Ttl, WorkerId,
+};
+use lease_diesel::PgLeaseStore;
+use lease_testdb::{Cluster, ClusterOptions, Replication};
+use support::{process, tokens, worker};
+
+const DB: &str = "failover";
+const SHARDS: u32 = 8;
+/// Every token issued on the first timeline after the base one is at least this.
+const FLOOR_1: i64 = (1 << 32) + 1;
+
+fn group() -> GroupName {
+    GroupName::new("failover").expect("a group name")
+}
+
+fn ttl() -> Ttl {
+    Ttl::from_secs(3).expect("a ttl")
+}
+
+/// A primary with a migrated database `failover`, and its standby.
+async fn primary_and_standby(replication: Replication) -> (Cluster, Cluster) {
+    let primary = Cluster::start(ClusterOptions {
+        tcp: true,
+        ..ClusterOptions::default()
+    })
+    .unwrap_or_else(|e| panic!("a primary: {e}"));
+    primary
+        .psql(&format!("CREATE DATABASE {DB}"))
+        .expect("a database");
+    PgLeaseStore::builder(primary.tcp_url("postgres", DB, ""))
+        .max_connections(1)
+        .build()
+        .expect("a store")
+        .migrate()
+        .await
+        .expect("migrating");
+    let standby = primary
+        .start_standby(replication)
+        .unwrap_or_else(|e| panic!("a standby: {e}"));
+    (primary, standby)
+}
+
+/// A store on both servers, the standby named first: it reaches whichever takes writes.
+fn store_on_both(primary: &Cluster, standby: &Cluster, clock: &ManualClock) -> PgLeaseStore {
+    let url = Cluster::multi_host_url(
+        &[standby, primary],
+        "postgres",
+        DB,
+        "target_session_attrs=read-write",
+    );
+    PgLeaseStore::builder(url)
+        .max_connections(2)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("a store")
+        .with_client_clock(clock.clone())
+}
+
+/// Kill the primary and promote the standby.
+fn fail_over(primary: &Cluster, standby: &Cluster) {
+    primary.kill().expect("killing the primary");
+    standby.promote().expect("promoting the standby");
+}
+
+/// Run `op` until it succeeds, at most 30 s; every failure meanwhile must be transient (the
+/// pool's connections to the dead primary break, new ones find the new primary).
+async fn until_ok<T, F, Fut>(what: &str, mut op: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let started = Instant::now();
+    loop {
+        match op().await {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(
+                    e.is_transient(),
+                    "{what}: a failover gave a permanent error: {e:?}"
+                );
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "{what}: still failing after 30 s: {}",
+                    lease_core::Chain(&e)
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// The rows of `lease.server_epochs` as `timeline|first_seen is finite`, in order.
+fn epochs(cluster: &Cluster) -> String {
+    cluster
+        .psql_in(
+            DB,
+            "SELECT string_agg(timeline || ':' || isfinite(first_seen), ',' \
+             ORDER BY timeline) FROM lease.server_epochs",
+        )
+        .expect("reading the epochs")
+}
+
+fn bucket_tokens(store_tokens: &[(u32, i64)]) -> Vec<i64> {
+    store_tokens.iter().map(|&(_, t)| t).collect()
+}
+
+/// A promoted server: a claim before any heartbeat ran on it takes nothing; the first
+/// heartbeat records its timeline; claims take nothing for one ttl after that (to the
+/// microsecond of the client clock), then take what is claimable with tokens above every
+/// token of the old primary, and the old holder's fencing check fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_wait_one_ttl_on_a_promoted_server_then_issue_tokens_above_the_floor() {
+    let (primary, standby) = primary_and_standby(Replication::Synchronous).await;
+    let clock = ManualClock::starting_at(SystemClock.now());
+    let store = store_on_both(&primary, &standby, &clock);
+    let g = group();
+    store
+        .ensure_group(&g, ShardCount::new(SHARDS).expect("n"))
+        .await
+        .expect("ensure_group");
+    assert_eq!(epochs(&primary), "1:false", "the base timeline");
+    let a = worker();
+    let beat = store
+        .heartbeat(&g, a, process(a), ttl(), &MemberMetadata::empty())
+        .await
+        .expect("a's heartbeat");
+    let won = store
+        .claim(&g, a, beat.session, 4, Takeover::Allowed)
+        .await
+        .expect("a claims");
+    assert_eq!(tokens(&won), [(0, 1), (1, 1), (2, 1), (3, 1)]);
+
+    fail_over(&primary, &standby);
+
+    // a's session reached the standby (synchronous replication) and is live: its claim is
+    // judged, but the new timeline has no record yet, so it takes nothing.
+    let none = until_ok("a claim on the promoted server", || {
+        store.claim(&g, a, beat.session, 4, Takeover::Allowed)
+    })
+    .await;
+    assert!(none.is_empty(), "claimed before any heartbeat: {none:?}");
+    assert_eq!(epochs(&standby), "1:false");
+
+    let b = worker();
+    let t0 = clock.now();
+    let b_beat = store
+        .heartbeat(&g, b, process(b), ttl(), &MemberMetadata::empty())
+        .await
+        .expect("b's heartbeat");
+    assert_eq!(epochs(&standby), "1:false,2:true", "recorded once");
+    let first_seen = standby
+        .psql_in(
+            DB,
+            &format!(
+                "SELECT first_seen = '{}'::timestamptz FROM lease.server_epochs \
+                 WHERE timeline = 2",
+                t0.to_rfc3339()
+            ),
+        )
+        .expect("first_seen");
+    assert_eq!(first_seen, "t", "first seen at the heartbeat's time");
+    assert!(
+        store
+            .claim(&g, b, b_beat.session, 4, Takeover::Allowed)
+            .await
+            .expect("b claims")
+            .is_empty(),
+        "claimed in the quiet period"
+    );
+    // Renew b just before its own expiry; a's session runs out meanwhile (it does not renew).
+    clock.set(t0 + chrono::Duration::milliseconds(2_900));
+    let b_beat = store
+        .heartbeat(&g, b, process(b), ttl(), &MemberMetadata::empty())
+        .await
+        .expect("b renews");
+    assert_eq!(epochs(&standby), "1:false,2:true", "nothing new recorded");
+    clock.set(t0 + chrono::Duration::milliseconds(3_000) - chrono::Duration::microseconds(1));
+    assert!(
+        store
+            .claim(&g, b, b_beat.session, SHARDS, Takeover::Allowed)
+            .await
+            .expect("b claims")
+            .is_empty(),
+        "claimed 1 µs before the quiet period ended"
+    );
+    clock.set(t0 + chrono::Duration::milliseconds(3_000));
+    let won = store
+        .claim(&g, b, b_beat.session, SHARDS, Takeover::Allowed)
+        .await
+        .expect("b claims");
+    // a's four (token 1) and the four never owned (token 0): all at the floor.
+    assert_eq!(
+        bucket_tokens(&tokens(&won)),
+        vec![FLOOR_1; SHARDS as usize],
+        "{won:?}"
+    );
+    assert!(
+        !store
+            .is_current(&g, Bucket(0), a, FencingToken(1))
+            .await
+            .expect("is_current"),
+        "the old holder still passes the fencing check"
+    );
+    assert!(
+        store
+            .is_current(&g, Bucket(0), b, FencingToken(FLOOR_1))
+            .await
+            .expect("is_current")
+    );
+    // Past the floor, tokens rise by one as on any server.
+    store
+        .release(&g, b, b_beat.session, &[Bucket(0)])
+        .await
+        .expect("release");
+    let again = store
+        .claim(&g, b, b_beat.session, 1, Takeover::Allowed)
+        .await
+        .expect("claim again");
+    assert_eq!(tokens(&again), [(0, FLOOR_1 + 1)]);
+}
+
+/// A store whose URL names only a standby is refused with a transient error on every
+/// operation that writes, and never crashes: with `target_session_attrs=read-write` no
+/// connection is made, without it the statements fail read-only. Listing the standby first
+/// and the primary second reaches the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_is_refused_with_a_transient_error_and_skipped_in_a_multi_host_url() {
+    let (primary, standby) = primary_and_standby(Replication::Asynchronous).await;
+    let g = group();
+    let w = worker();
+    for query in ["target_session_attrs=read-write", ""] {
+        let only_standby = PgLeaseStore::builder(standby.tcp_url("postgres", DB, query))
+            .max_connections(1)
+            .build()
+            .expect("a store");
+        let started = Instant::now();
+        let refused = only_standby
+            .heartbeat(&g, w, Incarnation::new(), ttl(), &MemberMetadata::empty())
+            .await
+            .expect_err("a heartbeat on a standby");
+        assert_eq!(refused.kind(), ErrorKind::Backend, "{refused:?}");
+        assert!(refused.is_transient(), "{refused:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "slow refusal");
+        eprintln!(
+            "on the standby ({query:?}): {}",
+            lease_core::Chain(&refused)
+        );
+    }
+    let clock = ManualClock::starting_at(SystemClock.now());
+    let both = store_on_both(&primary, &standby, &clock);
+    both.ensure_group(&g, ShardCount::new(SHARDS).expect("n"))
+        .await
+        .expect("ensure_group through the multi-host URL");
+    let beat = both
+        .heartbeat(&g, w, process(w), ttl(), &MemberMetadata::empty())
+        .await
+        .expect("a heartbeat through the multi-host URL");
+    assert!(beat.new_session);
+    let _: WorkerId = w;
+}

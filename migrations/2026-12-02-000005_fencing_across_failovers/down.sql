@@ -1,0 +1,2 @@
+DROP TABLE lease.server_epochs;
+DROP FUNCTION lease.timeline();
