@@ -39,7 +39,8 @@ pub(crate) const GROUP_SHARD_COUNT: &str = "SELECT shard_count FROM lease.groups
 /// session id, `$4` ttl, `$5` metadata, `$6` client time, `$7` incarnation. No row: the group
 /// does not exist; `mine` false: another incarnation holds the live session (the row is left
 /// as it was and `expires_at` is that session's). `timeline` is the server's; `recorded`: this
-/// heartbeat was the first on it (a failover), and recorded when it was first seen.
+/// heartbeat was the first on it (a failover), and recorded when it was first seen. A session
+/// started or last renewed on another timeline is not extended: a new one starts.
 ///
 /// The assignment's sub-select evaluates the clock once, after `ON CONFLICT` has locked the
 /// row: liveness, ownership by this incarnation and the new expiry all come from the same
@@ -60,21 +61,29 @@ WITH grp AS (
 ), me AS (
     INSERT INTO lease.members AS m
            (group_name, worker_id, session_id, incarnation, expires_at, joined_at, heartbeat_at,
-            owned, metadata)
-    SELECT $1, $2, $3, $7, c.t + $4, c.t, c.t, 0, $5
-      FROM grp, (SELECT COALESCE($6, clock_timestamp()) AS t) AS c
+            owned, metadata, timeline)
+    SELECT $1, $2, $3, $7, c.t + $4, c.t, c.t, 0, $5, tl.timeline
+      FROM grp, tl, (SELECT COALESCE($6, clock_timestamp()) AS t) AS c
     ON CONFLICT (group_name, worker_id) DO UPDATE SET
-        (session_id, incarnation, joined_at, owned, expires_at, heartbeat_at, metadata) = (
+        (session_id, incarnation, joined_at, owned, expires_at, heartbeat_at, metadata,
+         timeline) = (
             SELECT CASE WHEN l.live THEN m.session_id ELSE excluded.session_id END,
                    CASE WHEN l.live THEN m.incarnation ELSE excluded.incarnation END,
                    CASE WHEN l.live THEN m.joined_at ELSE c.t END,
                    CASE WHEN l.live THEN m.owned ELSE 0 END,
                    CASE WHEN l.foreign THEN m.expires_at ELSE c.t + $4 END,
                    CASE WHEN l.foreign THEN m.heartbeat_at ELSE c.t END,
-                   CASE WHEN l.foreign THEN m.metadata ELSE excluded.metadata END
+                   CASE WHEN l.foreign THEN m.metadata ELSE excluded.metadata END,
+                   CASE WHEN l.foreign THEN m.timeline ELSE excluded.timeline END
               FROM (SELECT COALESCE($6, clock_timestamp()) AS t) AS c,
-                   LATERAL (SELECT m.expires_at > c.t AS live,
-                                   m.expires_at > c.t
+                   -- A session of an earlier timeline is not extended (a failover: the new
+                   -- server may lack what the worker released or claimed under it), nor
+                   -- defended against another incarnation; NULL: a row an older binary wrote.
+                   LATERAL (SELECT m.expires_at > c.t
+                                   AND COALESCE(m.timeline = excluded.timeline, true)
+                                   AS current) AS s,
+                   LATERAL (SELECT s.current AS live,
+                                   s.current
                                    AND m.incarnation IS DISTINCT FROM excluded.incarnation
                                    AS foreign) AS l)
     RETURNING m.session_id, m.expires_at, m.heartbeat_at, m.session_id = $3 AS started,

@@ -231,6 +231,101 @@ async fn claims_wait_one_ttl_on_a_promoted_server_then_issue_tokens_above_the_fl
     assert_eq!(tokens(&again), [(0, FLOOR_1 + 1)]);
 }
 
+/// Asynchronous replication, writes lost on purpose: a releases a bucket and c claims it on
+/// the primary only, then the primary dies. On the promoted standby a still holds the bucket
+/// under its session, which a's worker, having released it, would be handed back while c
+/// still works on it with a token the new server never issued. A session does not survive a
+/// change of timeline: a's heartbeat there starts a new one and reports nothing owned, and
+/// once the quiet period is over the bucket is claimed with a token above c's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_in_a_failover_does_not_hand_the_bucket_back() {
+    let (primary, standby) = primary_and_standby(Replication::Asynchronous).await;
+    let clock = ManualClock::starting_at(SystemClock.now());
+    let store = store_on_both(&primary, &standby, &clock);
+    let g = group();
+    store
+        .ensure_group(&g, ShardCount::new(SHARDS).expect("n"))
+        .await
+        .expect("ensure_group");
+    let a = worker();
+    let a_beat = store
+        .heartbeat(&g, a, process(a), ttl(), &MemberMetadata::empty())
+        .await
+        .expect("a's heartbeat");
+    let won = store
+        .claim(&g, a, a_beat.session, SHARDS, Takeover::Allowed)
+        .await
+        .expect("a claims");
+    assert_eq!(won.len(), SHARDS as usize);
+    // Wait until the standby has all of it, then cut it off.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while standby
+        .psql_in(
+            DB,
+            "SELECT count(*) FROM lease.shards WHERE owner_worker IS NOT NULL",
+        )
+        .as_deref()
+        != Ok("8")
+    {
+        assert!(Instant::now() < deadline, "the standby never caught up");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    standby.cut_replication().expect("cutting replication");
+
+    // On the primary only: a releases bucket 0, c takes it with token 2.
+    let released = store
+        .release(&g, a, a_beat.session, &[Bucket(0)])
+        .await
+        .expect("release");
+    assert_eq!(released, [Bucket(0)]);
+    let c = worker();
+    let c_beat = store
+        .heartbeat(&g, c, process(c), ttl(), &MemberMetadata::empty())
+        .await
+        .expect("c's heartbeat");
+    let c_won = store
+        .claim(&g, c, c_beat.session, 1, Takeover::Allowed)
+        .await
+        .expect("c claims");
+    assert_eq!(tokens(&c_won), [(0, 2)]);
+
+    fail_over(&primary, &standby);
+
+    clock.advance(Duration::from_millis(500));
+    let t0 = clock.now();
+    let empty = MemberMetadata::empty();
+    let a_on_new = until_ok("a's heartbeat on the promoted server", || {
+        store.heartbeat(&g, a, process(a), ttl(), &empty)
+    })
+    .await;
+    assert!(
+        a_on_new.owned.is_empty(),
+        "a is told it owns {:?} on the new server, bucket 0 included, which it released \
+         and c holds with token 2",
+        tokens(&a_on_new.owned)
+    );
+    assert!(
+        a_on_new.new_session && a_on_new.session != a_beat.session,
+        "a's session survived the failover"
+    );
+    clock.set(t0 + chrono::Duration::milliseconds(3_000));
+    let a_on_new = store
+        .heartbeat(&g, a, process(a), ttl(), &MemberMetadata::empty())
+        .await
+        .expect("a renews");
+    let won = store
+        .claim(&g, a, a_on_new.session, 1, Takeover::Allowed)
+        .await
+        .expect("a claims after the quiet period");
+    assert_eq!(tokens(&won), [(0, FLOOR_1)], "above c's lost token 2");
+    assert!(
+        !store
+            .is_current(&g, Bucket(0), c, FencingToken(2))
+            .await
+            .expect("is_current")
+    );
+}
+
 /// A store whose URL names only a standby is refused with a transient error on every
 /// operation that writes, and never crashes: with `target_session_attrs=read-write` no
 /// connection is made, without it the statements fail read-only. Listing the standby first

@@ -1,11 +1,12 @@
--- compatibility: additive (a table and a function earlier binaries never name)
+-- compatibility: additive (a table, a function and a nullable column earlier binaries never name)
 --
 -- Fencing across a failover (docs/ARCHITECTURE.md, "Failover"). A promoted standby runs on a
 -- new timeline; with asynchronous replication it may lack claims and session starts the old
 -- primary acknowledged. The engine notices the new timeline on the heartbeat's round trip,
--- records when it was first seen, claims nothing for one maximum ttl after that (every worker
--- of the old primary has fenced itself by then), and raises every token issued on a later
--- timeline above every token issued on an earlier one.
+-- records when it was first seen, lets no session of an earlier timeline be renewed, claims
+-- nothing for one maximum ttl after that (every worker of the old primary has fenced itself
+-- by then), and raises every token issued on a later timeline above every token issued on an
+-- earlier one.
 
 -- The server's current timeline: the first 8 hex digits of the current WAL file's name. Read
 -- by any role (pg_monitor is not needed, unlike pg_control_checkpoint()). Fails during
@@ -26,3 +27,9 @@ CREATE TABLE lease.server_epochs (
 );
 INSERT INTO lease.server_epochs (timeline, first_seen) VALUES (lease.timeline(), '-infinity');
 
+
+-- The timeline a member row's session was started or last renewed on: a session does not
+-- survive a change of timeline (its next heartbeat starts a new one), since the new server
+-- may lack what the worker released or claimed under it. NULL: written by a binary that
+-- predates this migration, taken as the current timeline.
+ALTER TABLE lease.members ADD COLUMN timeline bigint;
