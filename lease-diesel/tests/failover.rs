@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lease_core::{
@@ -116,12 +117,48 @@ fn bucket_tokens(store_tokens: &[(u32, i64)]) -> Vec<i64> {
     store_tokens.iter().map(|&(_, t)| t).collect()
 }
 
+/// What the store logs, captured.
+#[derive(Clone, Default)]
+struct Logged(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logged {
+    fn lines_with(&self, needle: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().expect("log"))
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
 /// A promoted server: a claim before any heartbeat ran on it takes nothing; the first
-/// heartbeat records its timeline; claims take nothing for one ttl after that (to the
-/// microsecond of the client clock), then take what is claimable with tokens above every
-/// token of the old primary, and the old holder's fencing check fails.
+/// heartbeat records its timeline (and the store says so, once, in a warning); claims take
+/// nothing for one ttl after that (to the microsecond of the client clock), then take what is
+/// claimable with tokens above every token of the old primary, and the old holder's fencing
+/// check fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_wait_one_ttl_on_a_promoted_server_then_issue_tokens_above_the_floor() {
+    let logged = Logged::default();
+    let writer = logged.clone();
+    // The test's own task makes every store call: its thread's subscriber sees the store's log.
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish(),
+    );
     let (primary, standby) = primary_and_standby(Replication::Synchronous).await;
     let clock = ManualClock::starting_at(SystemClock.now());
     let store = store_on_both(&primary, &standby, &clock);
@@ -160,6 +197,12 @@ async fn claims_wait_one_ttl_on_a_promoted_server_then_issue_tokens_above_the_fl
         .await
         .expect("b's heartbeat");
     assert_eq!(epochs(&standby), "1:false,2:true", "recorded once");
+    let warned = logged.lines_with("new timeline");
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].contains("timeline=2") && warned[0].contains("previous=1"),
+        "{warned:?}"
+    );
     let first_seen = standby
         .psql_in(
             DB,
@@ -186,6 +229,7 @@ async fn claims_wait_one_ttl_on_a_promoted_server_then_issue_tokens_above_the_fl
         .await
         .expect("b renews");
     assert_eq!(epochs(&standby), "1:false,2:true", "nothing new recorded");
+    assert_eq!(logged.lines_with("new timeline").len(), 1, "said once");
     clock.set(t0 + chrono::Duration::milliseconds(3_000) - chrono::Duration::microseconds(1));
     assert!(
         store
