@@ -117,13 +117,26 @@ fn bucket_tokens(store_tokens: &[(u32, i64)]) -> Vec<i64> {
     store_tokens.iter().map(|&(_, t)| t).collect()
 }
 
-/// What the store logs, captured.
+/// What the store logs on this test's thread, captured. One global subscriber writes every
+/// warning to the capture of the thread that logged it, if that thread has one: a subscriber
+/// set per thread (`set_default`) misses events when other tests' threads reach the same
+/// call site first and its interest is cached.
 #[derive(Clone, Default)]
 struct Logged(Arc<Mutex<Vec<u8>>>);
 
-impl std::io::Write for Logged {
+thread_local! {
+    static CAPTURE: std::cell::RefCell<Option<Logged>> = const { std::cell::RefCell::new(None) };
+}
+
+struct ThreadWriter;
+
+impl std::io::Write for ThreadWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log").extend_from_slice(buf);
+        CAPTURE.with(|c| {
+            if let Some(logged) = &*c.borrow() {
+                logged.0.lock().expect("log").extend_from_slice(buf);
+            }
+        });
         Ok(buf.len())
     }
 
@@ -133,6 +146,24 @@ impl std::io::Write for Logged {
 }
 
 impl Logged {
+    /// Capture this thread's warnings from now on.
+    fn capture() -> Self {
+        static GLOBAL: std::sync::Once = std::sync::Once::new();
+        GLOBAL.call_once(|| {
+            tracing::subscriber::set_global_default(
+                tracing_subscriber::fmt()
+                    .with_writer(|| ThreadWriter)
+                    .with_ansi(false)
+                    .with_max_level(tracing::Level::WARN)
+                    .finish(),
+            )
+            .expect("the only global subscriber of this test binary");
+        });
+        let logged = Logged::default();
+        CAPTURE.with(|c| *c.borrow_mut() = Some(logged.clone()));
+        logged
+    }
+
     fn lines_with(&self, needle: &str) -> Vec<String> {
         String::from_utf8_lossy(&self.0.lock().expect("log"))
             .lines()
@@ -149,16 +180,8 @@ impl Logged {
 /// check fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_wait_one_ttl_on_a_promoted_server_then_issue_tokens_above_the_floor() {
-    let logged = Logged::default();
-    let writer = logged.clone();
-    // The test's own task makes every store call: its thread's subscriber sees the store's log.
-    let _logging = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .finish(),
-    );
+    // The test's own task makes every store call, on this thread.
+    let logged = Logged::capture();
     let (primary, standby) = primary_and_standby(Replication::Synchronous).await;
     let clock = ManualClock::starting_at(SystemClock.now());
     let store = store_on_both(&primary, &standby, &clock);
@@ -408,4 +431,74 @@ async fn a_standby_is_refused_with_a_transient_error_and_skipped_in_a_multi_host
         .expect("a heartbeat through the multi-host URL");
     assert!(beat.new_session);
     let _: WorkerId = w;
+}
+
+/// The procedure docs/ARCHITECTURE.md gives for a history that starts again at timeline 1
+/// (`pg_upgrade`, a restore into a new cluster), on a stand-in: a database whose record holds
+/// later timelines and whose tokens are far above timeline 1's floor. Without the procedure a
+/// promotion to a recorded timeline starts no quiet period; with it, the promotion is seen and
+/// its floor is above every token issued before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_reset_after_a_new_history_makes_the_next_failover_count() {
+    let (primary, standby) = primary_and_standby(Replication::Synchronous).await;
+    let clock = ManualClock::starting_at(SystemClock.now());
+    let store = store_on_both(&primary, &standby, &clock);
+    let g = group();
+    store
+        .ensure_group(&g, ShardCount::new(SHARDS).expect("n"))
+        .await
+        .expect("ensure_group");
+    // The old history: timelines 2 and 3 recorded, a bucket claimed up to 3 << 32.
+    primary
+        .psql_in(
+            DB,
+            "INSERT INTO lease.server_epochs VALUES (2, now() - interval '1 day'), \
+             (3, now() - interval '1 day'); \
+             UPDATE lease.shards SET token = (3::bigint << 32) + 7 WHERE bucket = 0",
+        )
+        .expect("an old history");
+    primary
+        .psql_in(
+            DB,
+            "BEGIN; \
+             DELETE FROM lease.server_epochs; \
+             INSERT INTO lease.server_epochs (timeline, first_seen) \
+             SELECT lease.timeline() - 1 - COALESCE(max(token) >> 32, 0), '-infinity' \
+               FROM lease.shards; \
+             INSERT INTO lease.server_epochs (timeline, first_seen) \
+             VALUES (lease.timeline(), '-infinity'); \
+             COMMIT",
+        )
+        .expect("the documented reset");
+    fail_over(&primary, &standby);
+    let w = worker();
+    let empty = MemberMetadata::empty();
+    let beat = until_ok("a heartbeat on the promoted server", || {
+        store.heartbeat(&g, w, process(w), ttl(), &empty)
+    })
+    .await;
+    assert!(
+        store
+            .claim(&g, w, beat.session, SHARDS, Takeover::Allowed)
+            .await
+            .expect("a claim")
+            .is_empty(),
+        "no quiet period after the promotion"
+    );
+    clock.advance(Duration::from_millis(2_900));
+    let beat = store
+        .heartbeat(&g, w, process(w), ttl(), &empty)
+        .await
+        .expect("renew");
+    clock.advance(Duration::from_millis(100));
+    let won = store
+        .claim(&g, w, beat.session, SHARDS, Takeover::Allowed)
+        .await
+        .expect("a claim");
+    let floor = (5_i64 << 32) + 1;
+    assert_eq!(
+        bucket_tokens(&tokens(&won)),
+        vec![floor; SHARDS as usize],
+        "base -3 (timeline 1, tokens below 4 << 32), timeline 2: floor 5 << 32 + 1"
+    );
 }
