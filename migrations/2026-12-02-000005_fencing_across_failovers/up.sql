@@ -8,9 +8,10 @@
 -- by then), and raises every token issued on a later timeline above every token issued on an
 -- earlier one.
 
--- The server's current timeline: the first 8 hex digits of the current WAL file's name. Read
--- by any role (pg_monitor is not needed, unlike pg_control_checkpoint()). Fails during
--- recovery (a standby), where nothing of the engine's can write anyway.
+-- The server's current timeline: the first 8 hex digits of the current WAL file's name, any
+-- role may read it. It changes the moment a standby is promoted (pg_control_checkpoint()'s
+-- only after the next checkpoint). Fails during recovery (a standby), where nothing of the
+-- engine's can write anyway.
 CREATE FUNCTION lease.timeline() RETURNS bigint
     LANGUAGE sql STABLE
     AS $$
