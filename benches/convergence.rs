@@ -329,9 +329,7 @@ struct Outcome {
 }
 
 fn balanced(loads: &[u32], n: u32) -> bool {
-    let total: u32 = loads.iter().sum();
-    let spread = loads.iter().max().unwrap_or(&0) - loads.iter().min().unwrap_or(&0);
-    total == n && spread <= 1
+    lease::testing::runtime::balanced(loads.iter().map(|&l| l as usize), n)
 }
 
 /// Fewest claims to balance: every bucket not held by a running worker must be claimed, plus

@@ -206,14 +206,7 @@ impl OwnershipHandler for Counting {
 }
 
 fn balanced(handles: &[WorkerHandle]) -> bool {
-    let loads: Vec<usize> = handles.iter().map(|h| h.owned().borrow().len()).collect();
-    let total: usize = loads.iter().sum();
-    let spread = loads
-        .iter()
-        .max()
-        .zip(loads.iter().min())
-        .map(|(a, b)| a - b);
-    total == BUCKETS as usize && spread.is_some_and(|s| s <= 1)
+    lease::testing::runtime::balanced(handles.iter().map(|h| h.owned().borrow().len()), BUCKETS)
 }
 
 async fn cold_start(run: usize) -> (Duration, Duration, u64, u64, BTreeMap<usize, usize>) {

@@ -68,6 +68,30 @@ pub enum Takeover {
 /// - **G6 Names are data.** Group names and metadata with quotes, unicode or SQL text are
 ///   stored and returned unchanged and never interpreted.
 /// - **G7 Groups are independent.** Nothing done in one group changes another.
+///
+/// # Failover
+///
+/// Backend-specific: a store replicated to standbys (Postgres) can be replaced by one of them,
+/// which with asynchronous replication may lack writes the old one acknowledged (a claim, a
+/// release, a session start). The Postgres backend detects the replacement on every heartbeat
+/// and claim by the server's timeline (a promotion starts a new one) and keeps these rules; the
+/// memory store never fails over.
+///
+/// - **V1 Sessions end.** A heartbeat on a store that failed over since the worker's session
+///   was started or last renewed starts a new session (as H2), however live the old one looks
+///   there: what the worker released or claimed under it may be missing.
+/// - **V2 Quiet period.** A claim takes nothing until a heartbeat has run on the new store and
+///   the longest ttl of the group's members has passed since: by then every holder of a lease
+///   granted by the old store has fenced itself (its trust deadline precedes its expiry).
+/// - **V3 Tokens rise across it.** Every token issued after a failover exceeds every token
+///   issued before it: C4's "plus one" becomes "plus one, and at least the new store's floor".
+///
+/// Heartbeats (V1 aside), releases, leaves, snapshots and fencing checks work as usual
+/// meanwhile. Together: no bucket is held by two workers at once across a failover, and a
+/// fencing token is never issued twice. They assume that the old store takes no write once
+/// the new one is promoted (the high-availability manager fences it), that members of a group
+/// share their ttl (or one with the longest has a row on the new store), and fewer than 2^32
+/// claims of one bucket between two failovers.
 #[cfg_attr(any(test, feature = "mock"), mockall::automock)]
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
@@ -113,6 +137,7 @@ pub trait LeaseStore: Send + Sync {
     ///   row, and the rows of members found dead (H3).
     /// - **H6** Starting a session sends [`Change::Joined`](crate::Change::Joined) to the
     ///   group's change feeds.
+    /// - After a failover of the store, see V1 (the trait's "Failover").
     async fn heartbeat(
         &self,
         group: &GroupName,
@@ -147,6 +172,7 @@ pub trait LeaseStore: Send + Sync {
     ///   bucket is claimable only if, in addition, every old bucket it shares keys with
     ///   ([`resize::parents`](crate::resize::parents)) is retired: released, or (with
     ///   [`Takeover::Allowed`] only) its recorded session is not live.
+    /// - After a failover of the store, see V2 and V3 (the trait's "Failover").
     async fn claim(
         &self,
         group: &GroupName,

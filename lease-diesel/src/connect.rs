@@ -33,6 +33,11 @@ const KEEPALIVES_RETRIES: u32 = 3;
 /// How long sent data may stay unacknowledged before the connection is dropped, unless the URL
 /// says otherwise.
 const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long opening the socket to one host of a URL with several may take before the next
+/// host is tried, unless the URL sets `connect_timeout`: a host whose packets vanish (a dead
+/// primary's address) must not use up the whole connection timeout before the new primary
+/// is tried.
+const CONNECT_TIMEOUT_PER_HOST: Duration = Duration::from_secs(2);
 
 /// How to open a connection: the parsed URL with the engine's defaults applied.
 #[derive(Clone, Debug)]
@@ -80,6 +85,10 @@ impl Connector {
         }
         if config.get_tcp_user_timeout().is_none() {
             config.tcp_user_timeout(TCP_USER_TIMEOUT);
+        }
+        let hosts = config.get_hosts().len().max(config.get_hostaddrs().len());
+        if hosts > 1 && config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT_PER_HOST);
         }
         Self {
             config,
@@ -216,5 +225,39 @@ mod tests {
         assert_eq!(c.config.get_keepalives_retries(), Some(9));
         assert_eq!(c.config.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
         assert!(c.config.get_keepalives());
+        assert_eq!(
+            c.config.get_connect_timeout(),
+            None,
+            "one host: no timeout of ours"
+        );
+    }
+
+    #[test]
+    fn several_hosts_get_a_connect_timeout_each_unless_the_url_sets_one() {
+        let connector = |url: &str| {
+            Connector::new(
+                url.parse().expect("url"),
+                url,
+                no_tls(),
+                Duration::from_secs(1),
+                false,
+            )
+        };
+        let c = connector("postgres://u@h1:5432,h2:5433/db?target_session_attrs=read-write");
+        assert_eq!(c.config.get_hosts().len(), 2);
+        assert_eq!(
+            c.config.get_connect_timeout(),
+            Some(&CONNECT_TIMEOUT_PER_HOST)
+        );
+        let c = connector("postgres://u@h1,h2/db?connect_timeout=7");
+        assert_eq!(
+            c.config.get_connect_timeout(),
+            Some(&Duration::from_secs(7))
+        );
+        let c = connector("host=h1,h2 port=5432,5433 user=u");
+        assert_eq!(
+            c.config.get_connect_timeout(),
+            Some(&CONNECT_TIMEOUT_PER_HOST)
+        );
     }
 }

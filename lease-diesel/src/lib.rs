@@ -64,6 +64,7 @@ mod statements;
 mod tls;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -346,6 +347,8 @@ pub struct PgLeaseStore {
     pooler: Option<Arc<PoolerTx>>,
     /// Connections to the server itself (the direct URL), with their timeout, for `migrate`.
     direct: Option<(Arc<Connector>, Duration)>,
+    /// The server timeline the last heartbeat ran on (0: none yet), to report a failover once.
+    timeline: Arc<AtomicI64>,
 }
 
 impl std::fmt::Debug for PgLeaseStore {
@@ -394,6 +397,7 @@ impl PgLeaseStore {
             tls: None,
             pooler: None,
             direct: None,
+            timeline: Arc::new(AtomicI64::new(0)),
         }
     }
 
@@ -510,6 +514,22 @@ impl PgLeaseStore {
         result
     }
 
+    /// Say once, in a warning, that the server runs on a timeline other than the one this
+    /// store saw last (or one no heartbeat had run on): a failover happened.
+    fn saw_timeline(&self, timeline: ops::Timeline) {
+        let previous = self.timeline.swap(timeline.id, Ordering::Relaxed);
+        if previous != timeline.id && (previous != 0 || timeline.recorded) {
+            tracing::warn!(
+                timeline = timeline.id,
+                previous = (previous != 0).then_some(previous),
+                "the database server runs on a new timeline: a standby was promoted (a \
+                 failover) or a backup restored; claims take nothing until one ttl after the \
+                 timeline was first seen, so that every worker of the old primary has fenced \
+                 itself, and tokens issued from now on exceed every earlier one"
+            );
+        }
+    }
+
     /// The client clock's time, if one decides.
     fn at(&self) -> Option<DateTime<Utc>> {
         self.clock.as_ref().map(|c| store_precision(c.now()))
@@ -558,10 +578,13 @@ impl LeaseStore for PgLeaseStore {
         metadata: &MemberMetadata,
     ) -> Result<Heartbeat, StoreError> {
         let at = self.at();
-        self.with_conn(Operation::Heartbeat, async |c| {
-            ops::heartbeat(c, at, group, worker, incarnation, ttl, metadata).await
-        })
-        .await
+        let (beat, timeline) = self
+            .with_conn(Operation::Heartbeat, async |c| {
+                ops::heartbeat_on_timeline(c, at, group, worker, incarnation, ttl, metadata).await
+            })
+            .await?;
+        self.saw_timeline(timeline);
+        Ok(beat)
     }
 
     async fn claim(

@@ -127,6 +127,30 @@ pub async fn heartbeat(
     ttl: Ttl,
     metadata: &MemberMetadata,
 ) -> Result<Heartbeat, StoreError> {
+    heartbeat_on_timeline(conn, at, group, worker, incarnation, ttl, metadata)
+        .await
+        .map(|(beat, _)| beat)
+}
+
+/// The server's timeline as a heartbeat saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Timeline {
+    /// The server's timeline.
+    pub(crate) id: i64,
+    /// This heartbeat was the first on it: it recorded when the timeline was first seen.
+    pub(crate) recorded: bool,
+}
+
+/// [`heartbeat`], and the server's timeline it ran on.
+pub(crate) async fn heartbeat_on_timeline(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+    group: &GroupName,
+    worker: WorkerId,
+    incarnation: Incarnation,
+    ttl: Ttl,
+    metadata: &MemberMetadata,
+) -> Result<(Heartbeat, Timeline), StoreError> {
     let row: Option<sql::HeartbeatRow> = Prepared(
         diesel::sql_query(sql::HEARTBEAT)
             .bind::<Text, _>(group.as_str())
@@ -177,7 +201,7 @@ pub async fn heartbeat(
     }
     members.sort_by_key(|m| m.worker);
     let held: u32 = members.iter().map(|m| m.owned).sum();
-    Ok(Heartbeat {
+    let beat = Heartbeat {
         session: SessionId::from_uuid(row.session_id),
         new_session: row.started,
         observed_at: row.heartbeat_at,
@@ -191,7 +215,12 @@ pub async fn heartbeat(
             draining: 0,
         },
         owned,
-    })
+    };
+    let timeline = Timeline {
+        id: row.timeline,
+        recorded: row.recorded,
+    };
+    Ok((beat, timeline))
 }
 
 /// [`LeaseStore::claim`](lease_core::LeaseStore::claim) on `conn`: one statement.

@@ -189,6 +189,21 @@ const NEEDS: &[Need] = &[
         monitor: &["SELECT"],
         fencing: &["SELECT"],
     },
+    // The heartbeat records a timeline it is the first to run on (INSERT ... ON CONFLICT DO
+    // NOTHING RETURNING); claims read when the current one was first seen, and the base.
+    Need {
+        on: Object::Table("lease.server_epochs"),
+        worker: &["SELECT", "INSERT"],
+        monitor: &[],
+        fencing: &[],
+    },
+    // The server's timeline: the heartbeat and claims read it.
+    Need {
+        on: Object::Function("lease.timeline()"),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
     // The NOTIFY channel: the heartbeat, release and leave notify it, the feed listens on it.
     Need {
         on: Object::Function("lease.channel(text)"),

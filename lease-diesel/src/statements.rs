@@ -38,7 +38,9 @@ pub(crate) const GROUP_SHARD_COUNT: &str = "SELECT shard_count FROM lease.groups
 /// policy's view. Writes one row in steady state. `$1` group, `$2` worker, `$3` candidate
 /// session id, `$4` ttl, `$5` metadata, `$6` client time, `$7` incarnation. No row: the group
 /// does not exist; `mine` false: another incarnation holds the live session (the row is left
-/// as it was and `expires_at` is that session's).
+/// as it was and `expires_at` is that session's). `timeline` is the server's; `recorded`: this
+/// heartbeat was the first on it (a failover), and recorded when it was first seen. A session
+/// started or last renewed on another timeline is not extended: a new one starts.
 ///
 /// The assignment's sub-select evaluates the clock once, after `ON CONFLICT` has locked the
 /// row: liveness, ownership by this incarnation and the new expiry all come from the same
@@ -46,24 +48,42 @@ pub(crate) const GROUP_SHARD_COUNT: &str = "SELECT shard_count FROM lease.groups
 pub(crate) const HEARTBEAT: &str = r#"
 WITH grp AS (
     SELECT shard_count FROM lease.groups WHERE name = $1
+), tl AS (
+    SELECT lease.timeline() AS timeline
+), epoch AS (
+    -- A timeline no heartbeat has run on yet (a promoted standby's): record when it was first
+    -- seen, which starts the quiet period of claims (see CLAIM). Once recorded, the conflict
+    -- is found before anything is written: nothing in steady state.
+    INSERT INTO lease.server_epochs AS e (timeline, first_seen)
+    SELECT tl.timeline, COALESCE($6, clock_timestamp()) FROM tl, grp
+    ON CONFLICT (timeline) DO NOTHING
+    RETURNING e.timeline
 ), me AS (
     INSERT INTO lease.members AS m
            (group_name, worker_id, session_id, incarnation, expires_at, joined_at, heartbeat_at,
-            owned, metadata)
-    SELECT $1, $2, $3, $7, c.t + $4, c.t, c.t, 0, $5
-      FROM grp, (SELECT COALESCE($6, clock_timestamp()) AS t) AS c
+            owned, metadata, timeline)
+    SELECT $1, $2, $3, $7, c.t + $4, c.t, c.t, 0, $5, tl.timeline
+      FROM grp, tl, (SELECT COALESCE($6, clock_timestamp()) AS t) AS c
     ON CONFLICT (group_name, worker_id) DO UPDATE SET
-        (session_id, incarnation, joined_at, owned, expires_at, heartbeat_at, metadata) = (
+        (session_id, incarnation, joined_at, owned, expires_at, heartbeat_at, metadata,
+         timeline) = (
             SELECT CASE WHEN l.live THEN m.session_id ELSE excluded.session_id END,
                    CASE WHEN l.live THEN m.incarnation ELSE excluded.incarnation END,
                    CASE WHEN l.live THEN m.joined_at ELSE c.t END,
                    CASE WHEN l.live THEN m.owned ELSE 0 END,
                    CASE WHEN l.foreign THEN m.expires_at ELSE c.t + $4 END,
                    CASE WHEN l.foreign THEN m.heartbeat_at ELSE c.t END,
-                   CASE WHEN l.foreign THEN m.metadata ELSE excluded.metadata END
+                   CASE WHEN l.foreign THEN m.metadata ELSE excluded.metadata END,
+                   CASE WHEN l.foreign THEN m.timeline ELSE excluded.timeline END
               FROM (SELECT COALESCE($6, clock_timestamp()) AS t) AS c,
-                   LATERAL (SELECT m.expires_at > c.t AS live,
-                                   m.expires_at > c.t
+                   -- A session of an earlier timeline is not extended (a failover: the new
+                   -- server may lack what the worker released or claimed under it), nor
+                   -- defended against another incarnation; NULL: a row an older binary wrote.
+                   LATERAL (SELECT m.expires_at > c.t
+                                   AND COALESCE(m.timeline = excluded.timeline, true)
+                                   AS current) AS s,
+                   LATERAL (SELECT s.current AS live,
+                                   s.current
                                    AND m.incarnation IS DISTINCT FROM excluded.incarnation
                                    AS foreign) AS l)
     RETURNING m.session_id, m.expires_at, m.heartbeat_at, m.session_id = $3 AS started,
@@ -93,8 +113,9 @@ SELECT grp.shard_count, me.session_id, me.started, me.mine, me.heartbeat_at, me.
        COALESCE(o.workers, '{}') AS other_workers, COALESCE(o.owned, '{}') AS other_owned,
        COALESCE(b.buckets, '{}') AS buckets, COALESCE(b.tokens, '{}') AS tokens,
        (SELECT count(pg_notify(lease.channel($1), 'J' || $2::text))
-          FROM me WHERE me.started) AS notified
-  FROM grp, me,
+          FROM me WHERE me.started) AS notified,
+       tl.timeline, EXISTS (SELECT 1 FROM epoch) AS recorded
+  FROM grp, me, tl,
        -- One pass each, unsorted: the client sorts (the lists are small).
        LATERAL (SELECT array_agg(worker_id) AS workers, array_agg(owned) AS owned
                   FROM others) AS o,
@@ -125,6 +146,10 @@ pub(crate) struct HeartbeatRow {
     pub buckets: Vec<i32>,
     #[diesel(sql_type = Array<BigInt>)]
     pub tokens: Vec<i64>,
+    #[diesel(sql_type = BigInt)]
+    pub timeline: i64,
+    #[diesel(sql_type = Bool)]
+    pub recorded: bool,
 }
 
 /// Claim up to `$3` claimable buckets for the worker's live session `$5`, in its claim order
@@ -154,6 +179,9 @@ pub(crate) struct HeartbeatRow {
 ///   statement commits. A bucket row that another session claimed after this statement's
 ///   snapshot is re-checked by Postgres against its new version, which is neither unowned nor
 ///   a dead session's: it is skipped.
+/// - After a failover (`epoch`): nothing is taken while the server's timeline is unrecorded or
+///   was first seen less than the group's longest member ttl ago, and every token is raised to
+///   at least the timeline's floor.
 pub(crate) const CLAIM: &str = r#"
 WITH RECURSIVE me AS (
     SELECT m.session_id, m.expires_at FROM lease.members m
@@ -168,6 +196,18 @@ WITH RECURSIVE me AS (
     SELECT me.session_id, me.expires_at, c.t
       FROM me, (SELECT COALESCE($4, clock_timestamp()) AS t) AS c
      WHERE me.expires_at > c.t
+), epoch AS (
+    -- Failover: nothing is claimed until the server's timeline was first seen (by a heartbeat)
+    -- one maximum ttl of the group's members ago, so that every worker of an old primary has
+    -- fenced itself; tokens on timeline T are at least ((T - base) << 32) + 1, above every
+    -- token of an earlier timeline. (No failover: the base timeline, no quiet period, floor 1.)
+    SELECT ((e.timeline - (SELECT min(b.timeline) FROM lease.server_epochs b)) << 32) + 1
+           AS floor
+      FROM lease.server_epochs e, mine
+     WHERE e.timeline = lease.timeline()
+       AND e.first_seen + COALESCE((SELECT max(x.expires_at - x.heartbeat_at)
+                                      FROM lease.members x WHERE x.group_name = $1),
+                                   interval '0') <= mine.t
 ), live AS (
     -- Set-shaped references to the CTEs only (joins, IN, EXISTS, count), never a scalar
     -- subquery that could return several rows: when a row a walk below locks was changed
@@ -177,7 +217,7 @@ WITH RECURSIVE me AS (
 ), owners AS (
     -- A loose index scan: the smallest owner session, then the next one above it, and so on.
     (SELECT s.owner_session, s.owner_worker FROM lease.shards s
-      WHERE s.group_name = $1 AND s.owner_session IS NOT NULL AND EXISTS (SELECT 1 FROM mine)
+      WHERE s.group_name = $1 AND s.owner_session IS NOT NULL AND EXISTS (SELECT 1 FROM epoch)
         AND $7
       ORDER BY s.owner_session
       LIMIT 1)
@@ -198,7 +238,7 @@ WITH RECURSIVE me AS (
 ), unowned_up AS (
     SELECT s.bucket FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket >= start.b
-       AND EXISTS (SELECT 1 FROM mine)
+       AND EXISTS (SELECT 1 FROM epoch)
      ORDER BY s.bucket
      LIMIT $3
        FOR UPDATE OF s SKIP LOCKED
@@ -216,7 +256,7 @@ WITH RECURSIVE me AS (
 ), unowned_down AS (
     SELECT s.bucket FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket < start.b
-       AND EXISTS (SELECT 1 FROM mine)
+       AND EXISTS (SELECT 1 FROM epoch)
      ORDER BY s.bucket
      LIMIT greatest($3 - (SELECT count(*) FROM up), 0)
        FOR UPDATE OF s SKIP LOCKED
@@ -238,9 +278,9 @@ WITH RECURSIVE me AS (
      LIMIT $3
 ), won AS (
     UPDATE lease.shards s
-       SET owner_worker = $2, owner_session = mine.session_id, token = s.token + 1,
-           updated_at = mine.t
-      FROM picked, mine
+       SET owner_worker = $2, owner_session = mine.session_id,
+           token = greatest(s.token + 1, epoch.floor), updated_at = mine.t
+      FROM picked, mine, epoch
      WHERE s.group_name = $1 AND s.bucket = picked.bucket
     RETURNING s.bucket, s.token
 ), counted AS (

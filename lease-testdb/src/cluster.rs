@@ -52,7 +52,8 @@ pub enum Replication {
     /// The primary acknowledges a commit once the standby has it
     /// (`synchronous_standby_names` names the standby, `synchronous_commit = on`).
     Synchronous,
-    /// The primary acknowledges commits the standby may not have yet.
+    /// The primary acknowledges commits the standby may not have yet, once they are flushed
+    /// locally (`synchronous_commit = local`).
     Asynchronous,
 }
 
@@ -150,6 +151,35 @@ impl Cluster {
     /// If a step fails, or the standby does not stream within 30 s.
     pub fn start_standby(&self, replication: Replication) -> Result<Self, String> {
         let standby = Self::prepare(self.tcp)?;
+        standby.follow(self, replication)?;
+        Ok(standby)
+    }
+
+    /// Make this cluster, stopped or killed (an old primary after a failover), a streaming
+    /// standby of `primary`, on the same port and directory, as an operator rebuilds a failed
+    /// primary: its data is replaced by a fresh base backup of `primary`. Returns when it
+    /// streams, as [`start_standby`](Self::start_standby) does.
+    ///
+    /// # Errors
+    ///
+    /// If the server is still running, a step fails, or it does not stream within 30 s.
+    pub fn rejoin_as_standby(
+        &self,
+        primary: &Self,
+        replication: Replication,
+    ) -> Result<(), String> {
+        if self.data_dir().join("postmaster.pid").exists() {
+            return Err("rejoin_as_standby: stop or kill the server first".to_owned());
+        }
+        std::fs::remove_dir_all(self.data_dir())
+            .map_err(|e| format!("removing {}: {e}", self.data_dir().display()))?;
+        self.follow(primary, replication)
+    }
+
+    /// Fill this cluster's (absent) data directory with a base backup of `primary`, start it
+    /// as its standby and wait until it streams.
+    fn follow(&self, primary: &Self, replication: Replication) -> Result<(), String> {
+        let standby = self;
         let name = format!("standby_{}", standby.port_or_dir_tag());
         standby.run(
             "pg_basebackup",
@@ -162,9 +192,9 @@ impl Cluster {
                 OsStr::new("-c"),
                 OsStr::new("fast"),
                 OsStr::new("-h"),
-                self.socket_dir().as_os_str(),
+                primary.socket_dir().as_os_str(),
                 OsStr::new("-p"),
-                OsStr::new(&self.port.to_string()),
+                OsStr::new(&primary.port.to_string()),
                 OsStr::new("-U"),
                 OsStr::new("postgres"),
             ],
@@ -187,29 +217,37 @@ impl Cluster {
             .join("\n"),
         )?;
         standby.pg_ctl_start()?;
-        if replication == Replication::Synchronous {
-            self.psql(&format!(
-                "ALTER SYSTEM SET synchronous_standby_names = '\"{name}\"'"
-            ))?;
-            // Test clusters run with synchronous_commit off, which waits for nobody.
-            self.psql("ALTER SYSTEM SET synchronous_commit = on")?;
-            self.psql("SELECT pg_reload_conf()")?;
+        match replication {
+            Replication::Synchronous => {
+                primary.psql(&format!(
+                    "ALTER SYSTEM SET synchronous_standby_names = '\"{name}\"'"
+                ))?;
+                // Test clusters run with synchronous_commit off, which waits for nobody.
+                primary.psql("ALTER SYSTEM SET synchronous_commit = on")?;
+            }
+            Replication::Asynchronous => {
+                // Commits flushed locally, as production runs: with the test clusters' `off`
+                // the primary's WAL reaches the standby (which is sent only what is flushed)
+                // seconds late, not the milliseconds of a real asynchronous standby.
+                primary.psql("ALTER SYSTEM SET synchronous_commit = local")?;
+            }
         }
+        primary.psql("SELECT pg_reload_conf()")?;
         let wanted = match replication {
             Replication::Synchronous => "sync",
             Replication::Asynchronous => "async",
         };
-        self.wait_for(
-            &format!(
-                "SELECT count(*) FROM pg_stat_replication \
-                  WHERE application_name = '{name}' AND state = 'streaming' \
-                    AND sync_state = '{wanted}'"
-            ),
-            "1",
-            Duration::from_secs(30),
-        )
-        .map_err(|e| format!("the standby does not stream ({wanted}): {e}"))?;
-        Ok(standby)
+        primary
+            .wait_for(
+                &format!(
+                    "SELECT count(*) FROM pg_stat_replication \
+                      WHERE application_name = '{name}' AND state = 'streaming' \
+                        AND sync_state = '{wanted}'"
+                ),
+                "1",
+                Duration::from_secs(30),
+            )
+            .map_err(|e| format!("the standby does not stream ({wanted}): {e}"))
     }
 
     fn port_or_dir_tag(&self) -> String {
@@ -227,6 +265,15 @@ impl Cluster {
     ///
     /// If `psql` fails (the message has its output).
     pub fn psql(&self, sql: &str) -> Result<String, String> {
+        self.psql_in("postgres", sql)
+    }
+
+    /// [`psql`](Self::psql) in database `db`.
+    ///
+    /// # Errors
+    ///
+    /// If `psql` fails (the message has its output).
+    pub fn psql_in(&self, db: &str, sql: &str) -> Result<String, String> {
         let out = self
             .command("psql")
             .args([
@@ -239,7 +286,7 @@ impl Cluster {
                 "postgres",
                 "-d",
             ])
-            .arg("postgres")
+            .arg(db)
             .arg("-h")
             .arg(self.socket_dir())
             .arg("-p")
@@ -417,6 +464,29 @@ impl Cluster {
     pub fn tcp_url(&self, user: &str, db: &str, query: &str) -> String {
         assert!(self.tcp, "this cluster listens on its unix socket only");
         let mut url = format!("postgres://{user}@127.0.0.1:{}/{db}", self.port);
+        if !query.is_empty() {
+            url.push('?');
+            url.push_str(query);
+        }
+        url
+    }
+
+    /// A URL naming several clusters' TCP listeners, in order, for database `db` as `user`
+    /// (`postgres://user@127.0.0.1:p1,127.0.0.1:p2/db?query`): with
+    /// `target_session_attrs=read-write` a client connects to whichever is the primary.
+    ///
+    /// # Panics
+    ///
+    /// If a cluster does not listen on TCP.
+    pub fn multi_host_url(clusters: &[&Self], user: &str, db: &str, query: &str) -> String {
+        let hosts: Vec<String> = clusters
+            .iter()
+            .map(|c| {
+                assert!(c.tcp, "this cluster listens on its unix socket only");
+                format!("127.0.0.1:{}", c.port)
+            })
+            .collect();
+        let mut url = format!("postgres://{user}@{}/{db}", hosts.join(","));
         if !query.is_empty() {
             url.push('?');
             url.push_str(query);

@@ -89,3 +89,47 @@ fn a_fake_clock_steps_when_told_and_only_then() {
     let behind = server_minus_real();
     assert!((-6.0..-4.0).contains(&behind), "{behind} s, not -5");
 }
+
+#[test]
+fn an_old_primary_rejoins_as_a_standby_and_takes_over_again() {
+    let first = primary();
+    let second = first
+        .start_standby(Replication::Synchronous)
+        .unwrap_or_else(|e| panic!("a standby: {e}"));
+    first
+        .psql("CREATE TABLE t (n int); INSERT INTO t VALUES (1)")
+        .expect("writes");
+    first.kill().expect("killing the primary");
+    second.promote().expect("promoting");
+    second.psql("INSERT INTO t VALUES (2)").expect("insert");
+    first
+        .rejoin_as_standby(&second, Replication::Synchronous)
+        .unwrap_or_else(|e| panic!("rejoining: {e}"));
+    assert_eq!(first.psql("SELECT pg_is_in_recovery()").as_deref(), Ok("t"));
+    // Synchronous: acknowledged once the rebuilt standby has it.
+    second.psql("INSERT INTO t VALUES (3)").expect("insert");
+    second.kill().expect("killing the second primary");
+    first.promote().expect("promoting the first again");
+    assert_eq!(
+        first
+            .psql("SELECT string_agg(n::text, ',' ORDER BY n) FROM t")
+            .as_deref(),
+        Ok("1,2,3")
+    );
+    // Three timelines: the first, the second's, the first's again.
+    assert_eq!(
+        first
+            .psql("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")
+            .as_deref(),
+        Ok("00000003")
+    );
+    let url = Cluster::multi_host_url(&[&second, &first], "postgres", "postgres", "x=1");
+    assert_eq!(
+        url,
+        format!(
+            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?x=1",
+            second.port(),
+            first.port()
+        )
+    );
+}

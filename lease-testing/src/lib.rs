@@ -6,18 +6,25 @@
 //! - [`model`]: the reference model, the contract as plain synchronous code.
 //! - [`differential`]: random operation sequences run on the model and on real stores in
 //!   lockstep (proptest-state-machine), comparing every result and checking invariants.
+//! - [`runtime`]: worker-level scenarios (cold start, join, graceful stop, crash, self-fencing,
+//!   errors, misbehaving applications) on real workers, and the [`runtime_suite!`] macro that
+//!   runs them all on a backend, on tokio's paused clock or on real time.
 //! - [`faults`]: a fault-injecting store wrapper and a clock following tokio's paused time.
 //! - [`RecordingHandler`]: a worker handler that records into an ownership log.
+//! - [`coverage`]: every overlap in an ownership log, and each bucket's time without a holder
+//!   (failover tests and benchmarks).
 //!
 //! Backends depend on it as a dev-dependency only.
 
 #![warn(missing_docs)]
 
 pub mod conformance;
+pub mod coverage;
 pub mod differential;
 pub mod faults;
 pub mod model;
 mod recording;
+pub mod runtime;
 
 pub use faults::{Faults, FaultyStore, TokioClock};
 pub use lease_core::ownership_log::{OwnershipLog, Summary};

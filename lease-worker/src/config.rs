@@ -214,7 +214,10 @@ impl LeaseWorkerBuilder {
         self
     }
 
-    /// Stop gracefully when `token` is cancelled (default: a token of the worker's own).
+    /// Stop gracefully when `token` is cancelled (default: a token of the worker's own). Each
+    /// run of the configuration stops on a child token of its own
+    /// ([`WorkerHandle::cancellation_token`](crate::WorkerHandle::cancellation_token)), so
+    /// stopping one run leaves the configuration free to start again.
     pub fn cancellation_token(mut self, token: CancellationToken) -> Self {
         self.cancel = Some(token);
         self

@@ -71,6 +71,16 @@ struct Call {
     task: JoinHandle<Input>,
 }
 
+/// A call nobody waits for any more is stopped, however the driver let go of it (the machine
+/// gave up on it, the worker finished, the worker task ended or was aborted): a detached call
+/// would still reach the store later, a leave reported failed leaving after all, and it would
+/// keep a connection it may hold mid-statement.
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Everything a worker task needs.
 pub(crate) struct Driver<S, A> {
     machine: Machine,
@@ -167,12 +177,9 @@ impl<S: LeaseStore + 'static, A: Application> Driver<S, A> {
                     }
                 }
             }
-            if self.machine.awaits().is_none()
-                && let Some(call) = self.call.take()
-            {
-                // The machine gave up on it (timed out): drop it, which also closes a
-                // connection it may hold mid-statement.
-                call.task.abort();
+            if self.machine.awaits().is_none() {
+                // The machine gave up on it (timed out): stop it.
+                self.call = None;
             }
             self.publish();
             tokio::select! {
@@ -235,9 +242,8 @@ impl<S: LeaseStore + 'static, A: Application> Driver<S, A> {
                 }
             }
         });
-        if let Some(old) = self.call.replace(Call { operation, task }) {
-            old.task.abort();
-        }
+        // A call still held here is one the machine gave up on: replacing it stops it.
+        self.call = Some(Call { operation, task });
     }
 
     async fn deliver(&mut self, d: Delivery) {
@@ -377,7 +383,8 @@ impl WorkerHandle {
         self.owned.clone()
     }
 
-    /// The token that stops the worker when cancelled.
+    /// The token that stops this run of the worker when cancelled (a child of the
+    /// configuration's token, whose cancellation also stops it).
     pub fn cancellation_token(&self) -> CancellationToken {
         self.cancel.clone()
     }
@@ -539,14 +546,17 @@ impl LeaseWorker {
         metrics.polling(feed.is_none());
         let (tx, rx) = watch::channel(Owned::new());
         let worker = self.worker;
-        let cancel = self.cancel.clone();
+        // A token of this run's own: stopping it (its handle's shutdown, or dropping the
+        // handle) must not stop the configuration's later runs, while cancelling the
+        // configuration's token still stops every run.
+        let cancel = self.cancel.child_token();
         let span = tracing::info_span!("lease_worker", group = %self.group, worker = %worker);
         let driver = Driver {
             machine: Machine::new(self.rules(), now()),
             store: Arc::new(store),
             app,
             feed,
-            cancel: self.cancel.clone(),
+            cancel: cancel.clone(),
             published: Published(tx),
             trust,
             metrics,

@@ -368,7 +368,9 @@ fn replication(r: &Replication) -> Check {
         format!(
             "asynchronous (synchronous_commit={}, synchronous_standby_names={:?}, standbys: \
              {}): a promoted standby may lack the last claims and sessions the primary \
-             acknowledged; set synchronous_standby_names for failovers that lose nothing",
+             acknowledged; the engine keeps leases exclusive and tokens rising across it (no \
+             claim for one ttl after the failover), but set synchronous_standby_names for \
+             failovers that lose nothing",
             r.synchronous_commit,
             r.synchronous_standby_names,
             names.join(", ")

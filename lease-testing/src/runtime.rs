@@ -1,0 +1,1384 @@
+//! The runtime suite: worker-level scenarios (cold start, join, graceful stop, crash, fencing,
+//! errors, misbehaving applications) written once and run on every backend.
+//!
+//! Each case gets an [`Env`]: a fresh, empty store, the clock its expiries are on, and whether
+//! tokio's clock is paused. It starts real workers ([`LeaseWorker`]) on that store, each behind
+//! a [`FaultyStore`], records what their applications are told in an [`OwnershipLog`], and
+//! panics on a violation. Every case ends by checking the log: no bucket held by two workers at
+//! once, assignment before revocation, tokens only growing.
+//!
+//! Time: every wait polls with a deadline on tokio's clock, so it is exact on the paused clock
+//! (in-memory store on a [`TokioClock`](crate::TokioClock)) and real on a server. Bounds are in
+//! renew intervals ([`RENEW`] 1 s, [`TTL`] 3 s) plus [`Env::slack`]: 50 ms on the paused clock,
+//! where only the wake-up debounce takes time, and [`REAL_SLACK`] on real time, where worker
+//! starts, store round trips and scheduling on a loaded machine do. A case that asserts an
+//! exact tick count on the paused clock and a looser bound on real time says so. Cases that
+//! judge wake-ups run their workers on [`SLOW_RENEW`] (5 s) instead, so that only a wake-up
+//! can explain a handoff within [`WAKE_UP_BOUND`].
+//!
+//! Backends run every case, each as its own test, with
+//! [`runtime_suite!`](crate::runtime_suite):
+//!
+//! ```ignore
+//! lease_testing::runtime_suite!(paused_clock: || async {
+//!     let clock = lease_testing::TokioClock::new();
+//!     (lease_memory::MemoryLeaseStore::with_clock(clock.clone()), clock)
+//! });
+//! ```
+//!
+//! The macro also generates `runtime_suite_runs_every_case`, which fails if the macro's list
+//! and [`CASES`] ever differ, so no backend can miss a case.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use lease_core::ownership_log::{OwnershipLog, Summary};
+use lease_core::{
+    Bucket, BucketState, Clock, ErrorKind, FencingToken, GroupName, LeaseStore, Operation,
+    OwnershipEvent, RevokeReason, ShardCount, Timestamp, WorkerId,
+};
+use lease_worker::{
+    LeaseWorker, OwnershipHandler, StartError, WorkerError, WorkerFailed, WorkerHandle,
+};
+
+use crate::{Faults, FaultyStore, RecordingHandler};
+
+/// The name of every case, in the order the macro runs them.
+pub const CASES: &[&str] = &[
+    "cold_start_of_eight_workers_balances_within_three_ticks",
+    "a_joiner_gets_its_share_within_two_ticks",
+    "a_graceful_stop_hands_over_without_overlap",
+    "a_crashed_workers_buckets_move_only_after_its_lease_expires",
+    "a_worker_that_cannot_renew_fences_itself_before_anyone_takes_over",
+    "a_worker_cut_off_mid_call_fences_while_the_call_hangs",
+    "a_new_session_revokes_everything_before_claiming_again",
+    "store_errors_are_reported_and_retried_without_stopping",
+    "a_permanent_store_error_stops_the_worker",
+    "a_worker_that_cannot_leave_the_group_says_so_on_shutdown",
+    "several_groups_share_one_store_without_interfering",
+    "a_shard_count_mismatch_refuses_to_start",
+    "starting_a_running_configuration_again_is_refused",
+    "slow_handlers_do_not_starve_renewals",
+    "a_panicking_handler_stops_the_worker_visibly",
+    "two_processes_with_one_worker_id_never_share_a_session",
+    "a_shed_bucket_is_released_only_after_its_revoke_returns",
+];
+
+/// Run every case against a store built by `$make`, an expression callable as
+/// `$make() -> impl Future<Output = (S, C)>`: a fresh, empty store `S: LeaseStore + Clone +
+/// 'static` and the [`Clock`](lease_core::Clock) `C` its expiries are on (events are stamped
+/// with it too). Each case becomes its own `#[tokio::test]`:
+///
+/// - `runtime_suite!(paused_clock: $make)`: on tokio's paused clock (`start_paused = true`,
+///   a current-thread runtime; the calling crate needs tokio's `test-util` feature). The
+///   store's clock must follow tokio's ([`TokioClock`](crate::TokioClock)).
+/// - `runtime_suite!(real_clock: $make)`: on real time, on a multi-thread runtime of two
+///   workers (tokio's `rt-multi-thread` feature).
+#[macro_export]
+macro_rules! runtime_suite {
+    (paused_clock: $make:expr) => {
+        $crate::__runtime_cases!((start_paused = true), true, $make);
+    };
+    (real_clock: $make:expr) => {
+        $crate::__runtime_cases!((flavor = "multi_thread", worker_threads = 2), false, $make);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __runtime_cases {
+    ($attr:tt, $paused:expr, $make:expr) => {
+        $crate::__runtime_tests!($attr, $paused, $make;
+            cold_start_of_eight_workers_balances_within_three_ticks,
+            a_joiner_gets_its_share_within_two_ticks,
+            a_graceful_stop_hands_over_without_overlap,
+            a_crashed_workers_buckets_move_only_after_its_lease_expires,
+            a_worker_that_cannot_renew_fences_itself_before_anyone_takes_over,
+            a_worker_cut_off_mid_call_fences_while_the_call_hangs,
+            a_new_session_revokes_everything_before_claiming_again,
+            store_errors_are_reported_and_retried_without_stopping,
+            a_permanent_store_error_stops_the_worker,
+            a_worker_that_cannot_leave_the_group_says_so_on_shutdown,
+            several_groups_share_one_store_without_interfering,
+            a_shard_count_mismatch_refuses_to_start,
+            starting_a_running_configuration_again_is_refused,
+            slow_handlers_do_not_starve_renewals,
+            a_panicking_handler_stops_the_worker_visibly,
+            two_processes_with_one_worker_id_never_share_a_session,
+            a_shed_bucket_is_released_only_after_its_revoke_returns,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __runtime_tests {
+    ($attr:tt, $paused:expr, $make:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test $attr]
+            async fn $case() {
+                let (store, clock) = ($make)().await;
+                $crate::runtime::$case($crate::runtime::Env::new(store, clock, $paused)).await;
+            }
+        )+
+
+        #[test]
+        fn runtime_suite_runs_every_case() {
+            let generated: &[&str] = &[$(stringify!($case)),+];
+            assert_eq!(generated, $crate::runtime::CASES);
+        }
+    };
+}
+
+/// The renew interval of the suite's workers.
+pub const RENEW: Duration = Duration::from_secs(1);
+/// The session ttl of the suite's workers (their leases are trusted for 2.5 s after a
+/// heartbeat is sent: the default margin is a sixth of the ttl).
+pub const TTL: Duration = Duration::from_secs(3);
+/// The slack added to bounds on real time: worker starts, a few store round trips and
+/// scheduling on a machine shared with builds.
+pub const REAL_SLACK: Duration = Duration::from_millis(500);
+/// The slack added to bounds on the paused clock: the wake-up debounce (10 ms) and the poll
+/// step, with room to spare; nothing else takes time there.
+const PAUSED_SLACK: Duration = Duration::from_millis(50);
+/// How often waits look.
+const POLL: Duration = Duration::from_millis(5);
+/// The renew interval of workers in cases that judge wake-ups: long, so that no tick on the
+/// interval can explain a handoff within [`WAKE_UP_BOUND`].
+pub const SLOW_RENEW: Duration = Duration::from_secs(5);
+/// The session ttl that goes with [`SLOW_RENEW`].
+pub const SLOW_TTL: Duration = Duration::from_secs(16);
+/// What a wake-up must achieve within (a join served, a stop handed over): a twentieth of
+/// [`SLOW_RENEW`], a quarter of [`RENEW`].
+pub const WAKE_UP_BOUND: Duration = Duration::from_millis(250);
+
+/// What a case runs on.
+pub struct Env<S> {
+    /// A fresh, empty store.
+    pub store: S,
+    /// The clock the store's expiries are on, also stamping the applications' events.
+    pub clock: Arc<dyn Clock>,
+    /// Whether tokio's clock is paused (then every instant is exact).
+    pub paused: bool,
+}
+
+impl<S> Env<S> {
+    /// An environment of `store`, whose expiries are on `clock`.
+    pub fn new(store: S, clock: impl Clock + 'static, paused: bool) -> Self {
+        Self {
+            store,
+            clock: Arc::new(clock),
+            paused,
+        }
+    }
+
+    /// What bounds add for the time work takes: [`REAL_SLACK`] on real time, 50 ms on the
+    /// paused clock.
+    pub fn slack(&self) -> Duration {
+        if self.paused {
+            PAUSED_SLACK
+        } else {
+            REAL_SLACK
+        }
+    }
+}
+
+/// Whether workers with these loads own every one of `shards` buckets between them, evenly
+/// (loads within one of each other). Whether any bucket is owned twice is the ownership log's
+/// to judge.
+pub fn balanced(loads: impl IntoIterator<Item = usize>, shards: u32) -> bool {
+    let (mut total, mut min, mut max) = (0, usize::MAX, 0);
+    for load in loads {
+        total += load;
+        min = min.min(load);
+        max = max.max(load);
+    }
+    total == shards as usize && min <= max && max - min <= 1
+}
+
+/// Poll `done` until it holds; how long that took on tokio's clock. Panics after `limit`,
+/// saying `what` was awaited and what `state` shows.
+async fn until<T: std::fmt::Debug>(
+    limit: Duration,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+    state: impl Fn() -> T,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        if done() {
+            return start.elapsed();
+        }
+        let elapsed = start.elapsed();
+        assert!(
+            elapsed < limit,
+            "{what}: not within {limit:?}; {:?}",
+            state()
+        );
+        tokio::time::sleep(POLL.min(limit - elapsed)).await;
+    }
+}
+
+/// How a test application misbehaves.
+#[derive(Clone, Copy, Default)]
+struct Slow {
+    /// Time taken by each assignment, before it is recorded.
+    assign: Duration,
+    /// Time taken by each revocation before it returns; it is recorded on return, when the
+    /// application has stopped working on the bucket.
+    revoke: Duration,
+    /// The assignment (1 for the first) that panics.
+    panic_on: Option<usize>,
+}
+
+/// More events than any case's applications hear: a worker past it is looping (assigning and
+/// revoking a bucket over and over, say). On the paused clock such a loop never lets time
+/// advance, so no deadline of the case would end it: the handler panics instead, which stops
+/// the worker and fails the case.
+const RUNAWAY: usize = 20_000;
+
+/// What a handler's `on_error` heard: the store error's kind, `None` for a timeout.
+type Reported = Arc<Mutex<Vec<Option<ErrorKind>>>>;
+
+/// A handler that takes its time, or panics, then records like [`RecordingHandler`]; it also
+/// keeps the kinds of the errors the worker reported.
+struct SlowHandler {
+    inner: RecordingHandler,
+    slow: Slow,
+    assigned: AtomicUsize,
+    /// Events heard by the pool's applications, all workers together.
+    events: Arc<AtomicUsize>,
+    errors: Reported,
+}
+
+impl SlowHandler {
+    fn count_event(&self) {
+        let n = self.events.fetch_add(1, Ordering::SeqCst) + 1;
+        assert!(
+            n <= RUNAWAY,
+            "runaway: {n} ownership events; a worker is looping"
+        );
+    }
+}
+
+#[async_trait]
+impl OwnershipHandler for SlowHandler {
+    async fn on_assigned(&self, bucket: Bucket, token: FencingToken) {
+        self.count_event();
+        tokio::time::sleep(self.slow.assign).await;
+        let nth = self.assigned.fetch_add(1, Ordering::SeqCst) + 1;
+        assert_ne!(
+            Some(nth),
+            self.slow.panic_on,
+            "the application's handler failed"
+        );
+        self.inner.on_assigned(bucket, token).await;
+    }
+
+    async fn on_revoked(&self, bucket: Bucket, token: FencingToken, reason: RevokeReason) {
+        self.count_event();
+        tokio::time::sleep(self.slow.revoke).await;
+        self.inner.on_revoked(bucket, token, reason).await;
+    }
+
+    async fn on_error(&self, error: &WorkerError) {
+        let kind = match error {
+            WorkerError::Store { source, .. } => Some(source.kind()),
+            _ => None,
+        };
+        lock(&self.errors).push(kind);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Workers of one group on one store, each behind its own fault switches, recording into one
+/// ownership log.
+struct Pool<S> {
+    store: S,
+    clock: Arc<dyn Clock>,
+    log: Arc<Mutex<OwnershipLog<Timestamp>>>,
+    events: Arc<AtomicUsize>,
+    group: GroupName,
+    shards: u32,
+    wakeups: bool,
+    /// The workers' renew interval and ttl.
+    renew: Duration,
+    ttl: Duration,
+    workers: BTreeMap<WorkerId, (WorkerHandle, Arc<Faults>)>,
+    errors: BTreeMap<WorkerId, Reported>,
+}
+
+impl<S: LeaseStore + Clone + 'static> Pool<S> {
+    /// A pool of `group` (`shards` buckets) whose workers ([`RENEW`], [`TTL`]) get wake-ups
+    /// from the store's change feed or, with `wakeups` false, only tick on the renew interval.
+    fn new(env: &Env<S>, group: &str, shards: u32, wakeups: bool) -> Self {
+        Self {
+            store: env.store.clone(),
+            clock: env.clock.clone(),
+            log: Arc::new(Mutex::new(OwnershipLog::new())),
+            events: Arc::new(AtomicUsize::new(0)),
+            group: GroupName::new(group).expect("a group name"),
+            shards,
+            wakeups,
+            renew: RENEW,
+            ttl: TTL,
+            workers: BTreeMap::new(),
+            errors: BTreeMap::new(),
+        }
+    }
+
+    /// The same pool, its workers on [`SLOW_RENEW`] and [`SLOW_TTL`].
+    fn slow_ticks(self) -> Self {
+        Self {
+            renew: SLOW_RENEW,
+            ttl: SLOW_TTL,
+            ..self
+        }
+    }
+
+    fn config(&self, id: Option<WorkerId>) -> LeaseWorker {
+        let mut builder = LeaseWorker::builder(
+            self.group.clone(),
+            ShardCount::new(self.shards).expect("a shard count"),
+        )
+        .ttl(self.ttl)
+        .renew_interval(self.renew);
+        if let Some(id) = id {
+            builder = builder.worker_id(id);
+        }
+        builder.build().expect("a valid configuration")
+    }
+
+    async fn start(&mut self) -> WorkerId {
+        self.launch(None, Slow::default()).await
+    }
+
+    /// Start a worker with the application `slow`.
+    async fn start_slow(&mut self, slow: Slow) -> WorkerId {
+        self.launch(None, slow).await
+    }
+
+    /// Start a worker that uses the worker id `id` in the store, as a second process started
+    /// with the id of another would; it is told apart in this pool (and in the ownership log)
+    /// by the id returned.
+    async fn start_as(&mut self, id: WorkerId) -> WorkerId {
+        self.launch(Some(id), Slow::default()).await
+    }
+
+    async fn launch(&mut self, id: Option<WorkerId>, slow: Slow) -> WorkerId {
+        let config = self.config(id);
+        let label = if id.is_some() {
+            WorkerId::new()
+        } else {
+            config.worker_id()
+        };
+        let (handle, faults) = self
+            .launch_config(config, label, slow)
+            .await
+            .expect("the worker starts");
+        self.workers.insert(label, (handle, faults));
+        label
+    }
+
+    /// Start `config` behind fault switches of its own, recording as `label`.
+    async fn launch_config(
+        &mut self,
+        config: LeaseWorker,
+        label: WorkerId,
+        slow: Slow,
+    ) -> Result<(WorkerHandle, Arc<Faults>), StartError> {
+        let store = FaultyStore::new(self.store.clone());
+        let faults = store.faults();
+        faults.no_feed.store(!self.wakeups, Ordering::SeqCst);
+        let errors = self.errors.entry(label).or_default().clone();
+        let handler = SlowHandler {
+            inner: RecordingHandler::new(label, self.log.clone(), self.clock.clone()),
+            slow,
+            assigned: AtomicUsize::new(0),
+            events: self.events.clone(),
+            errors,
+        };
+        let handle = config.start(store, handler).await?;
+        Ok((handle, faults))
+    }
+
+    fn faults(&self, w: WorkerId) -> Arc<Faults> {
+        self.workers[&w].1.clone()
+    }
+
+    async fn stop(&mut self, w: WorkerId) {
+        let (handle, _) = self.workers.remove(&w).expect("a running worker");
+        handle.shutdown().await.expect("a clean stop");
+    }
+
+    /// Stop `w` at once, without revoking or leaving: a crash, to the others.
+    fn crash(&mut self, w: WorkerId) {
+        let (handle, _) = self.workers.remove(&w).expect("a running worker");
+        handle.abort();
+        lock(&self.log).crashed(w, self.clock.now());
+    }
+
+    /// What each running worker's application owns.
+    fn owned(&self) -> BTreeMap<WorkerId, usize> {
+        self.workers
+            .iter()
+            .map(|(&w, (h, _))| (w, h.owned().borrow().len()))
+            .collect()
+    }
+
+    fn balanced(&self) -> bool {
+        balanced(self.owned().into_values(), self.shards)
+    }
+
+    /// Wait until balanced; how long it took. Panics after `limit`.
+    async fn until_balanced(&self, limit: Duration, what: &str) -> Duration {
+        until(limit, what, || self.balanced(), || self.owned()).await
+    }
+
+    /// Wait until `w`'s application owns `n` buckets. Panics after `limit`.
+    async fn until_owns(&self, w: WorkerId, n: usize, limit: Duration) -> Duration {
+        let what = format!("worker {w} owning {n}");
+        until(
+            limit,
+            &what,
+            || self.owned().get(&w) == Some(&n),
+            || self.owned(),
+        )
+        .await
+    }
+
+    /// When `w`'s application heard each revocation with `reason`.
+    fn revoked_at(&self, w: WorkerId, reason: RevokeReason) -> Vec<Timestamp> {
+        self.events_of(w)
+            .into_iter()
+            .filter(|(_, e)| matches!(e, OwnershipEvent::Revoked { reason: r, .. } if *r == reason))
+            .map(|(t, _)| t)
+            .collect()
+    }
+
+    /// When `w`'s application was assigned each bucket.
+    fn assigned_at(&self, w: WorkerId) -> Vec<Timestamp> {
+        self.events_of(w)
+            .into_iter()
+            .filter(|(_, e)| matches!(e, OwnershipEvent::Assigned { .. }))
+            .map(|(t, _)| t)
+            .collect()
+    }
+
+    fn events_of(&self, w: WorkerId) -> Vec<(Timestamp, OwnershipEvent)> {
+        lock(&self.log)
+            .entries()
+            .iter()
+            .filter(|e| e.worker == w)
+            .map(|e| (e.at, e.event))
+            .collect()
+    }
+
+    /// The expiry of `w`'s session as the store holds it now, if it holds one.
+    async fn session_expiry(&self, w: WorkerId) -> Option<Timestamp> {
+        self.store
+            .snapshot(&self.group)
+            .await
+            .expect("snapshot")
+            .members
+            .iter()
+            .find(|m| m.worker == w)
+            .map(|m| m.expires_at)
+    }
+
+    /// Wait until `done` holds, meanwhile following the expiry of `w`'s session in the store:
+    /// the latest one seen. A heartbeat already sent when `w` was cut off may still renew it,
+    /// so the expiry read before could be one renewal short; the store keeps the member until
+    /// some time after it expired, so polling sees the last one.
+    async fn until_following_expiry(
+        &self,
+        w: WorkerId,
+        limit: Duration,
+        what: &str,
+        mut done: impl FnMut() -> bool,
+    ) -> Timestamp {
+        let start = Instant::now();
+        let mut expiry = None;
+        loop {
+            if let Some(e) = self.session_expiry(w).await {
+                expiry = expiry.max(Some(e));
+            }
+            if done() {
+                return expiry.expect("the worker's session was seen in the store");
+            }
+            let elapsed = start.elapsed();
+            assert!(
+                elapsed < limit,
+                "{what}: not within {limit:?}; {:?}",
+                self.owned()
+            );
+            tokio::time::sleep(POLL.min(limit - elapsed)).await;
+        }
+    }
+
+    /// The kinds of the errors `w` reported, in order (`None`: a timeout).
+    fn errors_of(&self, w: WorkerId) -> Vec<Option<ErrorKind>> {
+        lock(&self.errors[&w]).clone()
+    }
+
+    fn check(&self) -> Summary {
+        lock(&self.log)
+            .check()
+            .unwrap_or_else(|e| panic!("ownership log of {}: {e}", self.group))
+    }
+
+    /// Stop every worker gracefully and check the ownership log.
+    async fn shutdown(mut self) -> Summary {
+        let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
+        for w in ids {
+            self.stop(w).await;
+        }
+        self.check()
+    }
+}
+
+fn ms(d: chrono::TimeDelta) -> i64 {
+    d.num_milliseconds()
+}
+
+/// Eight workers starting together on 64 buckets own 8 each within three ticks, with and
+/// without wake-ups: by their third tick, 2 renew intervals after they start. On the paused
+/// clock that is exact (balanced at 2.005 s without wake-ups, bound 2.05 s); on real time the
+/// bound counts from before the first worker starts and adds [`REAL_SLACK`] for the eight
+/// starts and the round trips, still short of a fourth tick.
+pub async fn cold_start_of_eight_workers_balances_within_three_ticks<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    for wakeups in [false, true] {
+        let mut pool = Pool::new(&env, if wakeups { "woken" } else { "ticking" }, 64, wakeups);
+        let started = Instant::now();
+        for _ in 0..8 {
+            pool.start().await;
+        }
+        let limit = (2 * RENEW + env.slack()).saturating_sub(started.elapsed());
+        pool.until_balanced(limit, "cold start of 8 workers").await;
+        eprintln!(
+            "cold start, 8 workers x 64 buckets, wake-ups {wakeups}: balanced in {:?}",
+            started.elapsed()
+        );
+        assert!(pool.owned().values().all(|&n| n == 8), "{:?}", pool.owned());
+        pool.shutdown().await;
+    }
+}
+
+/// A fourth worker joining three on 64 buckets gets its 16 within two ticks (its own first
+/// and the next: one renew interval), or within 250 ms with wake-ups, and only those 16 move
+/// (each shed exactly once, from the others' excess). Without wake-ups (renew 1 s) the
+/// two-tick bound is exact on the paused clock (1.000 s, bound 1.05 s) and a renew interval
+/// plus [`REAL_SLACK`] on real time, still short of a third tick. With wake-ups the workers
+/// renew every 5 s ([`SLOW_RENEW`]), so only wake-ups can serve the joiner within 250 ms, the
+/// same bound on both clocks.
+pub async fn a_joiner_gets_its_share_within_two_ticks<S: LeaseStore + Clone + 'static>(
+    env: Env<S>,
+) {
+    for wakeups in [false, true] {
+        let mut pool = Pool::new(&env, if wakeups { "woken" } else { "ticking" }, 64, wakeups);
+        if wakeups {
+            pool = pool.slow_ticks();
+        }
+        let started = Instant::now();
+        for _ in 0..3 {
+            pool.start().await;
+        }
+        pool.until_balanced(5 * pool.renew, "cold start").await;
+        eprintln!(
+            "cold start, 3 workers x 64 buckets, wake-ups {wakeups}, renew {:?}: balanced in \
+             {:?}",
+            pool.renew,
+            started.elapsed()
+        );
+        let start = pool.clock.now();
+        let joiner = pool.start().await;
+        pool.until_balanced(pool.renew + env.slack(), "the joiner's share")
+            .await;
+        assert_eq!(pool.owned()[&joiner], 16);
+        let at = pool
+            .assigned_at(joiner)
+            .into_iter()
+            .max()
+            .expect("the joiner was assigned buckets");
+        let took = ms(at - start);
+        eprintln!(
+            "join, 3 -> 4 workers x 64 buckets, wake-ups {wakeups}, renew {:?}: share complete \
+             {took} ms after joining",
+            pool.renew
+        );
+        if wakeups {
+            assert!(
+                took < WAKE_UP_BOUND.as_millis() as i64,
+                "with wake-ups the joiner waited {took} ms"
+            );
+        }
+        let moved = lock(&pool.log)
+            .entries()
+            .iter()
+            .filter(|e| e.at >= start)
+            .filter(|e| {
+                matches!(
+                    e.event,
+                    OwnershipEvent::Revoked {
+                        reason: RevokeReason::Shed,
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(moved, 16, "buckets shed after the join");
+        pool.shutdown().await;
+    }
+}
+
+/// One of three workers stopping gracefully has its 4 buckets revoked (shutdown), and the
+/// others own them within two ticks (a renew interval), or within 250 ms with wake-ups, with
+/// no overlap. As for a join, the two-tick bound (renew 1 s) is exact on the paused clock
+/// (1.05 s) and a renew interval plus [`REAL_SLACK`] on real time; with wake-ups the workers
+/// renew every 5 s ([`SLOW_RENEW`]) and the 250 ms bound is the same on both clocks.
+pub async fn a_graceful_stop_hands_over_without_overlap<S: LeaseStore + Clone + 'static>(
+    env: Env<S>,
+) {
+    for wakeups in [false, true] {
+        let mut pool = Pool::new(&env, if wakeups { "woken" } else { "ticking" }, 12, wakeups);
+        if wakeups {
+            pool = pool.slow_ticks();
+        }
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            ids.push(pool.start().await);
+        }
+        pool.until_balanced(5 * pool.renew, "cold start").await;
+        let stopped_at = pool.clock.now();
+        pool.stop(ids[0]).await;
+        pool.until_balanced(
+            pool.renew + env.slack(),
+            "the stopped worker's buckets re-owned",
+        )
+        .await;
+        let last_assigned = [ids[1], ids[2]]
+            .iter()
+            .flat_map(|&w| pool.assigned_at(w))
+            .max()
+            .expect("assignments");
+        let took = ms(last_assigned - stopped_at);
+        eprintln!(
+            "graceful stop of 1 of 3 (12 buckets), wake-ups {wakeups}, renew {:?}: re-owned in \
+             {took} ms",
+            pool.renew
+        );
+        if wakeups {
+            assert!(
+                took < WAKE_UP_BOUND.as_millis() as i64,
+                "with wake-ups the handoff took {took} ms"
+            );
+        }
+        assert_eq!(
+            pool.revoked_at(ids[0], RevokeReason::Shutdown).len(),
+            4,
+            "the stopped worker's application was not told"
+        );
+        let summary = pool.shutdown().await;
+        assert!(summary.handoffs >= 4);
+    }
+}
+
+/// A crashed worker's 4 buckets move only after its session expired in the store, and within
+/// a renew interval (plus 250 ms) of it: the others find them claimable at their next tick.
+pub async fn a_crashed_workers_buckets_move_only_after_its_lease_expires<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    let mut pool = Pool::new(&env, "orders", 12, true);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(pool.start().await);
+    }
+    pool.until_balanced(5 * RENEW, "cold start").await;
+    let victim = ids[0];
+    pool.crash(victim);
+    let snap = pool.store.snapshot(&pool.group).await.expect("snapshot");
+    let held: Vec<Bucket> = snap
+        .buckets
+        .iter()
+        .filter(|b| b.owner == Some(victim) && b.state == BucketState::Live)
+        .map(|b| b.bucket)
+        .collect();
+    assert_eq!(held.len(), 4);
+    let expires = pool
+        .until_following_expiry(
+            victim,
+            TTL + RENEW + env.slack(),
+            "the crashed worker's buckets re-owned",
+            || pool.balanced(),
+        )
+        .await;
+    let log = lock(&pool.log).clone();
+    let holdings = log.holdings().expect("holdings");
+    for b in &held {
+        // Buckets move during the cold start: the holding that counts is the one after the
+        // crashed worker's.
+        let list = &holdings[b];
+        let last = list
+            .iter()
+            .rposition(|h| h.worker == victim)
+            .expect("held by the crashed worker");
+        let next = list.get(last + 1).expect("re-owned");
+        assert!(
+            next.from >= expires,
+            "bucket {b} re-assigned at {} before the crashed lease expired at {expires}",
+            next.from
+        );
+        let late = (next.from - expires).to_std().expect("after expiry");
+        assert!(
+            late <= RENEW + WAKE_UP_BOUND,
+            "bucket {b} re-owned {late:?} after expiry, more than a renew interval"
+        );
+    }
+    pool.shutdown().await;
+}
+
+/// A worker whose heartbeats fail revokes its 4 buckets (expired) before its session expires
+/// in the store, so before anyone can take them; the other then owns all 8. Healed, it starts
+/// a new session and gets its share back.
+pub async fn a_worker_that_cannot_renew_fences_itself_before_anyone_takes_over<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    let mut pool = Pool::new(&env, "orders", 8, true);
+    let a = pool.start().await;
+    let b = pool.start().await;
+    pool.until_balanced(5 * RENEW, "cold start").await;
+    let faults = pool.faults(a);
+    faults.fail_heartbeats.store(true, Ordering::SeqCst);
+    let latest_expiry = pool
+        .until_following_expiry(a, TTL + RENEW + env.slack(), "b taking over", || {
+            pool.owned()[&b] == 8
+        })
+        .await;
+    let fenced = pool.revoked_at(a, RevokeReason::Expired);
+    assert_eq!(
+        fenced.len(),
+        4,
+        "a did not revoke its four buckets: {:?}",
+        pool.events_of(a)
+    );
+    for t in &fenced {
+        assert!(
+            *t < latest_expiry,
+            "a fenced at {t}, after its session expired at {latest_expiry}"
+        );
+    }
+    assert!(faults.injected.load(Ordering::SeqCst) > 0);
+    faults.fail_heartbeats.store(false, Ordering::SeqCst);
+    // Only that it recovers matters here, not how fast.
+    pool.until_balanced(5 * RENEW, "a's share back").await;
+    let summary = pool.shutdown().await;
+    assert_eq!(summary.revocations.get("expired"), Some(&4));
+}
+
+/// A worker whose store calls hang, as over a cut network (no error ever comes back), revokes
+/// its 4 buckets at its trust deadline while the call hangs, before its session expires; the
+/// other worker owns all 8 after that. Healed, it gets its share back.
+pub async fn a_worker_cut_off_mid_call_fences_while_the_call_hangs<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    let mut pool = Pool::new(&env, "orders", 8, true);
+    let a = pool.start().await;
+    let b = pool.start().await;
+    pool.until_balanced(5 * RENEW, "cold start").await;
+    let faults = pool.faults(a);
+    faults.hang.store(true, Ordering::SeqCst);
+    let expiry = pool
+        .until_following_expiry(a, TTL + RENEW + env.slack(), "b taking over", || {
+            pool.owned()[&b] == 8
+        })
+        .await;
+    let fenced = pool.revoked_at(a, RevokeReason::Expired);
+    assert_eq!(
+        fenced.len(),
+        4,
+        "a kept trusting its leases while its store calls hung"
+    );
+    assert_eq!(
+        pool.owned()[&a],
+        0,
+        "the owned set still lists buckets after fencing"
+    );
+    assert!(
+        fenced.iter().all(|t| *t < expiry),
+        "fenced at {fenced:?}, expiry {expiry}"
+    );
+    assert!(faults.injected.load(Ordering::SeqCst) > 0);
+    faults.hang.store(false, Ordering::SeqCst);
+    pool.until_balanced(5 * RENEW, "a's share back").await;
+    pool.shutdown().await;
+}
+
+/// A worker whose session was ended behind its back (an operator's forced release) revokes
+/// everything it held (expired) before it is assigned anything under its new session, at its
+/// next tick.
+pub async fn a_new_session_revokes_everything_before_claiming_again<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    let mut pool = Pool::new(&env, "orders", 4, false);
+    let a = pool.start().await;
+    pool.until_balanced(5 * RENEW, "cold start").await;
+    let before = pool.events_of(a).len();
+    pool.store.leave(&pool.group, a, None).await.expect("leave");
+    let reclaimed = || {
+        let events = pool.events_of(a);
+        let after = &events[before..];
+        let revoked = after
+            .iter()
+            .filter(|(_, e)| {
+                matches!(
+                    e,
+                    OwnershipEvent::Revoked {
+                        reason: RevokeReason::Expired,
+                        ..
+                    }
+                )
+            })
+            .count();
+        let assigned = after
+            .iter()
+            .filter(|(_, e)| matches!(e, OwnershipEvent::Assigned { .. }))
+            .count();
+        revoked == 4 && assigned == 4
+    };
+    until(
+        RENEW + env.slack(),
+        "a revoking its 4 buckets (expired) and claiming them again",
+        reclaimed,
+        || pool.events_of(a),
+    )
+    .await;
+    let events = pool.events_of(a);
+    let first_assigned = events[before..]
+        .iter()
+        .position(|(_, e)| matches!(e, OwnershipEvent::Assigned { .. }))
+        .expect("assigned again");
+    let last_revoked = events[before..]
+        .iter()
+        .rposition(|(_, e)| matches!(e, OwnershipEvent::Revoked { .. }))
+        .expect("revoked");
+    assert!(
+        last_revoked < first_assigned,
+        "assigned under the new session before every old bucket was revoked: {:?}",
+        &events[before..]
+    );
+    assert!(pool.balanced());
+    pool.shutdown().await;
+}
+
+/// A metrics recorder of the suite's own: counters by name and labels, as
+/// `name{label="value"}`; gauges and histograms are dropped.
+#[derive(Default)]
+struct Counters(Mutex<BTreeMap<String, Arc<AtomicU64>>>);
+
+impl Counters {
+    fn get(&self, series: &str) -> u64 {
+        lock(&self.0)
+            .get(series)
+            .map_or(0, |c| c.load(Ordering::SeqCst))
+    }
+}
+
+impl metrics::Recorder for Counters {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={:?}", l.key(), l.value()))
+            .collect();
+        let series = format!("{}{{{}}}", key.name(), labels.join(","));
+        metrics::Counter::from_arc(lock(&self.0).entry(series).or_default().clone())
+    }
+
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+/// While every store call fails (transiently), the worker keeps retrying (at least 10 attempts,
+/// with backoff) and does not end; each failed call is reported once to `on_error`, with the
+/// store's error, and counted in `lease_store_errors_total`. Healed, it recovers and reports
+/// nothing more.
+///
+/// The metric is read from a recorder installed for this case's thread only
+/// (`metrics::set_default_local_recorder`), so cases running in parallel do not count into it:
+/// the worker registers its metrics inside `start`, on the thread awaiting it, which is the
+/// test's own thread on both runtimes (a `#[tokio::test]` body runs in `block_on`). The handles
+/// it gets then count from any thread.
+pub async fn store_errors_are_reported_and_retried_without_stopping<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    let counters = Counters::default();
+    let recorder = metrics::set_default_local_recorder(&counters);
+    let errors_counted = || counters.get(r#"lease_store_errors_total{group="orders"}"#);
+    let mut pool = Pool::new(&env, "orders", 4, false);
+    let a = pool.start().await;
+    drop(recorder);
+    pool.until_balanced(5 * RENEW, "cold start").await;
+    assert!(pool.errors_of(a).is_empty() && errors_counted() == 0);
+    let faults = pool.faults(a);
+    faults.fail_all.store(true, Ordering::SeqCst);
+    // Backoff from 100 ms doubling to the renew interval: 10 attempts in 7.5 s.
+    until(
+        10 * RENEW,
+        "10 failed attempts reported",
+        || pool.errors_of(a).len() >= 10,
+        || pool.errors_of(a),
+    )
+    .await;
+    assert!(
+        !pool.workers[&a].0.is_finished(),
+        "a transient store error ended the worker"
+    );
+    faults.fail_all.store(false, Ordering::SeqCst);
+    pool.until_balanced(5 * RENEW, "recovered").await;
+    // Calls are made one at a time, and a tick succeeded since: every failed one was reported.
+    let injected = faults.injected.load(Ordering::SeqCst);
+    let reported = pool.errors_of(a);
+    assert_eq!(
+        reported.len() as u64,
+        injected,
+        "on_error calls for {injected} failed calls"
+    );
+    assert!(
+        reported.iter().all(|k| *k == Some(ErrorKind::Backend)),
+        "{reported:?}"
+    );
+    assert_eq!(errors_counted(), injected, "lease_store_errors_total");
+    pool.shutdown().await;
+}
+
+/// A store error retrying cannot fix (permission denied) stops the worker, where a transient
+/// one (unavailable) is retried: the worker revokes everything, ends, and `wait` returns the
+/// store's error, not transient. The worker cannot leave the group either (the store refuses
+/// every call of that worker), so the store still lists its session until it expires: the
+/// other worker takes its buckets only then.
+pub async fn a_permanent_store_error_stops_the_worker<S: LeaseStore + Clone + 'static>(
+    env: Env<S>,
+) {
+    let mut pool = Pool::new(&env, "orders", 8, true);
+    let a = pool.start().await;
+    let b = pool.start().await;
+    pool.until_balanced(5 * RENEW, "cold start").await;
+    let faults = pool.faults(a);
+    faults.fail_all.store(true, Ordering::SeqCst);
+    until(
+        5 * RENEW,
+        "3 transient failures reported",
+        || pool.errors_of(a).len() >= 3,
+        || pool.errors_of(a),
+    )
+    .await;
+    assert!(
+        !pool.workers[&a].0.is_finished(),
+        "a transient store error ended the worker"
+    );
+    // One switch on before the other goes off: no call gets through in between.
+    faults.fail_permanently.store(true, Ordering::SeqCst);
+    faults.fail_all.store(false, Ordering::SeqCst);
+    let (mut handle, _) = pool.workers.remove(&a).expect("a");
+    let owned = handle.owned();
+    let ended = tokio::time::timeout(TTL + env.slack(), handle.wait())
+        .await
+        .expect("the worker kept running on a permanent error");
+    match &ended {
+        Err(WorkerFailed::Store(e)) => {
+            assert!(!e.is_transient(), "ended on a transient error: {e:?}")
+        }
+        other => panic!("the worker ended with {other:?}"),
+    }
+    let ended_at = pool.clock.now();
+    assert!(owned.borrow().is_empty(), "{:?}", owned.borrow());
+    let held = lock(&pool.log)
+        .holdings()
+        .expect("holdings")
+        .values()
+        .flatten()
+        .filter(|h| h.worker == a)
+        .filter(|h| h.until.is_none())
+        .count();
+    assert_eq!(held, 0, "a's application still holds buckets");
+    let snap = pool.store.snapshot(&pool.group).await.expect("snapshot");
+    let member = snap
+        .members
+        .iter()
+        .find(|m| m.worker == a)
+        .expect("a's session, which it could not leave");
+    assert!(member.live && member.expires_at > ended_at);
+    let expiry = member.expires_at;
+    pool.until_owns(b, 8, TTL + RENEW + env.slack()).await;
+    let taken = pool.assigned_at(b).into_iter().max().expect("assignments");
+    assert!(
+        taken >= expiry,
+        "b was assigned a's buckets at {taken}, before a's session expired at {expiry}"
+    );
+    pool.shutdown().await;
+}
+
+/// A worker that cannot leave the group when stopped says so: `shutdown` fails with
+/// `LeaveFailed` naming the leave's error, whether the store fails or does not answer, the
+/// failure is reported to `on_error` too, and the store keeps the worker's session until it
+/// expires (the others must wait for that).
+pub async fn a_worker_that_cannot_leave_the_group_says_so_on_shutdown<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    for hang in [false, true] {
+        let mut pool = Pool::new(&env, if hang { "hanging" } else { "failing" }, 4, false);
+        let a = pool.start().await;
+        pool.until_balanced(5 * RENEW, "cold start").await;
+        let (handle, faults) = pool.workers.remove(&a).expect("a");
+        let switch = if hang { &faults.hang } else { &faults.fail_all };
+        switch.store(true, Ordering::SeqCst);
+        let failed = handle.shutdown().await;
+        match &failed {
+            Err(WorkerFailed::LeaveFailed {
+                source: WorkerError::Store { operation, source },
+            }) if !hang => {
+                assert_eq!(
+                    (*operation, source.kind()),
+                    (Operation::Leave, ErrorKind::Backend)
+                );
+            }
+            Err(WorkerFailed::LeaveFailed {
+                source: WorkerError::Timeout { operation, .. },
+            }) if hang => assert_eq!(*operation, Operation::Leave),
+            other => panic!("hang {hang}: the failed leave was not reported: {other:?}"),
+        }
+        assert_eq!(
+            pool.errors_of(a).len(),
+            1,
+            "the failed leave is also reported to on_error"
+        );
+        switch.store(false, Ordering::SeqCst);
+        // The session stays until it expires: a leave given up on must not happen later.
+        let mut expiry = pool
+            .session_expiry(a)
+            .await
+            .unwrap_or_else(|| panic!("hang {hang}: the session is gone without a leave"));
+        let start = Instant::now();
+        loop {
+            let snap = pool.store.snapshot(&pool.group).await.expect("snapshot");
+            let now = pool.clock.now();
+            match snap.members.iter().find(|m| m.worker == a) {
+                Some(m) if m.live => expiry = m.expires_at,
+                Some(_) => break,
+                None => {
+                    assert!(
+                        now >= expiry,
+                        "hang {hang}: the session left at {now}, before its expiry {expiry}"
+                    );
+                    break;
+                }
+            }
+            assert!(
+                start.elapsed() < TTL + env.slack(),
+                "the session never expired"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+        pool.check();
+    }
+}
+
+/// Two groups on one store, of different sizes, balance independently.
+pub async fn several_groups_share_one_store_without_interfering<S: LeaseStore + Clone + 'static>(
+    env: Env<S>,
+) {
+    let mut orders = Pool::new(&env, "orders", 16, true);
+    // Bucket numbers repeat across groups: each group is checked on a log of its own.
+    let mut invoices = Pool::new(&env, "invoices", 5, true);
+    for _ in 0..2 {
+        orders.start().await;
+        invoices.start().await;
+    }
+    invoices.start().await;
+    orders.until_balanced(5 * RENEW, "orders").await;
+    invoices.until_balanced(5 * RENEW, "invoices").await;
+    assert!(orders.owned().values().all(|&n| n == 8));
+    let mut split: Vec<usize> = invoices.owned().values().copied().collect();
+    split.sort_unstable();
+    assert_eq!(split, vec![1, 2, 2]);
+    orders.shutdown().await;
+    invoices.shutdown().await;
+}
+
+/// A worker configured with 8 buckets for a group the store holds with 4 is refused at start
+/// with the typed mismatch, and nothing runs.
+pub async fn a_shard_count_mismatch_refuses_to_start<S: LeaseStore + Clone + 'static>(env: Env<S>) {
+    let pool = Pool::new(&env, "orders", 8, false);
+    pool.store
+        .ensure_group(&pool.group, ShardCount::new(4).expect("n"))
+        .await
+        .expect("ensure");
+    let err = pool
+        .config(None)
+        .start(pool.store.clone(), lease_worker::event_channel(8).0)
+        .await
+        .expect_err("a mismatched worker started");
+    assert_eq!(
+        err.store_error().map(lease_core::StoreError::kind),
+        Some(ErrorKind::ShardCountMismatch)
+    );
+    let snap = pool.store.snapshot(&pool.group).await.expect("snapshot");
+    assert!(snap.members.is_empty(), "{:?}", snap.members);
+    pool.check();
+}
+
+/// A configuration runs as one task at a time: a clone started while the original runs is
+/// refused (`AlreadyRunning`, before touching the store); once the original stopped, the
+/// clone starts and owns every bucket.
+pub async fn starting_a_running_configuration_again_is_refused<S: LeaseStore + Clone + 'static>(
+    env: Env<S>,
+) {
+    let mut pool = Pool::new(&env, "orders", 4, true);
+    let config = pool.config(None);
+    let id = config.worker_id();
+    let (first, _) = pool
+        .launch_config(config.clone(), id, Slow::default())
+        .await
+        .expect("the first start");
+    until(
+        5 * RENEW,
+        "the first run owning 4",
+        || first.owned().borrow().len() == 4,
+        || first.owned().borrow().len(),
+    )
+    .await;
+    match pool
+        .launch_config(config.clone(), id, Slow::default())
+        .await
+    {
+        Err(StartError::AlreadyRunning { group, worker }) => {
+            assert_eq!((group, worker), (pool.group.clone(), id));
+        }
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("a running configuration started twice"),
+    }
+    assert_eq!(
+        first.owned().borrow().len(),
+        4,
+        "the refused start disturbed the first"
+    );
+    first.shutdown().await.expect("a clean stop");
+    let (second, faults) = pool
+        .launch_config(config, id, Slow::default())
+        .await
+        .expect("the configuration starts again once stopped");
+    pool.workers.insert(id, (second, faults));
+    pool.until_owns(id, 4, RENEW + env.slack()).await;
+    pool.shutdown().await;
+}
+
+/// Slow handlers cannot starve the renewals: a worker assigning 40 buckets at 200 ms each
+/// (8 s, past the 2.5 s trust window) interleaves renewals and never fences on the way. A store
+/// stall of 2.8 s then makes it fence exactly once (40 revocations), and it gets all 40 back
+/// without flapping; a joiner then gets half.
+pub async fn slow_handlers_do_not_starve_renewals<S: LeaseStore + Clone + 'static>(env: Env<S>) {
+    let mut pool = Pool::new(&env, "orders", 40, true);
+    let a = pool
+        .start_slow(Slow {
+            assign: Duration::from_millis(200),
+            ..Slow::default()
+        })
+        .await;
+    // 8 s of handler time, a renewal every second between assignments.
+    pool.until_owns(a, 40, 12 * RENEW).await;
+    assert_eq!(
+        pool.revoked_at(a, RevokeReason::Expired).len(),
+        0,
+        "a fenced itself while assigning"
+    );
+    let faults = pool.faults(a);
+    faults.hang.store(true, Ordering::SeqCst);
+    // The stall is the fault's length, past the 2.5 s trust window.
+    tokio::time::sleep(Duration::from_millis(2_800)).await;
+    faults.hang.store(false, Ordering::SeqCst);
+    // Fenced (at the trust deadline, during the stall), then all 40 back.
+    until(
+        20 * RENEW,
+        "a fenced and owning 40 again",
+        || pool.revoked_at(a, RevokeReason::Expired).len() >= 40 && pool.owned()[&a] == 40,
+        || pool.owned(),
+    )
+    .await;
+    let b = pool.start().await;
+    pool.until_balanced(20 * RENEW, "b's half").await;
+    assert_eq!(pool.owned()[&b], 20);
+    // Counted after b's half, so that a fence after the recovery would show too.
+    let fenced = pool.revoked_at(a, RevokeReason::Expired).len();
+    assert_eq!(
+        fenced, 40,
+        "a did not fence exactly once ({fenced} revocations)"
+    );
+    pool.shutdown().await;
+}
+
+/// A panicking handler stops the worker visibly: `wait` reports the panic with its message,
+/// and the owned set, which held the bucket assigned before, empties. Its session then expires
+/// and another worker takes over.
+pub async fn a_panicking_handler_stops_the_worker_visibly<S: LeaseStore + Clone + 'static>(
+    env: Env<S>,
+) {
+    let mut pool = Pool::new(&env, "orders", 4, true);
+    // Alone, it claims all 4 at its first tick; the second assignment panics.
+    let a = pool
+        .start_slow(Slow {
+            panic_on: Some(2),
+            ..Slow::default()
+        })
+        .await;
+    let (mut handle, _) = pool.workers.remove(&a).expect("a");
+    let owned = handle.owned();
+    let failure = tokio::time::timeout(RENEW + env.slack(), handle.wait())
+        .await
+        .expect("the worker did not end")
+        .expect_err("the worker survived its handler's panic");
+    assert!(
+        matches!(&failure, WorkerFailed::HandlerPanicked { message }
+            if message.contains("the application's handler failed")),
+        "{failure}"
+    );
+    assert_eq!(pool.assigned_at(a).len(), 1, "the first assignment");
+    assert!(
+        owned.borrow().is_empty(),
+        "the owned set kept buckets: {:?}",
+        owned.borrow()
+    );
+    lock(&pool.log).crashed(a, pool.clock.now());
+    let b = pool.start().await;
+    pool.until_owns(b, 4, TTL + RENEW + env.slack()).await;
+    pool.shutdown().await;
+}
+
+/// Two processes started with one worker id never share its session: the second is refused
+/// (`WorkerIdInUse`, reported at each attempt) and owns nothing while the first runs; once the
+/// first stops gracefully the second starts a session of its own and takes every bucket, and
+/// the ownership log shows no bucket held by both.
+pub async fn two_processes_with_one_worker_id_never_share_a_session<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    let mut pool = Pool::new(&env, "orders", 8, true);
+    let first = pool.start().await;
+    pool.until_balanced(5 * RENEW, "cold start").await;
+    let second = pool.start_as(first).await;
+    until(
+        5 * RENEW,
+        "the second process refused 5 times",
+        || pool.errors_of(second).len() >= 5,
+        || pool.errors_of(second),
+    )
+    .await;
+    assert_eq!(pool.owned()[&first], 8, "the first process lost buckets");
+    assert_eq!(
+        pool.owned()[&second],
+        0,
+        "the second process was given buckets of the first one's session"
+    );
+    let refused = pool.errors_of(second);
+    assert!(
+        refused.iter().all(|k| *k == Some(ErrorKind::WorkerIdInUse)),
+        "the second process did not report the id in use at each attempt: {refused:?}"
+    );
+    let stopped_at = pool.clock.now();
+    pool.stop(first).await;
+    pool.until_owns(second, 8, 2 * RENEW + env.slack()).await;
+    assert!(pool.assigned_at(second).iter().all(|t| *t >= stopped_at));
+    let summary = pool.shutdown().await;
+    assert_eq!(summary.handoffs, 8);
+}
+
+/// Revoke before release, the rule a graceful handoff rests on: a worker shedding 4 buckets to
+/// a joiner releases each one only after its application acknowledged the revocation (the
+/// handler returned, 200 ms each here), so the joiner, woken by the release, is assigned it
+/// only after that, as the ownership log shows (a revocation is recorded when the handler
+/// returns). The workers renew every 5 s ([`SLOW_RENEW`]): only wake-ups can complete the
+/// handoff within the four revocations plus [`WAKE_UP_BOUND`] (and the slack).
+pub async fn a_shed_bucket_is_released_only_after_its_revoke_returns<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    const REVOKE: Duration = Duration::from_millis(200);
+    let mut pool = Pool::new(&env, "orders", 8, true).slow_ticks();
+    let a = pool
+        .start_slow(Slow {
+            revoke: REVOKE,
+            ..Slow::default()
+        })
+        .await;
+    pool.until_owns(a, 8, 5 * RENEW).await;
+    let b = pool.start().await;
+    let took = pool
+        .until_balanced(
+            4 * REVOKE + WAKE_UP_BOUND + env.slack(),
+            "the joiner's half, by wake-ups",
+        )
+        .await;
+    eprintln!("shed 4 of 8 to a joiner, 200 ms per revocation: handed over in {took:?}");
+    assert_eq!(pool.owned()[&b], 4);
+    assert_eq!(pool.revoked_at(a, RevokeReason::Shed).len(), 4);
+    // Checked here, before the workers stop (stopping hands buckets over again).
+    assert_eq!(pool.check().handoffs, 4, "the shed buckets went to b");
+    pool.shutdown().await;
+}

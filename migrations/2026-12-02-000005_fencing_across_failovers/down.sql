@@ -1,0 +1,3 @@
+ALTER TABLE lease.members DROP COLUMN timeline;
+DROP TABLE lease.server_epochs;
+DROP FUNCTION lease.timeline();
