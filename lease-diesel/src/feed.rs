@@ -165,6 +165,8 @@ fn parse(payload: &str) -> Change {
         (Some('J'), Some(w)) => Change::Joined(w),
         (Some('L'), Some(w)) => Change::Left(w),
         (Some('R'), Some(w)) => Change::Released(w),
+        // A resize: 'Z' and the new generation.
+        (Some('Z'), _) => Change::Resized,
         _ => Change::Missed,
     }
 }
@@ -332,6 +334,7 @@ mod tests {
             parse(&format!("R{w}")),
             Change::Released(WorkerId::from_uuid(w))
         );
+        assert_eq!(parse("Z3"), Change::Resized);
         assert_eq!(parse("X"), Change::Missed);
         assert_eq!(parse(""), Change::Missed);
         assert_eq!(parse("Jnot-a-uuid"), Change::Missed);

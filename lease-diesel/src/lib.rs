@@ -657,12 +657,11 @@ impl LeaseStore for PgLeaseStore {
         from: ShardCount,
         to: ShardCount,
     ) -> Result<ResizeOutcome, StoreError> {
-        let _ = (group, from, to);
-        Err(StoreError::backend_detail(
-            Operation::Resize,
-            BackendFailure::Misconfigured,
-            "the Postgres backend cannot resize a group yet",
-        ))
+        let at = self.at();
+        self.with_conn(Operation::Resize, async |c| {
+            ops::resize(c, at, group, from, to).await
+        })
+        .await
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {

@@ -12,17 +12,23 @@ use diesel::prelude::*;
 use diesel::sql_types::{
     Array, BigInt, Bool, Integer, Interval, Nullable, Text, Timestamptz, Uuid as SqlUuid,
 };
-use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
+use diesel_async::{
+    AnsiTransactionManager, AsyncConnection, AsyncPgConnection, RunQueryDsl, TransactionManager,
+};
 use lease_core::{
     Bucket, BucketInfo, BucketState, FencingToken, Generation, GroupName, GroupSnapshot, GroupView,
-    Heartbeat, Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata, Operation, SessionId,
-    ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId,
+    Heartbeat, Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata, Operation,
+    ResizeOutcome, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId,
 };
 use uuid::Uuid;
 
 use crate::error::{corrupt, from_diesel};
 use crate::prepared::Prepared;
 use crate::statements as sql;
+
+fn shard_count_of(op: Operation, group: &GroupName, n: i32) -> Result<ShardCount, StoreError> {
+    shard_count(op, group, n)
+}
 
 fn shard_count(op: Operation, group: &GroupName, n: i32) -> Result<ShardCount, StoreError> {
     ShardCount::try_from_i64(i64::from(n))
@@ -74,6 +80,12 @@ fn leases(
         .collect()
 }
 
+fn generation(op: Operation, n: i64) -> Result<Generation, StoreError> {
+    u64::try_from(n)
+        .map(Generation)
+        .map_err(|_| corrupt(op, format!("generation {n}")))
+}
+
 fn bucket_list(op: Operation, buckets: &[i32]) -> Result<Vec<Bucket>, StoreError> {
     buckets.iter().map(|&b| bucket(op, b)).collect()
 }
@@ -95,18 +107,20 @@ pub async fn ensure_group(
     .await
     .optional()
     .map_err(|e| from_diesel(Operation::EnsureGroup, e))?;
-    if created.is_some() {
+    if created.is_some_and(|row| row.shard_count == shards.get() as i32) {
         return Ok(());
     }
     // The name was taken (perhaps by a concurrent call, now committed): compare counts in
-    // a statement with a fresh snapshot.
-    let found: sql::ShardCountRow =
+    // a statement with a fresh snapshot. The count the group was last resized from is
+    // accepted too (E3): the caller adopts the stored count.
+    let found: sql::GroupCountsRow =
         Prepared(diesel::sql_query(sql::GROUP_SHARD_COUNT).bind::<Text, _>(group.as_str()))
             .get_result(conn)
             .await
             .map_err(|e| from_diesel(Operation::EnsureGroup, e))?;
+    let previous = found.previous_count;
     let found = shard_count(Operation::EnsureGroup, group, found.shard_count)?;
-    if found == shards {
+    if found == shards || previous == Some(shards.get() as i32) {
         Ok(())
     } else {
         Err(StoreError::ShardCountMismatch {
@@ -182,6 +196,26 @@ pub(crate) async fn heartbeat_on_timeline(
         &row.tokens,
         row.expires_at,
     )?;
+    let members_owned = owned.len() as u32;
+    let previous = row
+        .previous_count
+        .map(|n| shard_count_of(Operation::Heartbeat, group, n))
+        .transpose()?;
+    if let Some(from) = previous {
+        owned.extend(leases(
+            Operation::Heartbeat,
+            worker,
+            from,
+            &row.old_buckets,
+            &row.old_tokens,
+            row.expires_at,
+        )?);
+    } else if !row.old_buckets.is_empty() {
+        return Err(corrupt(
+            Operation::Heartbeat,
+            "buckets of a draining generation in a group never resized".into(),
+        ));
+    }
     owned.sort_by_key(|l| l.bucket);
     if row.other_workers.len() != row.other_owned.len() {
         return Err(corrupt(
@@ -191,7 +225,7 @@ pub(crate) async fn heartbeat_on_timeline(
     }
     let mut members = vec![MemberLoad {
         worker,
-        owned: owned.len() as u32,
+        owned: members_owned,
     }];
     for (&w, &n) in row.other_workers.iter().zip(&row.other_owned) {
         members.push(MemberLoad {
@@ -210,9 +244,10 @@ pub(crate) async fn heartbeat_on_timeline(
             shard_count,
             members,
             claimable: shard_count.get().saturating_sub(held),
-            generation: Generation::default(),
-            previous: None,
-            draining: 0,
+            generation: generation(Operation::Heartbeat, row.generation)?,
+            previous,
+            draining: u32::try_from(row.draining)
+                .map_err(|_| corrupt(Operation::Heartbeat, "draining count".into()))?,
         },
         owned,
     };
@@ -274,7 +309,7 @@ pub async fn release(
     buckets: &[Bucket],
 ) -> Result<Vec<Bucket>, StoreError> {
     let requested: Vec<i64> = buckets.iter().map(|b| i64::from(b.0)).collect();
-    let row: Option<sql::ReleasedRow> = Prepared(
+    let row: Option<sql::ReleaseRow> = Prepared(
         diesel::sql_query(sql::RELEASE)
             .bind::<Text, _>(group.as_str())
             .bind::<SqlUuid, _>(worker.as_uuid())
@@ -288,7 +323,9 @@ pub async fn release(
     .map_err(|e| from_diesel(Operation::Release, e))?;
     let row = row.ok_or_else(|| not_found(group))?;
     let shards = shard_count(Operation::Release, group, row.shard_count)?;
-    if let Some(&bucket) = buckets.iter().find(|&&b| !shards.contains(b)) {
+    // While a resize drains, the old generation's numbers are in range too (R1).
+    let range = u32::try_from(row.range).unwrap_or(0);
+    if let Some(&bucket) = buckets.iter().find(|&&b| b.0 >= range) {
         return Err(StoreError::BucketOutOfRange {
             group: group.clone(),
             bucket,
@@ -335,7 +372,7 @@ pub async fn snapshot(
         .transaction_depth()
         .map_err(|e| from_diesel(Operation::Snapshot, e))?
         .is_some();
-    let (now, stored_count, member_rows, shard_rows) = if in_transaction {
+    let (now, stored, member_rows, shard_rows, old_rows) = if in_transaction {
         snapshot_reads(conn, at, &name).await
     } else {
         conn.build_transaction()
@@ -345,11 +382,12 @@ pub async fn snapshot(
             .await
     }
     .map_err(|e| from_diesel(Operation::Snapshot, e))?;
-    let shard_count = shard_count(
-        Operation::Snapshot,
-        group,
-        stored_count.ok_or_else(|| not_found(group))?,
-    )?;
+    let (stored_count, stored_generation, stored_previous) =
+        stored.ok_or_else(|| not_found(group))?;
+    let shard_count = shard_count(Operation::Snapshot, group, stored_count)?;
+    let previous = stored_previous
+        .map(|n| shard_count_of(Operation::Snapshot, group, n))
+        .transpose()?;
     let mut sessions: HashMap<(Uuid, Uuid), DateTime<Utc>> = HashMap::new();
     let mut members = Vec::with_capacity(member_rows.len());
     for (worker, session, joined_at, heartbeat_at, expires_at, owned, metadata) in member_rows {
@@ -371,36 +409,46 @@ pub async fn snapshot(
                 .map_err(|e| corrupt(Operation::Snapshot, format!("member metadata: {e}")))?,
         });
     }
+    let info = |(b, owner, session, token): ShardRow| {
+        let expires_at = owner
+            .zip(session)
+            .and_then(|key| sessions.get(&key).copied());
+        let state = match (owner, expires_at) {
+            (None, _) => BucketState::Unowned,
+            (Some(_), Some(e)) if now < e => BucketState::Live,
+            (Some(_), _) => BucketState::Expired,
+        };
+        Ok(BucketInfo {
+            bucket: bucket(Operation::Snapshot, b)?,
+            owner: owner.map(WorkerId::from_uuid),
+            session: session.map(SessionId::from_uuid),
+            token: FencingToken(token),
+            expires_at,
+            state,
+        })
+    };
     let buckets = shard_rows
         .into_iter()
-        .map(|(b, owner, session, token)| {
-            let expires_at = owner
-                .zip(session)
-                .and_then(|key| sessions.get(&key).copied());
-            let state = match (owner, expires_at) {
-                (None, _) => BucketState::Unowned,
-                (Some(_), Some(e)) if now < e => BucketState::Live,
-                (Some(_), _) => BucketState::Expired,
-            };
-            Ok(BucketInfo {
-                bucket: bucket(Operation::Snapshot, b)?,
-                owner: owner.map(WorkerId::from_uuid),
-                session: session.map(SessionId::from_uuid),
-                token: FencingToken(token),
-                expires_at,
-                state,
-            })
-        })
+        .map(info)
         .collect::<Result<Vec<_>, StoreError>>()?;
+    let mut draining = old_rows
+        .into_iter()
+        .map(info)
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    // Rows of a generation whose every bucket is retired wait for a claim or the next resize
+    // to delete them: the drain is over (Z3), so they are not shown.
+    if !draining.iter().any(|b| b.state == BucketState::Live) {
+        draining.clear();
+    }
     Ok(GroupSnapshot {
         group: group.clone(),
         shard_count,
         observed_at: now,
         members,
         buckets,
-        generation: Generation::default(),
-        previous: None,
-        draining: Vec::new(),
+        generation: generation(Operation::Snapshot, stored_generation)?,
+        previous,
+        draining,
     })
 }
 
@@ -414,21 +462,36 @@ type MemberRow = (
     String,
 );
 type ShardRow = (i32, Option<Uuid>, Option<Uuid>, i64);
+type GroupRow = (i32, i64, Option<i32>);
 
-/// The snapshot's reads: the store's time, the group's shard count, its members and buckets.
+/// What a snapshot reads: the store's time, the group, its members, the current and the
+/// draining generation's buckets.
+type SnapshotReads = (
+    Timestamp,
+    Option<GroupRow>,
+    Vec<MemberRow>,
+    Vec<ShardRow>,
+    Vec<ShardRow>,
+);
+
+/// The snapshot's reads: the store's time, the group, its members and buckets.
 async fn snapshot_reads(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
     name: &str,
-) -> diesel::QueryResult<(Timestamp, Option<i32>, Vec<MemberRow>, Vec<ShardRow>)> {
-    use crate::schema::{groups, members, shards};
+) -> diesel::QueryResult<SnapshotReads> {
+    use crate::schema::{draining_shards, groups, members, shards};
     let now: sql::NowRow =
         Prepared(diesel::sql_query(sql::NOW).bind::<Nullable<Timestamptz>, _>(at))
             .get_result(conn)
             .await?;
-    let count: Option<i32> = groups::table
+    let count: Option<GroupRow> = groups::table
         .find(name)
-        .select(groups::shard_count)
+        .select((
+            groups::shard_count,
+            groups::generation,
+            groups::previous_count,
+        ))
         .first(conn)
         .await
         .optional()?;
@@ -457,7 +520,18 @@ async fn snapshot_reads(
         ))
         .load(conn)
         .await?;
-    Ok((now.now, count, member_rows, shard_rows))
+    let old_rows: Vec<ShardRow> = draining_shards::table
+        .filter(draining_shards::group_name.eq(name))
+        .order(draining_shards::bucket)
+        .select((
+            draining_shards::bucket,
+            draining_shards::owner_worker,
+            draining_shards::owner_session,
+            draining_shards::token,
+        ))
+        .load(conn)
+        .await?;
+    Ok((now.now, count, member_rows, shard_rows, old_rows))
 }
 
 /// [`LeaseStore::is_current`](lease_core::LeaseStore::is_current) on `conn`: one statement. Inside your own transaction, a `true`
@@ -482,4 +556,94 @@ pub async fn is_current(
     .await
     .map_err(|e| from_diesel(Operation::IsCurrent, e))?;
     Ok(row.current)
+}
+
+/// [`LeaseStore::resize`](lease_core::LeaseStore::resize) on `conn`: one transaction (a
+/// savepoint inside yours) of four statements. The group's row is locked first, so resizes
+/// of one group serialize and each compares the count the one before it left (Z1).
+pub async fn resize(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+    group: &GroupName,
+    from: ShardCount,
+    to: ShardCount,
+) -> Result<ResizeOutcome, StoreError> {
+    let op = Operation::Resize;
+    conn.transaction::<_, Failed, _>(async |conn| {
+        let row: Option<sql::ResizeLockRow> = Prepared(
+            diesel::sql_query(sql::RESIZE_LOCK)
+                .bind::<Text, _>(group.as_str())
+                .bind::<Nullable<Timestamptz>, _>(at),
+        )
+        .get_result(conn)
+        .await
+        .optional()?;
+        let row = row.ok_or_else(|| Failed::Store(not_found(group)))?;
+        let found = shard_count(op, group, row.shard_count)?;
+        let current = generation(op, row.generation)?;
+        if found != from {
+            return Err(Failed::Store(StoreError::ResizeFromMismatch {
+                group: group.clone(),
+                from,
+                found,
+            }));
+        }
+        if from == to {
+            return Ok(ResizeOutcome::Unchanged {
+                generation: current,
+            });
+        }
+        if row.draining > 0 {
+            let previous = row
+                .previous_count
+                .ok_or_else(|| corrupt(op, "a draining generation without its count".into()))?;
+            return Err(Failed::Store(StoreError::ResizeInProgress {
+                group: group.clone(),
+                from: shard_count(op, group, previous)?,
+                to: found,
+                draining: u32::try_from(row.draining).unwrap_or(u32::MAX),
+            }));
+        }
+        Prepared(diesel::sql_query(sql::RESIZE_DROP_OLD).bind::<Text, _>(group.as_str()))
+            .execute(conn)
+            .await?;
+        Prepared(diesel::sql_query(sql::RESIZE_MOVE).bind::<Text, _>(group.as_str()))
+            .execute(conn)
+            .await?;
+        let opened: sql::ResizeOpenRow = Prepared(
+            diesel::sql_query(sql::RESIZE_OPEN)
+                .bind::<Text, _>(group.as_str())
+                .bind::<Integer, _>(from.get() as i32)
+                .bind::<Integer, _>(to.get() as i32)
+                .bind::<Nullable<Timestamptz>, _>(at),
+        )
+        .get_result(conn)
+        .await?;
+        Ok(ResizeOutcome::Started {
+            generation: generation(op, opened.generation)?,
+        })
+    })
+    .await
+    .map_err(|e| match e {
+        Failed::Store(e) => e,
+        Failed::Diesel(e) => from_diesel(op, e),
+    })
+}
+
+/// Why [`resize`]'s transaction rolled back.
+enum Failed {
+    Store(StoreError),
+    Diesel(diesel::result::Error),
+}
+
+impl From<diesel::result::Error> for Failed {
+    fn from(e: diesel::result::Error) -> Self {
+        Failed::Diesel(e)
+    }
+}
+
+impl From<StoreError> for Failed {
+    fn from(e: StoreError) -> Self {
+        Failed::Store(e)
+    }
 }

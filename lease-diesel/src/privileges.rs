@@ -4,7 +4,8 @@
 //! table or a function fails it until this list says who needs what on it).
 //!
 //! Exactly what the engine's statements use, no more: a worker's role may not delete groups or
-//! buckets (nothing in the engine does), a monitor's may only read, a fencing application's
+//! buckets (nothing a worker runs does; `resize`, which moves bucket rows, is the operator's
+//! and runs as the schema's owner or a role granted more), a monitor's may only read, a fencing application's
 //! may only call `lease.is_current` (which runs with its owner's rights). No kind may create
 //! anything: only `migrate` does, as the schema's owner. The roles also need `CONNECT` on the
 //! database, which `PUBLIC` has unless it was revoked.
@@ -173,10 +174,20 @@ const NEEDS: &[Need] = &[
         fencing: &[],
     },
     // ensure_group inserts the bucket rows; claims, releases and leaves update and lock them.
-    // No bucket row is ever deleted (they go with their group, by the owner).
+    // No worker deletes a bucket row (resize, which moves them, is not a worker's operation).
     Need {
         on: Object::Table("lease.shards"),
         worker: &["SELECT", "INSERT", "UPDATE"],
+        monitor: &["SELECT"],
+        fencing: &[],
+    },
+    // A draining generation (resize inserts it): heartbeats and snapshots read it, releases
+    // and leaves clear owners, claims lock old rows whose owner died (FOR UPDATE: UPDATE) and
+    // delete the generation once every row is retired. Its migration grants this to the roles
+    // that could update (read) lease.shards, so an upgrade stops no worker.
+    Need {
+        on: Object::Table("lease.draining_shards"),
+        worker: &["SELECT", "UPDATE", "DELETE"],
         monitor: &["SELECT"],
         fencing: &[],
     },

@@ -5,6 +5,8 @@ diesel::table! {
         name -> Text,
         shard_count -> Integer,
         created_at -> Timestamptz,
+        generation -> BigInt,
+        previous_count -> Nullable<Integer>,
     }
 }
 
@@ -30,5 +32,15 @@ diesel::table! {
         owner_session -> Nullable<Uuid>,
         token -> BigInt,
         updated_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    lease.draining_shards (group_name, bucket) {
+        group_name -> Text,
+        bucket -> Integer,
+        owner_worker -> Nullable<Uuid>,
+        owner_session -> Nullable<Uuid>,
+        token -> BigInt,
     }
 }

@@ -30,8 +30,18 @@ WITH ins AS (
 SELECT shard_count FROM ins
 "#;
 
-/// The stored shard count of a group. `$1` name.
-pub(crate) const GROUP_SHARD_COUNT: &str = "SELECT shard_count FROM lease.groups WHERE name = $1";
+/// The stored shard count of a group and the count it was last resized from. `$1` name.
+pub(crate) const GROUP_SHARD_COUNT: &str =
+    "SELECT shard_count, previous_count FROM lease.groups WHERE name = $1";
+
+/// Row of [`GROUP_SHARD_COUNT`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct GroupCountsRow {
+    #[diesel(sql_type = Integer)]
+    pub shard_count: i32,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub previous_count: Option<i32>,
+}
 
 /// Extend the worker's live session if this incarnation began it, or start a new one (`$3`
 /// becomes its id, `$7` its incarnation), remove the group's dead member rows, and return the
@@ -47,7 +57,7 @@ pub(crate) const GROUP_SHARD_COUNT: &str = "SELECT shard_count FROM lease.groups
 /// instant, under the lock. (A `WHERE` on the `DO UPDATE` would read the clock a second time.)
 pub(crate) const HEARTBEAT: &str = r#"
 WITH grp AS (
-    SELECT shard_count FROM lease.groups WHERE name = $1
+    SELECT shard_count, generation, previous_count FROM lease.groups WHERE name = $1
 ), tl AS (
     SELECT lease.timeline() AS timeline
 ), epoch AS (
@@ -104,9 +114,22 @@ WITH grp AS (
     -- Through the (group, owner session, bucket) index: its own buckets, nothing else.
     SELECT s.bucket, s.token FROM lease.shards s
      WHERE s.group_name = $1 AND s.owner_session = (SELECT session_id FROM me WHERE me.mine)
+), mine_old AS (
+    -- Its buckets of the draining generation, if a resize drains (one index probe otherwise).
+    SELECT d.bucket, d.token FROM lease.draining_shards d
+     WHERE d.group_name = $1 AND d.owner_session = (SELECT session_id FROM me WHERE me.mine)
 ), others AS (
     SELECT x.worker_id, x.owned FROM lease.members x
      WHERE x.group_name = $1 AND x.worker_id <> $2
+       AND x.expires_at > (SELECT heartbeat_at FROM me WHERE me.mine)
+), old_live AS (
+    -- Old buckets not retired: owned under a live session (this one's own included, whose
+    -- row the snapshot shows live if it is). Advisory (the view), so the snapshot will do.
+    SELECT d.bucket FROM lease.draining_shards d
+      JOIN lease.members x
+        ON x.group_name = d.group_name AND x.worker_id = d.owner_worker
+       AND x.session_id = d.owner_session
+     WHERE d.group_name = $1 AND d.owner_session IS NOT NULL
        AND x.expires_at > (SELECT heartbeat_at FROM me WHERE me.mine)
 )
 SELECT grp.shard_count, me.session_id, me.started, me.mine, me.heartbeat_at, me.expires_at,
@@ -114,13 +137,18 @@ SELECT grp.shard_count, me.session_id, me.started, me.mine, me.heartbeat_at, me.
        COALESCE(b.buckets, '{}') AS buckets, COALESCE(b.tokens, '{}') AS tokens,
        (SELECT count(pg_notify(lease.channel($1), 'J' || $2::text))
           FROM me WHERE me.started) AS notified,
-       tl.timeline, EXISTS (SELECT 1 FROM epoch) AS recorded
+       tl.timeline, EXISTS (SELECT 1 FROM epoch) AS recorded,
+       grp.generation, grp.previous_count,
+       (SELECT count(*) FROM old_live) AS draining,
+       COALESCE(ob.buckets, '{}') AS old_buckets, COALESCE(ob.tokens, '{}') AS old_tokens
   FROM grp, me, tl,
        -- One pass each, unsorted: the client sorts (the lists are small).
        LATERAL (SELECT array_agg(worker_id) AS workers, array_agg(owned) AS owned
                   FROM others) AS o,
        LATERAL (SELECT array_agg(bucket) AS buckets, array_agg(token) AS tokens
-                  FROM mine) AS b
+                  FROM mine) AS b,
+       LATERAL (SELECT array_agg(bucket) AS buckets, array_agg(token) AS tokens
+                  FROM mine_old) AS ob
 "#;
 
 /// Row of [`HEARTBEAT`].
@@ -150,6 +178,16 @@ pub(crate) struct HeartbeatRow {
     pub timeline: i64,
     #[diesel(sql_type = Bool)]
     pub recorded: bool,
+    #[diesel(sql_type = BigInt)]
+    pub generation: i64,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub previous_count: Option<i32>,
+    #[diesel(sql_type = BigInt)]
+    pub draining: i64,
+    #[diesel(sql_type = Array<Integer>)]
+    pub old_buckets: Vec<i32>,
+    #[diesel(sql_type = Array<BigInt>)]
+    pub old_tokens: Vec<i64>,
 }
 
 /// Claim up to `$3` claimable buckets for the worker's live session `$5`, in its claim order
@@ -179,6 +217,16 @@ pub(crate) struct HeartbeatRow {
 ///   statement commits. A bucket row that another session claimed after this statement's
 ///   snapshot is re-checked by Postgres against its new version, which is neither unowned nor
 ///   a dead session's: it is skipped.
+/// - While a resize drains (C8, Z5), an unowned bucket of the new generation is taken only if
+///   no old bucket sharing keys with it (`old - new` divisible by `gcd(N, M)`) blocks it
+///   (`old_block`): one owned (not released) and, with takeover allowed, whose owner is not
+///   judged dead by `lease.owner_is_dead` or whose row another transaction holds (an open
+///   fencing transaction on the old bucket: `FOR UPDATE SKIP LOCKED` in `old_dead`); with
+///   takeover deferred, any owned one while some old owner lives. Old rows are judged on
+///   the latest committed state; one released after this statement's snapshot still blocks
+///   (conservative). Once every old bucket is retired (`old_dead` covers every owned one) the
+///   old generation's rows are deleted (`old_gone`). With no resize draining this costs one
+///   index probe of `lease.draining_shards`.
 /// - After a failover (`epoch`): nothing is taken while the server's timeline is unrecorded or
 ///   was first seen less than the group's longest member ttl ago, and every token is raised to
 ///   at least the timeline's floor.
@@ -234,11 +282,41 @@ WITH RECURSIVE me AS (
        AND o.owner_session NOT IN (SELECT session_id FROM mine)
        AND lease.owner_is_dead($1, o.owner_worker, o.owner_session, $4)
 ), start AS (
-    SELECT $6 % g.shard_count AS b FROM lease.groups g WHERE g.name = $1
+    SELECT $6 % g.shard_count AS b,
+           gcd(g.shard_count, COALESCE(g.previous_count, g.shard_count)) AS g
+      FROM lease.groups g WHERE g.name = $1
+), old_owned AS (
+    -- The draining generation's buckets not released (none without a resize in progress).
+    SELECT d.bucket, d.owner_worker, d.owner_session FROM lease.draining_shards d, mine
+     WHERE d.group_name = $1 AND d.owner_session IS NOT NULL
+), old_live AS (
+    -- Owned by a session judged live on the latest committed state (a renewal in flight
+    -- counts as live: owner_is_dead skips a member row it cannot lock).
+    SELECT o.bucket FROM old_owned o
+     WHERE NOT lease.owner_is_dead($1, o.owner_worker, o.owner_session, $4)
+), old_dead AS (
+    -- Retired by its owner's death, and held by no other transaction (a fencing transaction
+    -- on the old bucket holds its children back until it ends).
+    SELECT d.bucket FROM lease.draining_shards d
+     WHERE d.group_name = $1 AND d.owner_session IS NOT NULL
+       AND d.bucket IN (SELECT bucket FROM old_owned)
+       AND d.bucket NOT IN (SELECT bucket FROM old_live)
+       FOR UPDATE OF d SKIP LOCKED
+), old_block AS (
+    SELECT o.bucket FROM old_owned o
+     WHERE CASE WHEN $7 THEN o.bucket NOT IN (SELECT bucket FROM old_dead)
+                ELSE EXISTS (SELECT 1 FROM old_live) END
+), old_gone AS (
+    -- Every old bucket retired: the old generation goes.
+    DELETE FROM lease.draining_shards d
+     WHERE d.group_name = $1
+       AND EXISTS (SELECT 1 FROM old_owned)
+       AND NOT EXISTS (SELECT 1 FROM old_owned o WHERE o.bucket NOT IN (SELECT bucket FROM old_dead))
 ), unowned_up AS (
     SELECT s.bucket FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket >= start.b
        AND EXISTS (SELECT 1 FROM epoch)
+       AND NOT EXISTS (SELECT 1 FROM old_block o WHERE (o.bucket - s.bucket) % start.g = 0)
      ORDER BY s.bucket
      LIMIT $3
        FOR UPDATE OF s SKIP LOCKED
@@ -257,6 +335,7 @@ WITH RECURSIVE me AS (
     SELECT s.bucket FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket < start.b
        AND EXISTS (SELECT 1 FROM epoch)
+       AND NOT EXISTS (SELECT 1 FROM old_block o WHERE (o.bucket - s.bucket) % start.g = 0)
      ORDER BY s.bucket
      LIMIT greatest($3 - (SELECT count(*) FROM up), 0)
        FOR UPDATE OF s SKIP LOCKED
@@ -309,20 +388,33 @@ pub(crate) struct ClaimRow {
     pub tokens: Vec<i64>,
 }
 
-/// Release those of `$3` that the worker's live session `$5` owns, unless a bucket is out of
-/// range (then nothing is written and `max_bucket >= shard_count` tells why). `$1` group, `$2`
-/// worker, `$3` buckets (bigint[], any u32 fits), `$4` client time, `$5` session. No row: no
-/// such group.
+/// Release those of `$3` that the worker's live session `$5` owns, in either generation,
+/// unless a bucket is out of range (then nothing is written and `max_bucket >= range` tells
+/// why: the shard count, or while a resize drains the larger of it and the old count). `$1`
+/// group, `$2` worker, `$3` buckets (bigint[], any u32 fits), `$4` client time, `$5` session.
+/// No row: no such group. Releasing an old bucket clears its owner in
+/// `lease.draining_shards` (retiring it) and leaves the member's `owned` (new generation
+/// only) alone.
 pub(crate) const RELEASE: &str = r#"
 WITH grp AS (
-    SELECT shard_count FROM lease.groups WHERE name = $1
+    SELECT g.shard_count,
+           greatest(g.shard_count,
+                    CASE WHEN EXISTS (
+                        SELECT 1 FROM lease.draining_shards d
+                          JOIN lease.members x
+                            ON x.group_name = d.group_name AND x.worker_id = d.owner_worker
+                           AND x.session_id = d.owner_session
+                         WHERE d.group_name = $1 AND d.owner_session IS NOT NULL
+                           AND x.expires_at > COALESCE($4, clock_timestamp()))
+                         THEN g.previous_count ELSE 0 END) AS range
+      FROM lease.groups g WHERE g.name = $1
 ), req AS (
     SELECT max(b) AS max_bucket FROM unnest($3::bigint[]) AS b
 ), me AS (
     SELECT m.session_id, m.expires_at FROM lease.members m
      WHERE m.group_name = $1 AND m.worker_id = $2 AND m.session_id = $5
        AND m.expires_at > COALESCE($4, clock_timestamp())
-       AND (SELECT COALESCE(max_bucket, -1) FROM req) < (SELECT shard_count FROM grp)
+       AND (SELECT COALESCE(max_bucket, -1) FROM req) < (SELECT range FROM grp)
        FOR UPDATE
 ), mine AS (
     -- Liveness again once the row is locked (see CLAIM).
@@ -340,22 +432,42 @@ WITH grp AS (
                            AND x.bucket = ANY ($3::bigint[])
                            FOR UPDATE OF x SKIP LOCKED)
     RETURNING s.bucket
+), freed_old AS (
+    UPDATE lease.draining_shards d
+       SET owner_worker = NULL, owner_session = NULL
+     WHERE d.group_name = $1
+       AND d.bucket IN (SELECT x.bucket FROM lease.draining_shards x, mine
+                         WHERE x.group_name = $1 AND x.owner_session = mine.session_id
+                           AND x.bucket = ANY ($3::bigint[])
+                           FOR UPDATE OF x SKIP LOCKED)
+    RETURNING d.bucket
 ), counted AS (
     UPDATE lease.members m SET owned = m.owned - (SELECT count(*) FROM freed)
      WHERE m.group_name = $1 AND m.worker_id = $2 AND EXISTS (SELECT 1 FROM freed)
 )
-SELECT grp.shard_count,
-       ARRAY(SELECT bucket FROM freed ORDER BY bucket) AS buckets,
+SELECT grp.shard_count, grp.range,
+       ARRAY(SELECT bucket FROM freed UNION ALL SELECT bucket FROM freed_old
+             ORDER BY bucket) AS buckets,
        (SELECT count(pg_notify(lease.channel($1), 'R' || $2::text))
-          FROM (SELECT 1 WHERE EXISTS (SELECT 1 FROM freed)) AS x) AS notified
+          FROM (SELECT 1 WHERE EXISTS (SELECT 1 FROM freed)
+                            OR EXISTS (SELECT 1 FROM freed_old)) AS x) AS notified
   FROM grp
 "#;
 
-/// Row of [`RELEASE`] and [`LEAVE`].
+/// Row of [`RELEASE`].
 #[derive(QueryableByName, Debug)]
-pub(crate) struct ReleasedRow {
+pub(crate) struct ReleaseRow {
     #[diesel(sql_type = Integer)]
     pub shard_count: i32,
+    #[diesel(sql_type = Integer)]
+    pub range: i32,
+    #[diesel(sql_type = Array<Integer>)]
+    pub buckets: Vec<i32>,
+}
+
+/// Row of [`LEAVE`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct ReleasedRow {
     #[diesel(sql_type = Array<Integer>)]
     pub buckets: Vec<i32>,
 }
@@ -383,9 +495,20 @@ WITH grp AS (
                            AND x.owner_session = gone.session_id
                            FOR UPDATE OF x SKIP LOCKED)
     RETURNING s.bucket
+), freed_old AS (
+    -- Its buckets of a draining generation too (L1): retired.
+    UPDATE lease.draining_shards d
+       SET owner_worker = NULL, owner_session = NULL
+     WHERE d.group_name = $1
+       AND d.bucket IN (SELECT x.bucket FROM lease.draining_shards x, gone
+                         WHERE gone.live AND x.group_name = $1
+                           AND x.owner_session = gone.session_id
+                           FOR UPDATE OF x SKIP LOCKED)
+    RETURNING d.bucket
 )
 SELECT grp.shard_count,
-       ARRAY(SELECT bucket FROM freed ORDER BY bucket) AS buckets,
+       ARRAY(SELECT bucket FROM freed UNION ALL SELECT bucket FROM freed_old
+             ORDER BY bucket) AS buckets,
        (SELECT count(pg_notify(lease.channel($1), 'L' || $2::text)) FROM gone) AS notified
   FROM grp
 "#;
@@ -425,4 +548,84 @@ pub(crate) struct ChannelRow {
 pub(crate) struct ShardCountRow {
     #[diesel(sql_type = Integer)]
     pub shard_count: i32,
+}
+
+/// [`resize`](lease_core::LeaseStore::resize), first statement of its transaction: lock the
+/// group's row (resizes of one group serialize here; claims never wait for it) and count the
+/// old buckets still owned by a session judged live on the latest committed state. `$1` group,
+/// `$2` client time. No row: no such group.
+pub(crate) const RESIZE_LOCK: &str = r#"
+SELECT g.shard_count, g.generation, g.previous_count,
+       (SELECT count(*) FROM lease.draining_shards d
+         WHERE d.group_name = $1 AND d.owner_session IS NOT NULL
+           AND NOT lease.owner_is_dead($1, d.owner_worker, d.owner_session, $2)) AS draining
+  FROM lease.groups g WHERE g.name = $1
+   FOR UPDATE
+"#;
+
+/// Row of [`RESIZE_LOCK`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct ResizeLockRow {
+    #[diesel(sql_type = Integer)]
+    pub shard_count: i32,
+    #[diesel(sql_type = BigInt)]
+    pub generation: i64,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub previous_count: Option<i32>,
+    #[diesel(sql_type = BigInt)]
+    pub draining: i64,
+}
+
+/// [`resize`](lease_core::LeaseStore::resize), second statement, once [`RESIZE_LOCK`] found
+/// the count `$2` and nothing draining: drop the retired old generation, if any. `$1` group.
+pub(crate) const RESIZE_DROP_OLD: &str = "DELETE FROM lease.draining_shards WHERE group_name = $1";
+
+/// [`resize`](lease_core::LeaseStore::resize), third statement: move the current bucket rows
+/// into `lease.draining_shards` with their owners and tokens. `$1` group.
+///
+/// The move is a `DELETE ... RETURNING`: it waits for a claim holding a bucket row and moves
+/// the row as that claim left it, never as a snapshot saw it (a claim committed meanwhile
+/// would otherwise own an old bucket the draining generation calls unowned, and its children
+/// would not wait for it). Claims that start meanwhile skip the rows it holds.
+pub(crate) const RESIZE_MOVE: &str = r#"
+WITH moved AS (
+    DELETE FROM lease.shards s WHERE s.group_name = $1
+    RETURNING s.bucket, s.owner_worker, s.owner_session, s.token
+)
+INSERT INTO lease.draining_shards (group_name, bucket, owner_worker, owner_session, token)
+SELECT $1, m.bucket, m.owner_worker, m.owner_session, m.token FROM moved m
+"#;
+
+/// [`resize`](lease_core::LeaseStore::resize), last statement: open `$3` unowned rows, each
+/// starting at the highest token of its parents (Z4: the old buckets congruent to it mod
+/// gcd), bump the generation, zero the members' loads (they count the new generation) and
+/// wake the group. `$1` group, `$2` from, `$3` to, `$4` client time.
+pub(crate) const RESIZE_OPEN: &str = r#"
+WITH classes AS (
+    SELECT d.bucket % gcd($2::integer, $3::integer) AS r, max(d.token) AS token
+      FROM lease.draining_shards d WHERE d.group_name = $1 GROUP BY 1
+), opened AS (
+    INSERT INTO lease.shards (group_name, bucket, token, updated_at)
+    SELECT $1, b, COALESCE(c.token, 0), COALESCE($4, clock_timestamp())
+      FROM generate_series(0, $3 - 1) AS b
+      LEFT JOIN classes c ON c.r = b % gcd($2::integer, $3::integer)
+), grp AS (
+    UPDATE lease.groups g
+       SET shard_count = $3, previous_count = $2, generation = g.generation + 1
+     WHERE g.name = $1
+    RETURNING g.generation
+), loads AS (
+    UPDATE lease.members m SET owned = 0 WHERE m.group_name = $1 AND m.owned <> 0
+)
+SELECT grp.generation,
+       (SELECT count(pg_notify(lease.channel($1), 'Z' || x.g::text))
+          FROM (SELECT grp.generation AS g) AS x) AS notified
+  FROM grp
+"#;
+
+/// Row of [`RESIZE_OPEN`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct ResizeOpenRow {
+    #[diesel(sql_type = BigInt)]
+    pub generation: i64,
 }

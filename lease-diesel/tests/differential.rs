@@ -6,9 +6,7 @@
 use lease_core::{LeaseStore, ManualClock};
 use lease_diesel::PgLeaseStore;
 use lease_memory::MemoryLeaseStore;
-use lease_testing::differential::{
-    Differential, ReferenceModelWithoutResize, StoreFactory, config,
-};
+use lease_testing::differential::{Differential, StoreFactory, config};
 use proptest_state_machine::prop_state_machine;
 use tokio::runtime::Runtime;
 
@@ -35,9 +33,7 @@ impl StoreFactory for PostgresAndMemory {
 prop_state_machine! {
     #![proptest_config(config(48))]
     #[test]
-    // No resizes: the Postgres backend does not implement them yet (the memory backend's own
-    // differential test covers them).
     fn postgres_and_memory_match_the_model(
-        sequential 1..40 => Differential<PostgresAndMemory, ReferenceModelWithoutResize>
+        sequential 1..40 => Differential<PostgresAndMemory>
     );
 }

@@ -877,29 +877,6 @@ impl ReferenceStateMachine for ReferenceModel {
     }
 }
 
-/// The reference state machine without [`Op::Resize`]: for a backend that does not implement
-/// [`LeaseStore::resize`] yet (`Differential<F, ReferenceModelWithoutResize>`).
-pub struct ReferenceModelWithoutResize;
-
-impl ReferenceStateMachine for ReferenceModelWithoutResize {
-    type State = Reference;
-    type Transition = Op;
-
-    fn init_state() -> BoxedStrategy<Reference> {
-        ReferenceModel::init_state()
-    }
-
-    fn transitions(state: &Reference) -> BoxedStrategy<Op> {
-        op_strategy(state)
-            .prop_filter("no resize", |op| !matches!(op, Op::Resize { .. }))
-            .boxed()
-    }
-
-    fn apply(state: Reference, op: &Op) -> Reference {
-        ReferenceModel::apply(state, op)
-    }
-}
-
 /// Builds the stores a differential test compares with the model.
 pub trait StoreFactory: 'static {
     /// Fresh, empty stores that all decide expiry by `clock`. Runs on the test thread;
