@@ -198,7 +198,8 @@ async fn status_works_for_a_select_only_role_on_a_read_only_connection() {
              CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'; \
              GRANT CONNECT ON DATABASE \"{}\" TO {role}; \
              GRANT USAGE ON SCHEMA lease TO {role}; \
-             GRANT SELECT ON lease.groups, lease.members, lease.shards TO {role}; \
+             GRANT SELECT ON lease.groups, lease.members, lease.shards, lease.draining_shards \
+              TO {role}; \
              ALTER ROLE {role} SET default_transaction_read_only = on",
             db.name
         ),
