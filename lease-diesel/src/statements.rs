@@ -205,9 +205,11 @@ WITH RECURSIVE me AS (
            AS floor
       FROM lease.server_epochs e, mine
      WHERE e.timeline = lease.timeline()
-       AND e.first_seen + COALESCE((SELECT max(x.expires_at - x.heartbeat_at)
-                                      FROM lease.members x WHERE x.group_name = $1),
-                                   interval '0') <= mine.t
+       -- On the base timeline (first seen at -infinity) the members are not scanned.
+       AND (e.first_seen = '-infinity'
+            OR e.first_seen + COALESCE((SELECT max(x.expires_at - x.heartbeat_at)
+                                          FROM lease.members x WHERE x.group_name = $1),
+                                       interval '0') <= mine.t)
 ), live AS (
     -- Set-shaped references to the CTEs only (joins, IN, EXISTS, count), never a scalar
     -- subquery that could return several rows: when a row a walk below locks was changed

@@ -323,8 +323,8 @@ pub struct Machine {
     /// Since when the store's clock has been seen advancing with the worker's own, without a
     /// forward step: from the first heartbeat's answer, or the last step's detection.
     steady_since: Option<Instant>,
-    /// The last successful heartbeat: when it was sent, answered, and the store's time in it.
-    last_beat: Option<(Instant, Instant, Timestamp)>,
+    /// The last successful heartbeat: when it was answered, and the store's time in it.
+    last_beat: Option<(Instant, Timestamp)>,
     /// A claim this tick was restricted to unowned buckets and asked for this many: if it won
     /// fewer, it may have left wanted buckets of dead sessions, so tick when takeovers open.
     deferred_short: Option<u32>,
@@ -1085,14 +1085,18 @@ impl Machine {
         self.steady_since.map(|t| t + self.rules.ttl.as_duration())
     }
 
-    /// Compare the store's time in a heartbeat with the last one's: between the two answers
+    /// Compare the store's time in a heartbeat with the last one's. Between the two answers
     /// the store's clock must have advanced by at least the time from the first answer to the
-    /// second request, and by at most the time from the first request to the second answer,
-    /// give or take half the safety margin (the trust deadline absorbs smaller steps).
+    /// second request: less, by more than half the safety margin (the trust deadline absorbs
+    /// smaller steps), is a backward step. Forward, it may have advanced by up to the time
+    /// from the first request to the second answer; but the store reads its clock late in a
+    /// call (under the row lock, after any wait), so a slow first heartbeat would hide a step
+    /// as large as its round trip: a forward step is judged against the time from answer to
+    /// answer. A false alarm only defers takeovers for a ttl.
     fn observe_clock(&mut self, sent: Instant, received: Instant, observed: Timestamp) {
         let tolerance = self.rules.safety_margin / 2;
-        if let Some((sent_before, received_before, observed_before)) = self.last_beat {
-            let most = received.saturating_duration_since(sent_before);
+        if let Some((received_before, observed_before)) = self.last_beat {
+            let most = received.saturating_duration_since(received_before);
             let least = sent.saturating_duration_since(received_before);
             let advanced = observed - observed_before;
             match advanced.to_std() {
@@ -1118,7 +1122,7 @@ impl Machine {
         } else {
             self.steady_since = Some(received);
         }
-        self.last_beat = Some((sent, received, observed));
+        self.last_beat = Some((received, observed));
     }
 
     fn end_tick(&mut self, now: Instant) {

@@ -88,9 +88,10 @@ impl Run {
         panic!("no store call");
     }
 
-    /// Answer the heartbeat in flight, a round trip after it was sent.
-    fn answer_heartbeat(&mut self) {
-        self.now += ROUND_TRIP;
+    /// Answer the heartbeat in flight, `round_trip` after it was sent; the store reads its
+    /// clock as it answers (late in the call, as Postgres does under the row lock).
+    fn answer_heartbeat_after(&mut self, round_trip: Duration) {
+        self.now += round_trip;
         let at = self.store_at();
         let beat = Heartbeat {
             session: self.session,
@@ -113,9 +114,14 @@ impl Run {
     /// One tick: a heartbeat answered, then the claim it plans, answered with nothing won
     /// (the buckets stay claimable); the claim's scope.
     fn tick(&mut self) -> (Instant, Takeover) {
+        self.tick_after(ROUND_TRIP)
+    }
+
+    /// [`tick`](Self::tick) with a heartbeat that takes `round_trip`.
+    fn tick_after(&mut self, round_trip: Duration) -> (Instant, Takeover) {
         let call = self.next_call();
         assert_eq!(call, StoreCall::Heartbeat);
-        self.answer_heartbeat();
+        self.answer_heartbeat_after(round_trip);
         let answered = self.now;
         match self.next_call() {
             StoreCall::Claim { takeover, .. } => {
@@ -219,4 +225,26 @@ fn steps_the_trust_margin_absorbs_are_not_reported() {
     run.offset = TimeDelta::milliseconds(-20);
     assert_eq!(run.tick().1, Takeover::Allowed);
     assert!(run.steps.is_empty(), "{:?}", run.steps);
+}
+
+#[test]
+fn a_slow_heartbeat_does_not_hide_the_next_step() {
+    let mut run = Run::new();
+    let (first, _) = run.tick();
+    while run.tick().0 - first < TTL {}
+    // A heartbeat that waits 1.5 s (a lock, a slow server), then a +1.2 s step, over the
+    // 0.5 s tolerance: judged from request to answer, the 1.5 s would have hidden it.
+    assert_eq!(
+        run.tick_after(Duration::from_millis(1_500)).1,
+        Takeover::Allowed
+    );
+    run.offset = TimeDelta::milliseconds(1_200);
+    assert_eq!(run.tick().1, Takeover::Deferred);
+    match run.steps.as_slice() {
+        [ClockStep::Forward(by)] => assert!(
+            *by > Duration::from_millis(1_100) && *by <= Duration::from_millis(1_200),
+            "{by:?}"
+        ),
+        other => panic!("one forward step expected: {other:?}"),
+    }
 }
