@@ -930,10 +930,16 @@ impl Machine {
         }
         let batch = want.min(CLAIM_BATCH);
         self.batch_of_more = (batch < want).then_some(batch);
-        let takeover = if self.takeover_opens().is_some_and(|t| now >= t) {
-            Takeover::Allowed
-        } else {
-            Takeover::Deferred
+        let takeover = match self.last_sent {
+            // The store's clock was watched up to the heartbeat sent at `sent`: from there to
+            // the claim, the store checks that its clock moved no more than ours did (give or
+            // take the tolerance), so a step in between defers the takeover.
+            Some(sent) if self.takeover_opens().is_some_and(|t| now >= t) => {
+                Takeover::AllowedWithin(
+                    now.saturating_duration_since(sent) + self.rules.safety_margin / 2,
+                )
+            }
+            _ => Takeover::Deferred,
         };
         self.deferred_short = (takeover == Takeover::Deferred).then_some(batch);
         Some(self.call(
