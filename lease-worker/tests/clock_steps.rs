@@ -256,3 +256,23 @@ fn a_slow_heartbeat_does_not_hide_the_next_step() {
         other => panic!("one forward step expected: {other:?}"),
     }
 }
+
+#[test]
+fn small_forward_steps_that_add_up_are_a_step() {
+    let mut run = Run::new();
+    let (first, _) = run.tick();
+    while run.tick().0 - first < TTL {}
+    // +0.3 s at each of two renewals: each under the 0.5 s tolerance, 0.6 s together.
+    run.offset = TimeDelta::milliseconds(300);
+    assert_eq!(run.tick().1, ALLOWED);
+    assert!(run.steps.is_empty(), "{:?}", run.steps);
+    run.offset = TimeDelta::milliseconds(600);
+    assert_eq!(run.tick().1, Takeover::Deferred);
+    match run.steps.as_slice() {
+        [ClockStep::Forward(by)] => assert!(
+            *by > Duration::from_millis(550) && *by <= Duration::from_millis(600),
+            "{by:?}"
+        ),
+        other => panic!("one forward step expected: {other:?}"),
+    }
+}
