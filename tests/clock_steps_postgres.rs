@@ -177,6 +177,9 @@ async fn a_forward_step_of_the_server_clock_puts_no_bucket_in_two_hands() {
     pool.shutdown().await;
 }
 
+/// A guard more than a proof: a backward step lengthens sessions in the server's eyes, and
+/// nothing must move because of it (no revocation, no claim). That it is reported is shown by
+/// lease-worker/tests/clock_steps.rs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backward_step_of_the_server_clock_moves_nothing() {
     let cluster = fake_clock_server();

@@ -24,6 +24,12 @@ pub enum Takeover {
     /// watched the store's clock advance steadily for a ttl (it just started, or the store's
     /// clock just stepped forward), so a session's expiry may not mean its holder fenced.
     Deferred,
+    /// As [`Allowed`](Self::Allowed) if the store's clock has advanced by at most this much
+    /// since the caller's session was last renewed (its last heartbeat), otherwise as
+    /// [`Deferred`](Self::Deferred). A caller that watched the store's clock up to its
+    /// heartbeat covers the time from there to the claim with it: a step in between defers
+    /// the takeover instead of making it.
+    AllowedWithin(std::time::Duration),
 }
 
 /// Where leases live: the shared state a pool of workers agrees through.
@@ -167,11 +173,13 @@ pub trait LeaseStore: Send + Sync {
     /// - **C6** Claiming does not extend the session.
     /// - **C7** With [`Takeover::Deferred`], only buckets with no owner recorded (never
     ///   owned, released, or left) are claimable: a bucket whose recorded session is not live
-    ///   is left alone. [`Takeover::Allowed`] takes both kinds.
+    ///   is left alone. [`Takeover::Allowed`] takes both kinds; [`Takeover::AllowedWithin`]
+    ///   (`d`) takes both kinds if the store's time now is at most `d` after the session's
+    ///   last renewal, and only the first kind otherwise.
     /// - **C8** Only buckets of the current generation are claimed. While a resize drains, a
     ///   bucket is claimable only if, in addition, every old bucket it shares keys with
-    ///   ([`resize::parents`](crate::resize::parents)) is retired: released, or (with
-    ///   [`Takeover::Allowed`] only) its recorded session is not live.
+    ///   ([`resize::parents`](crate::resize::parents)) is retired: released, or (when the
+    ///   claim may take dead sessions' buckets, by C7) its recorded session is not live.
     /// - After a failover of the store, see V2 and V3 (the trait's "Failover").
     async fn claim(
         &self,

@@ -276,7 +276,13 @@ pub async fn claim(
             .bind::<Nullable<Timestamptz>, _>(at)
             .bind::<SqlUuid, _>(session.as_uuid())
             .bind::<BigInt, _>(i64::from(worker.claim_seed()))
-            .bind::<Bool, _>(!matches!(takeover, Takeover::Deferred)),
+            .bind::<Bool, _>(!matches!(takeover, Takeover::Deferred))
+            .bind::<Nullable<Interval>, _>(match takeover {
+                Takeover::AllowedWithin(d) => Some(PgInterval::from_microseconds(
+                    i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
+                )),
+                _ => None,
+            }),
     )
     .get_result(conn)
     .await

@@ -193,8 +193,9 @@ pub(crate) struct HeartbeatRow {
 /// Claim up to `$3` claimable buckets for the worker's live session `$5`, in its claim order
 /// (from `$6 % shard_count` up, then from 0: C3), raising each one's token. `$1` group, `$2`
 /// worker, `$3` how many, `$4` client time, `$5` session, `$6` the worker's claim seed, `$7`
-/// whether dead sessions' buckets may be taken (C7: when false, `owners` is empty, so only
-/// unowned buckets are). No row: the group does not exist; a null session: `$5` is not the
+/// whether dead sessions' buckets may be taken, `$8` if not null, only if the server's clock
+/// advanced by at most `$8` since the session's last renewal (C7: otherwise `owners` is
+/// empty, so only unowned buckets are). No row: the group does not exist; a null session: `$5` is not the
 /// worker's live session.
 ///
 /// The worker's own member row is locked first (its counter is updated, and a claimer judging
@@ -232,7 +233,7 @@ pub(crate) struct HeartbeatRow {
 ///   at least the timeline's floor.
 pub(crate) const CLAIM: &str = r#"
 WITH RECURSIVE me AS (
-    SELECT m.session_id, m.expires_at FROM lease.members m
+    SELECT m.session_id, m.expires_at, m.heartbeat_at FROM lease.members m
      WHERE m.group_name = $1 AND m.worker_id = $2 AND m.session_id = $5
        AND m.expires_at > COALESCE($4, clock_timestamp())
        FOR UPDATE
@@ -241,7 +242,7 @@ WITH RECURSIVE me AS (
     -- (a claimer judging this session dead) and does not test it again if the row did not
     -- change: judge liveness again, once, now that the row is locked, and use that instant
     -- for the whole statement.
-    SELECT me.session_id, me.expires_at, c.t
+    SELECT me.session_id, me.expires_at, me.heartbeat_at, c.t
       FROM me, (SELECT COALESCE($4, clock_timestamp()) AS t) AS c
      WHERE me.expires_at > c.t
 ), epoch AS (
@@ -253,9 +254,15 @@ WITH RECURSIVE me AS (
            AS floor
       FROM lease.server_epochs e, mine
      WHERE e.timeline = lease.timeline()
-       AND e.first_seen + COALESCE((SELECT max(x.expires_at - x.heartbeat_at)
-                                      FROM lease.members x WHERE x.group_name = $1),
-                                   interval '0') <= mine.t
+       -- On the base timeline (first seen at -infinity) the members are not scanned.
+       AND (e.first_seen = '-infinity'
+            OR e.first_seen + COALESCE((SELECT max(x.expires_at - x.heartbeat_at)
+                                          FROM lease.members x WHERE x.group_name = $1),
+                                       interval '0') <= mine.t)
+), takes AS (
+    -- C7: whether dead sessions' buckets may be taken (and retire old ones, C8) by this claim.
+    SELECT ($7 AND ($8::interval IS NULL OR mine.t - mine.heartbeat_at <= $8)) AS dead
+      FROM mine
 ), live AS (
     -- Set-shaped references to the CTEs only (joins, IN, EXISTS, count), never a scalar
     -- subquery that could return several rows: when a row a walk below locks was changed
@@ -266,7 +273,7 @@ WITH RECURSIVE me AS (
     -- A loose index scan: the smallest owner session, then the next one above it, and so on.
     (SELECT s.owner_session, s.owner_worker FROM lease.shards s
       WHERE s.group_name = $1 AND s.owner_session IS NOT NULL AND EXISTS (SELECT 1 FROM epoch)
-        AND $7
+        AND EXISTS (SELECT 1 FROM takes WHERE takes.dead)
       ORDER BY s.owner_session
       LIMIT 1)
     UNION ALL
@@ -304,7 +311,8 @@ WITH RECURSIVE me AS (
        FOR UPDATE OF d SKIP LOCKED
 ), old_block AS (
     SELECT o.bucket FROM old_owned o
-     WHERE CASE WHEN $7 THEN o.bucket NOT IN (SELECT bucket FROM old_dead)
+     WHERE CASE WHEN EXISTS (SELECT 1 FROM takes WHERE takes.dead)
+                THEN o.bucket NOT IN (SELECT bucket FROM old_dead)
                 ELSE EXISTS (SELECT 1 FROM old_live) END
 ), old_gone AS (
     -- Every old bucket retired: the old generation goes.

@@ -1261,6 +1261,64 @@ async fn an_upgrade_keeps_is_current_for_the_roles_that_could_call_it() {
     assert!(denied.to_string().contains("permission denied"), "{denied}");
 }
 
+/// Migration 5 (fencing across failovers) under the documented rollout: a worker role set up
+/// by the previous release's `leasectl grant` still runs heartbeats and claims once the new
+/// release has migrated (the migration gives such roles what the heartbeat now uses).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_keeps_worker_roles_of_the_previous_release_working() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    // The previous release's schema: migration 5 undone.
+    exec(
+        &mut admin,
+        include_str!("../../migrations/2026-12-02-000005_fencing_across_failovers/down.sql"),
+    )
+    .await;
+    exec(
+        &mut admin,
+        "DELETE FROM lease.engine_migrations WHERE version = '20261202000005'",
+    )
+    .await;
+    let role = make_role(&mut admin, &db.name, "oldwkr", "").await;
+    let name = RoleName::new(&role).expect("a role name");
+    // The previous release's grants: today's, less the objects migration 5 added.
+    let previous: Vec<String> = privileges::grants(RoleKind::Worker, &name)
+        .into_iter()
+        .filter(|g| !g.contains("server_epochs") && !g.contains("lease.timeline()"))
+        .collect();
+    exec(&mut admin, &previous.join("\n")).await;
+
+    store(&db.url).migrate().await.expect("migrate");
+
+    let worker = store(&url_as(&db.url, &role));
+    let g = GroupName::new("upgraded").expect("name");
+    worker
+        .ensure_group(&g, ShardCount::new(4).expect("count"))
+        .await
+        .expect("ensure_group as the old worker role");
+    let me = WorkerId::new();
+    let beat = worker
+        .heartbeat(
+            &g,
+            me,
+            lease_core::Incarnation::new(),
+            Ttl::from_secs(10).expect("ttl"),
+            &MemberMetadata::empty(),
+        )
+        .await
+        .expect("a heartbeat as the old worker role");
+    let won = worker
+        .claim(&g, me, beat.session, 4, Takeover::Allowed)
+        .await
+        .expect("a claim as the old worker role");
+    assert_eq!(won.len(), 4);
+    let missing = store(&db.url)
+        .missing_privileges(&name, RoleKind::Worker)
+        .await
+        .expect("checking the role");
+    assert!(missing.is_empty(), "the role lacks {missing:?}");
+}
+
 // ---- item 10: connection failures ----------------------------------------------------------
 
 /// A missing database and an unknown role are permanent, a refused connection transient; each

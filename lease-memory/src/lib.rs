@@ -69,6 +69,16 @@ struct BucketRow {
     token: i64,
 }
 
+/// Whether a claim with `takeover` may take dead sessions' buckets (C7), at `now`, for a
+/// session last renewed at `renewed_at`.
+fn takes_dead(takeover: Takeover, now: Timestamp, renewed_at: Timestamp) -> bool {
+    match takeover {
+        Takeover::Deferred => false,
+        Takeover::AllowedWithin(d) => (now - renewed_at).to_std().map_or(true, |since| since <= d),
+        _ => true,
+    }
+}
+
 #[derive(Debug)]
 struct MemberRow {
     session: SessionId,
@@ -408,23 +418,32 @@ impl LeaseStore for MemoryLeaseStore {
         let (mut state, now) = self.lock(Operation::Claim)?;
         let g = state.group_mut(group)?;
         g.draining(now);
-        let expires_at = g
+        let (expires_at, renewed_at) = g
             .live_session_mut(worker, session, now)
-            .map(|m| m.expires_at)
+            .map(|m| (m.expires_at, m.heartbeat_at))
             .ok_or_else(|| StoreError::SessionExpired {
                 group: group.clone(),
                 worker,
             })?;
+        let take_dead = takes_dead(takeover, now, renewed_at);
+        let effective = if take_dead {
+            Takeover::Allowed
+        } else {
+            Takeover::Deferred
+        };
         let mut picked: Vec<usize> = g
             .shards
             .claim_order(worker)
             .map(|b| b.0 as usize)
-            .filter(|&i| match takeover {
-                Takeover::Deferred => g.buckets[i].owner.is_none(),
-                _ => !g.is_owned_live(&g.buckets[i], now),
+            .filter(|&i| {
+                if take_dead {
+                    !g.is_owned_live(&g.buckets[i], now)
+                } else {
+                    g.buckets[i].owner.is_none()
+                }
             })
-            // C8: the resize barrier.
-            .filter(|&i| g.parents_retired(i, now, takeover))
+            // C8: the resize barrier, with the takeover C7 allows now.
+            .filter(|&i| g.parents_retired(i, now, effective))
             .take(want as usize)
             .collect();
         picked.sort_unstable();

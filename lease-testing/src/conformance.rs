@@ -57,6 +57,7 @@ pub const CASES: &[&str] = &[
     "claim_never_takes_a_live_lease",
     "claim_takes_expired_leases",
     "a_deferred_claim_takes_only_unowned_buckets",
+    "a_takeover_within_a_bound_checks_the_store_clock",
     "claim_excludes_another_worker",
     "concurrent_claims_never_overlap",
     "claim_increments_tokens",
@@ -168,6 +169,7 @@ macro_rules! conformance_suite {
             claim_never_takes_a_live_lease,
             claim_takes_expired_leases,
             a_deferred_claim_takes_only_unowned_buckets,
+            a_takeover_within_a_bound_checks_the_store_clock,
             claim_excludes_another_worker,
             concurrent_claims_never_overlap,
             claim_increments_tokens,
@@ -1138,6 +1140,39 @@ pub async fn a_deferred_claim_takes_only_unowned_buckets<S: LeaseStore>(
         .expect("claim");
     assert_eq!(nums(&won), vec![0, 2, 3]);
     assert!(won.iter().all(|l| l.token.0 == 2), "{won:?}");
+}
+
+/// C7: `AllowedWithin(d)` takes a dead session's buckets only while the store's time is at
+/// most `d` after the caller's last renewal; beyond, it takes only unowned buckets.
+pub async fn a_takeover_within_a_bound_checks_the_store_clock<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    claim(&store, &g, a, 4).await;
+    let a_session = session(&store, &g, a).await;
+    store
+        .release(&g, a, a_session, &[Bucket(1)])
+        .await
+        .expect("release");
+    clock.advance(secs(TTL_SECS));
+    let hb = beat(&store, &g, b).await;
+    // Two seconds after b's renewal: more than a one-second bound allows.
+    clock.advance(secs(2));
+    let won = store
+        .claim(&g, b, hb.session, 4, Takeover::AllowedWithin(secs(1)))
+        .await
+        .expect("claim");
+    assert_eq!(nums(&won), vec![1], "only the released bucket");
+    let won = store
+        .claim(&g, b, hb.session, 4, Takeover::AllowedWithin(secs(3)))
+        .await
+        .expect("claim");
+    assert_eq!(nums(&won), vec![0, 2, 3], "within the bound");
 }
 
 /// C2, G3: what one worker holds, another cannot claim.

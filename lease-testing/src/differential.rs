@@ -144,8 +144,8 @@ pub enum Op {
         process: usize,
         /// How many to claim.
         want: u32,
-        /// [`Takeover::Deferred`] if true (only unowned buckets), else [`Takeover::Allowed`].
-        deferred: bool,
+        /// Which claimable buckets it may take (C7).
+        takeover: Takeover,
     },
     /// `release(group, worker, session, buckets)`.
     Release {
@@ -364,14 +364,14 @@ pub fn apply_to_model(
             worker: w,
             process: p,
             want,
-            deferred,
+            takeover,
         } => outcome(
             model.claim(
                 &group(g),
                 worker(w),
                 sessions.of(g, w, p),
                 want,
-                takeover(deferred),
+                takeover,
                 now,
             ),
             Outcome::Leases,
@@ -417,15 +417,6 @@ pub fn apply_to_model(
             Outcome::Resized,
         ),
         Op::Advance { .. } => Outcome::Done,
-    }
-}
-
-/// The claim scope an [`Op::Claim`] asks for.
-fn takeover(deferred: bool) -> Takeover {
-    if deferred {
-        Takeover::Deferred
-    } else {
-        Takeover::Allowed
     }
 }
 
@@ -490,16 +481,10 @@ pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op:
             worker: w,
             process: p,
             want,
-            deferred,
+            takeover,
         } => outcome(
             store
-                .claim(
-                    &group(g),
-                    worker(w),
-                    sessions.of(g, w, p),
-                    want,
-                    takeover(deferred),
-                )
+                .claim(&group(g), worker(w), sessions.of(g, w, p), want, takeover)
                 .await,
             Outcome::Leases,
         ),
@@ -552,6 +537,16 @@ pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op:
 /// live and die, and a second process of one worker id shows up in many of them.
 fn process() -> impl Strategy<Value = usize> {
     prop_oneof![4 => Just(0usize), 1 => Just(1usize)]
+}
+
+/// Claim scopes: mostly allowed, some deferred, some bounded by how far the store's clock
+/// moved since the claimer's renewal (the generated clock moves make both outcomes happen).
+fn takeovers() -> impl Strategy<Value = Takeover> {
+    prop_oneof![
+        5 => Just(Takeover::Allowed),
+        2 => Just(Takeover::Deferred),
+        2 => (0u64..4_000).prop_map(|ms| Takeover::AllowedWithin(Duration::from_millis(ms))),
+    ]
 }
 
 /// A strategy for one operation in `state`: buckets below the shard count of the group they
@@ -612,8 +607,8 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
             .prop_map(|(group, worker, process, ttl_ms)| Op::Heartbeat { group, worker, process, ttl_ms }),
         8 => (prop_oneof![3 => Just(0usize), 1 => Just(1usize)], w.clone(), process(), ttls, 1u32..6)
             .prop_map(|(group, worker, process, ttl_ms, want)| Op::Tick { group, worker, process, ttl_ms, want }),
-        2 => (g.clone(), w.clone(), process(), 0u32..6, prop::bool::weighted(0.3))
-            .prop_map(|(group, worker, process, want, deferred)| Op::Claim { group, worker, process, want, deferred }),
+        2 => (g.clone(), w.clone(), process(), 0u32..6, takeovers())
+            .prop_map(|(group, worker, process, want, takeover)| Op::Claim { group, worker, process, want, takeover }),
         1 => (buckets, w.clone(), process())
             .prop_map(|((group, buckets), worker, process)| Op::Release { group, worker, process, buckets }),
         3 => owned_release,

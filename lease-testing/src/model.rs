@@ -334,24 +334,37 @@ impl Model {
     ) -> Result<Vec<Lease>, StoreError> {
         let now = store_precision(now);
         let g = self.group_mut(group)?;
-        let session = g
+        let (session, renewed_at) = g
             .live_as(worker, session, now)
-            .map(|m| m.session)
+            .map(|m| (m.session, m.heartbeat_at))
             .ok_or_else(|| StoreError::SessionExpired {
                 group: group.clone(),
                 worker,
             })?;
+        // C7: dead sessions' buckets only when the takeover allows it now.
+        let take_dead = match takeover {
+            Takeover::Deferred => false,
+            Takeover::AllowedWithin(d) => (now - renewed_at).to_std().map_or(true, |s| s <= d),
+            _ => true,
+        };
+        let effective = if take_dead {
+            Takeover::Allowed
+        } else {
+            Takeover::Deferred
+        };
         let mut claimable: Vec<usize> = g
             .shards
             .claim_order(worker)
             .map(|b| b.0 as usize)
-            .filter(|&i| match takeover {
-                // C7: only buckets no owner is recorded for.
-                Takeover::Deferred => g.buckets[i].owner.is_none(),
-                _ => g.live_owner(&g.buckets[i], now).is_none(),
+            .filter(|&i| {
+                if take_dead {
+                    g.live_owner(&g.buckets[i], now).is_none()
+                } else {
+                    g.buckets[i].owner.is_none()
+                }
             })
             // C8: the resize barrier.
-            .filter(|&i| g.parents_retired(i, now, takeover))
+            .filter(|&i| g.parents_retired(i, now, effective))
             .take(want as usize)
             .collect();
         claimable.sort_unstable();

@@ -45,6 +45,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use chrono::TimeDelta;
 use lease_core::{
     Bucket, FencingToken, GroupName, Heartbeat, Incarnation, Lease, Operation, RevokeReason,
     SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId, policy,
@@ -323,8 +324,11 @@ pub struct Machine {
     /// Since when the store's clock has been seen advancing with the worker's own, without a
     /// forward step: from the first heartbeat's answer, or the last step's detection.
     steady_since: Option<Instant>,
-    /// The last successful heartbeat: when it was sent, answered, and the store's time in it.
-    last_beat: Option<(Instant, Instant, Timestamp)>,
+    /// The last successful heartbeat: when it was answered, and the store's time in it.
+    last_beat: Option<(Instant, Timestamp)>,
+    /// How far the store's clock was ahead of the worker's at each answer over the last ttl,
+    /// relative to a reading of the worker's: forward steps show as a rise above the least.
+    ahead: VecDeque<(Instant, TimeDelta)>,
     /// A claim this tick was restricted to unowned buckets and asked for this many: if it won
     /// fewer, it may have left wanted buckets of dead sessions, so tick when takeovers open.
     deferred_short: Option<u32>,
@@ -360,6 +364,7 @@ impl Machine {
             fenced: false,
             steady_since: None,
             last_beat: None,
+            ahead: VecDeque::new(),
             deferred_short: None,
             reports: VecDeque::new(),
             stopping: None,
@@ -930,10 +935,16 @@ impl Machine {
         }
         let batch = want.min(CLAIM_BATCH);
         self.batch_of_more = (batch < want).then_some(batch);
-        let takeover = if self.takeover_opens().is_some_and(|t| now >= t) {
-            Takeover::Allowed
-        } else {
-            Takeover::Deferred
+        let takeover = match self.last_sent {
+            // The store's clock was watched up to the heartbeat sent at `sent`: from there to
+            // the claim, the store checks that its clock moved no more than ours did (give or
+            // take the tolerance), so a step in between defers the takeover.
+            Some(sent) if self.takeover_opens().is_some_and(|t| now >= t) => {
+                Takeover::AllowedWithin(
+                    now.saturating_duration_since(sent) + self.rules.safety_margin / 2,
+                )
+            }
+            _ => Takeover::Deferred,
         };
         self.deferred_short = (takeover == Takeover::Deferred).then_some(batch);
         Some(self.call(
@@ -1085,40 +1096,60 @@ impl Machine {
         self.steady_since.map(|t| t + self.rules.ttl.as_duration())
     }
 
-    /// Compare the store's time in a heartbeat with the last one's: between the two answers
-    /// the store's clock must have advanced by at least the time from the first answer to the
-    /// second request, and by at most the time from the first request to the second answer,
-    /// give or take half the safety margin (the trust deadline absorbs smaller steps).
+    /// Compare the store's time in a heartbeat with the earlier ones'. Between two answers the
+    /// store's clock must have advanced by at least the time from the first answer to the
+    /// second request: less, by more than half the safety margin (the trust deadline absorbs
+    /// smaller steps), is a backward step. Forward, the store reads its clock late in a call
+    /// (under the row lock, after any wait), so its time is judged against the answers' times:
+    /// the store's clock ahead of ours by more than half the margin beyond the least it was
+    /// ahead over the last ttl is a forward step, whether it jumped at once or in smaller steps
+    /// that add up. (Over a ttl, clocks drift apart by far less.) A false alarm only defers
+    /// takeovers for a ttl.
     fn observe_clock(&mut self, sent: Instant, received: Instant, observed: Timestamp) {
         let tolerance = self.rules.safety_margin / 2;
-        if let Some((sent_before, received_before, observed_before)) = self.last_beat {
-            let most = received.saturating_duration_since(sent_before);
+        let Some((received_before, observed_before)) = self.last_beat else {
+            self.steady_since = Some(received);
+            self.last_beat = Some((received, observed));
+            self.ahead.push_back((received, TimeDelta::zero()));
+            return;
+        };
+        // How far the store's clock is ahead of the worker's, relative to the last answer's
+        // reading, accumulated in `ahead`.
+        let elapsed = TimeDelta::from_std(received.saturating_duration_since(received_before))
+            .unwrap_or(TimeDelta::MAX);
+        let last_ahead = self.ahead.back().map_or(TimeDelta::zero(), |&(_, a)| a);
+        let ahead = last_ahead + ((observed - observed_before) - elapsed);
+        while self.ahead.front().is_some_and(|&(t, _)| {
+            received.saturating_duration_since(t) > self.rules.ttl.as_duration()
+        }) {
+            self.ahead.pop_front();
+        }
+        let least_ahead = self
+            .ahead
+            .iter()
+            .map(|&(_, a)| a)
+            .min()
+            .unwrap_or(last_ahead);
+        let tolerance_delta = TimeDelta::from_std(tolerance).unwrap_or(TimeDelta::MAX);
+        if ahead - least_ahead > tolerance_delta {
+            self.steady_since = Some(received);
+            let by = (ahead - least_ahead).to_std().unwrap_or_default();
+            self.reports
+                .push_back(Report::ClockStep(ClockStep::Forward(by)));
+            // Judged from here on: the step is reported once.
+            self.ahead.clear();
+        } else {
             let least = sent.saturating_duration_since(received_before);
             let advanced = observed - observed_before;
-            match advanced.to_std() {
-                Ok(advanced) if advanced > most + tolerance => {
-                    self.steady_since = Some(received);
-                    self.reports
-                        .push_back(Report::ClockStep(ClockStep::Forward(advanced - most)));
-                }
-                Ok(advanced) if advanced + tolerance < least => {
-                    self.reports
-                        .push_back(Report::ClockStep(ClockStep::Backward(least - advanced)));
-                }
-                Ok(_) => {}
-                Err(_) => {
-                    // The store's clock went back past the earlier heartbeat's time.
-                    let back = (observed_before - observed).to_std().unwrap_or_default();
-                    if back + least > tolerance {
-                        self.reports
-                            .push_back(Report::ClockStep(ClockStep::Backward(back + least)));
-                    }
-                }
+            let least_delta = TimeDelta::from_std(least).unwrap_or(TimeDelta::MAX);
+            if advanced + tolerance_delta < least_delta {
+                let by = (least_delta - advanced).to_std().unwrap_or_default();
+                self.reports
+                    .push_back(Report::ClockStep(ClockStep::Backward(by)));
             }
-        } else {
-            self.steady_since = Some(received);
         }
-        self.last_beat = Some((sent, received, observed));
+        self.ahead.push_back((received, ahead));
+        self.last_beat = Some((received, observed));
     }
 
     fn end_tick(&mut self, now: Instant) {

@@ -13,6 +13,9 @@ use lease_core::{
 };
 use lease_worker::machine::{ClockStep, Input, Machine, Output, Report, Rules, StoreCall};
 
+/// A claim that may take dead sessions' buckets (the store bounds how far its clock moved
+/// since the heartbeat; `Run` checks that bound separately).
+const ALLOWED: Takeover = Takeover::AllowedWithin(Duration::ZERO);
 const TTL: Duration = Duration::from_secs(10);
 const RENEW: Duration = Duration::from_secs(2);
 const MARGIN: Duration = Duration::from_secs(1);
@@ -46,6 +49,8 @@ struct Run {
     /// What the store's clock is ahead of (or behind) the local one.
     offset: TimeDelta,
     steps: Vec<ClockStep>,
+    /// When the last heartbeat was sent.
+    sent: Instant,
 }
 
 impl Run {
@@ -61,6 +66,7 @@ impl Run {
             base: ManualClock::new().now(),
             offset: TimeDelta::zero(),
             steps: Vec::new(),
+            sent: now,
         }
     }
 
@@ -88,9 +94,10 @@ impl Run {
         panic!("no store call");
     }
 
-    /// Answer the heartbeat in flight, a round trip after it was sent.
-    fn answer_heartbeat(&mut self) {
-        self.now += ROUND_TRIP;
+    /// Answer the heartbeat in flight, `round_trip` after it was sent; the store reads its
+    /// clock as it answers (late in the call, as Postgres does under the row lock).
+    fn answer_heartbeat_after(&mut self, round_trip: Duration) {
+        self.now += round_trip;
         let at = self.store_at();
         let beat = Heartbeat {
             session: self.session,
@@ -116,12 +123,27 @@ impl Run {
     /// One tick: a heartbeat answered, then the claim it plans, answered with nothing won
     /// (the buckets stay claimable); the claim's scope.
     fn tick(&mut self) -> (Instant, Takeover) {
+        self.tick_after(ROUND_TRIP)
+    }
+
+    /// [`tick`](Self::tick) with a heartbeat that takes `round_trip`.
+    fn tick_after(&mut self, round_trip: Duration) -> (Instant, Takeover) {
         let call = self.next_call();
         assert_eq!(call, StoreCall::Heartbeat);
-        self.answer_heartbeat();
+        self.sent = self.now;
+        self.answer_heartbeat_after(round_trip);
         let answered = self.now;
         match self.next_call() {
             StoreCall::Claim { takeover, .. } => {
+                let takeover = match takeover {
+                    Takeover::AllowedWithin(within) => {
+                        // From the heartbeat's send to the claim, plus half the 1 s margin.
+                        let since = self.now - self.sent;
+                        assert_eq!(within, since + MARGIN / 2, "the claim's bound");
+                        ALLOWED
+                    }
+                    other => other,
+                };
                 self.now += ROUND_TRIP;
                 self.m.handle(self.now, Input::Claimed(Ok(Vec::new())));
                 (answered, takeover)
@@ -139,12 +161,7 @@ fn a_steady_clock_opens_takeovers_a_ttl_after_the_first_answer() {
     loop {
         let (at, takeover) = run.tick();
         if at - first >= TTL {
-            assert_eq!(
-                takeover,
-                Takeover::Allowed,
-                "{:?} after the first",
-                at - first
-            );
+            assert_eq!(takeover, ALLOWED, "{:?} after the first", at - first);
             // Ticking when takeovers open, not at the next renewal after.
             assert!(at - first < TTL + ROUND_TRIP * 4, "{:?}", at - first);
             break;
@@ -164,7 +181,7 @@ fn a_forward_step_defers_takeovers_for_a_ttl_and_is_reported() {
     let mut run = Run::new();
     let (first, _) = run.tick();
     while run.tick().0 - first < TTL {}
-    assert_eq!(run.tick().1, Takeover::Allowed);
+    assert_eq!(run.tick().1, ALLOWED);
 
     // The store's clock jumps 15 s ahead (NTP stepping after a VM resume): every session in
     // the store aged 15 s at once.
@@ -181,7 +198,7 @@ fn a_forward_step_defers_takeovers_for_a_ttl_and_is_reported() {
     loop {
         let (at, takeover) = run.tick();
         if at - seen >= TTL {
-            assert_eq!(takeover, Takeover::Allowed);
+            assert_eq!(takeover, ALLOWED);
             break;
         }
         assert_eq!(
@@ -201,7 +218,7 @@ fn a_backward_step_is_reported_and_defers_nothing() {
     while run.tick().0 - first < TTL {}
     run.offset = TimeDelta::seconds(-5);
     let (_, takeover) = run.tick();
-    assert_eq!(takeover, Takeover::Allowed);
+    assert_eq!(takeover, ALLOWED);
     match run.steps.as_slice() {
         [ClockStep::Backward(by)] => assert!(
             *by > Duration::from_millis(4_900) && *by <= Duration::from_secs(5),
@@ -218,8 +235,47 @@ fn steps_the_trust_margin_absorbs_are_not_reported() {
     while run.tick().0 - first < TTL {}
     // Under half the 1 s margin, either way.
     run.offset = TimeDelta::milliseconds(400);
-    assert_eq!(run.tick().1, Takeover::Allowed);
+    assert_eq!(run.tick().1, ALLOWED);
     run.offset = TimeDelta::milliseconds(-20);
-    assert_eq!(run.tick().1, Takeover::Allowed);
+    assert_eq!(run.tick().1, ALLOWED);
     assert!(run.steps.is_empty(), "{:?}", run.steps);
+}
+
+#[test]
+fn a_slow_heartbeat_does_not_hide_the_next_step() {
+    let mut run = Run::new();
+    let (first, _) = run.tick();
+    while run.tick().0 - first < TTL {}
+    // A heartbeat that waits 1.5 s (a lock, a slow server), then a +1.2 s step, over the
+    // 0.5 s tolerance: judged from request to answer, the 1.5 s would have hidden it.
+    assert_eq!(run.tick_after(Duration::from_millis(1_500)).1, ALLOWED);
+    run.offset = TimeDelta::milliseconds(1_200);
+    assert_eq!(run.tick().1, Takeover::Deferred);
+    match run.steps.as_slice() {
+        [ClockStep::Forward(by)] => assert!(
+            *by > Duration::from_millis(1_100) && *by <= Duration::from_millis(1_200),
+            "{by:?}"
+        ),
+        other => panic!("one forward step expected: {other:?}"),
+    }
+}
+
+#[test]
+fn small_forward_steps_that_add_up_are_a_step() {
+    let mut run = Run::new();
+    let (first, _) = run.tick();
+    while run.tick().0 - first < TTL {}
+    // +0.3 s at each of two renewals: each under the 0.5 s tolerance, 0.6 s together.
+    run.offset = TimeDelta::milliseconds(300);
+    assert_eq!(run.tick().1, ALLOWED);
+    assert!(run.steps.is_empty(), "{:?}", run.steps);
+    run.offset = TimeDelta::milliseconds(600);
+    assert_eq!(run.tick().1, Takeover::Deferred);
+    match run.steps.as_slice() {
+        [ClockStep::Forward(by)] => assert!(
+            *by > Duration::from_millis(550) && *by <= Duration::from_millis(600),
+            "{by:?}"
+        ),
+        other => panic!("one forward step expected: {other:?}"),
+    }
 }

@@ -428,7 +428,7 @@ impl World {
                             // first seen (it never steps here), and then always.
                             let opens = self.first_answer.map(|t| t + TTL);
                             assert_eq!(
-                                *takeover == Takeover::Allowed,
+                                matches!(takeover, Takeover::AllowedWithin(_)),
                                 opens.is_some_and(|t| self.now >= t),
                                 "takeover {takeover:?} at {:?} after the first answer",
                                 self.first_answer.map(|t| self.now - t)

@@ -5,12 +5,12 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lease::LeaseStore;
 use serde_json::Value;
-use support::{FreezableProxy, WorkerProcess, leasectl, wait_for};
+use support::{FreezableProxy, Running, WorkerProcess, free_port, leasectl, wait_for};
 
 /// `leasectl args`, on `url` if given, logging nothing.
 fn command(args: &[&str], url: Option<&str>) -> Command {
@@ -22,19 +22,6 @@ fn command(args: &[&str], url: Option<&str>) -> Command {
         cmd.env("DATABASE_URL", url);
     }
     cmd
-}
-
-/// A process that is killed if the test fails before it exited: a failed test must not leave
-/// a worker running.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            self.0.kill().ok();
-            self.0.wait().ok();
-        }
-    }
 }
 
 fn run(args: &[&str], url: Option<&str>) -> (i32, String, String) {
@@ -149,10 +136,7 @@ async fn an_unmigrated_database_says_to_run_migrate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_prints_json_serves_metrics_and_stops_on_sigterm() {
     let db = lease_testdb::database().await;
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        listener.local_addr().expect("addr").port()
-    };
+    let port = free_port();
     let mut child = Running(
         leasectl()
             .args([

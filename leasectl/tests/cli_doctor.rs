@@ -138,10 +138,7 @@ fn tls_is_reported_with_what_was_verified() {
 #[test]
 fn no_server_fails_the_connection_check_at_once() {
     // A port nobody listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
+    let port = support::free_port();
     let started = std::time::Instant::now();
     let (code, checks) = doctor(&format!("postgres://postgres@127.0.0.1:{port}/x"));
     assert_eq!(code, 1);

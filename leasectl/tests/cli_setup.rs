@@ -137,10 +137,7 @@ async fn a_missing_database_or_role_is_reported_at_once() {
 #[test]
 fn a_refused_connection_is_retried_and_named_once() {
     // Nothing listens on a port just given back by the kernel.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = support::free_port();
     let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
     let (code, _, err) = run(&["status", "--group", "g"], &url);
     assert_eq!(code, 1, "{err}");

@@ -8,12 +8,12 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lease_testdb::{PgBouncer, PoolMode};
-use support::{leasectl, wait_for};
+use support::{Running, free_port, leasectl, wait_for};
 
 fn bouncer() -> &'static PgBouncer {
     static BOUNCER: OnceLock<PgBouncer> = OnceLock::new();
@@ -108,18 +108,6 @@ async fn migrate_through_the_pooler_takes_the_direct_url() {
     assert!(err.contains("group \"orders\" does not exist"), "{err}");
 }
 
-/// A child process killed if the test ends before it does.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            self.0.kill().ok();
-            self.0.wait().ok();
-        }
-    }
-}
-
 /// Lines a child wrote, read on a thread of their own.
 fn lines_of(stream: impl Read + Send + 'static) -> Arc<Mutex<Vec<String>>> {
     let lines = Arc::new(Mutex::new(Vec::new()));
@@ -149,10 +137,7 @@ fn count(lines: &Mutex<Vec<String>>, what: &str) -> usize {
 async fn a_worker_through_the_pooler_polls_and_says_so_once() {
     let db = lease_testdb::database().await;
     let url = bouncer().url("postgres", &db.name, "transaction_pooler=true");
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        listener.local_addr().expect("addr").port()
-    };
+    let port = free_port();
     let mut child = Running(
         leasectl()
             .args([

@@ -34,3 +34,27 @@ INSERT INTO lease.server_epochs (timeline, first_seen) VALUES (lease.timeline(),
 -- may lack what the worker released or claimed under it. NULL: written by a binary that
 -- predates this migration, taken as the current timeline.
 ALTER TABLE lease.members ADD COLUMN timeline bigint;
+
+-- Roles that run workers under the previous release (those that may UPDATE lease.members, on
+-- the table or a column, directly or through PUBLIC) get what the heartbeat and claims now use,
+-- so the documented rollout (migrate first, while old workers run, then deploy) breaks no
+-- worker role that `leasectl grant` set up before.
+DO $$
+DECLARE
+    role_name text;
+BEGIN
+    FOR role_name IN
+        SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                             ELSE quote_ident(pg_get_userbyid(a.grantee)) END
+          FROM (SELECT c.relacl AS acl FROM pg_class c WHERE c.oid = 'lease.members'::regclass
+                UNION ALL
+                SELECT t.attacl FROM pg_attribute t
+                 WHERE t.attrelid = 'lease.members'::regclass AND t.attacl IS NOT NULL) AS x,
+               aclexplode(x.acl) AS a
+         WHERE a.privilege_type = 'UPDATE'
+    LOOP
+        EXECUTE format('GRANT SELECT, INSERT ON TABLE lease.server_epochs TO %s', role_name);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION lease.timeline() TO %s', role_name);
+    END LOOP;
+END
+$$;

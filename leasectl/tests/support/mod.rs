@@ -15,6 +15,27 @@ use lease::ownership_log::OwnershipLog;
 use lease::{Bucket, FencingToken, OwnershipEvent, RevokeReason, WorkerId};
 use serde_json::Value;
 
+/// A process that is killed if the test fails before it exited: a failed test must not leave
+/// a worker running.
+pub struct Running(pub Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            self.0.kill().ok();
+            self.0.wait().ok();
+        }
+    }
+}
+
+/// A loopback port nobody listens on (now).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 /// The binary under test.
 pub fn leasectl() -> Command {
     Command::new(env!("CARGO_BIN_EXE_leasectl"))
