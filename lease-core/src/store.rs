@@ -32,6 +32,21 @@ pub enum Takeover {
     AllowedWithin(std::time::Duration),
 }
 
+impl Takeover {
+    /// Whether a claim with this takeover may take dead sessions' buckets (C7), when the
+    /// store's time is `since_renewal` after the caller's session was last renewed (negative
+    /// if the store's clock went back).
+    pub fn takes_dead(self, since_renewal: chrono::TimeDelta) -> bool {
+        match self {
+            Takeover::Deferred => false,
+            Takeover::AllowedWithin(bound) => {
+                since_renewal.to_std().map_or(true, |since| since <= bound)
+            }
+            Takeover::Allowed => true,
+        }
+    }
+}
+
 /// Where leases live: the shared state a pool of workers agrees through.
 ///
 /// Ownership hangs on **sessions**. Each worker has at most one member row per group holding

@@ -69,16 +69,6 @@ struct BucketRow {
     token: i64,
 }
 
-/// Whether a claim with `takeover` may take dead sessions' buckets (C7), at `now`, for a
-/// session last renewed at `renewed_at`.
-fn takes_dead(takeover: Takeover, now: Timestamp, renewed_at: Timestamp) -> bool {
-    match takeover {
-        Takeover::Deferred => false,
-        Takeover::AllowedWithin(d) => (now - renewed_at).to_std().map_or(true, |since| since <= d),
-        _ => true,
-    }
-}
-
 #[derive(Debug)]
 struct MemberRow {
     session: SessionId,
@@ -425,7 +415,7 @@ impl LeaseStore for MemoryLeaseStore {
                 group: group.clone(),
                 worker,
             })?;
-        let take_dead = takes_dead(takeover, now, renewed_at);
+        let take_dead = takeover.takes_dead(now - renewed_at);
         let effective = if take_dead {
             Takeover::Allowed
         } else {

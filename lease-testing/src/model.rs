@@ -342,11 +342,7 @@ impl Model {
                 worker,
             })?;
         // C7: dead sessions' buckets only when the takeover allows it now.
-        let take_dead = match takeover {
-            Takeover::Deferred => false,
-            Takeover::AllowedWithin(d) => (now - renewed_at).to_std().map_or(true, |s| s <= d),
-            _ => true,
-        };
+        let take_dead = takeover.takes_dead(now - renewed_at);
         let effective = if take_dead {
             Takeover::Allowed
         } else {
