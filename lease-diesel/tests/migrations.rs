@@ -103,21 +103,7 @@ fn fresh_role(what: &str) -> String {
 
 /// `url` logging in as `role` instead.
 fn url_as(url: &str, role: &str) -> String {
-    match url
-        .strip_prefix("postgres://")
-        .or_else(|| url.strip_prefix("postgresql://"))
-    {
-        Some(rest) => {
-            let scheme = &url[..url.len() - rest.len()];
-            let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-            let host = match rest[..authority_end].rfind('@') {
-                Some(at) => &rest[at + 1..],
-                None => rest,
-            };
-            format!("{scheme}{role}:{PASSWORD}@{host}")
-        }
-        None => format!("{url} user={role} password={PASSWORD}"),
-    }
+    lease_testdb::url_as(url, role, PASSWORD)
 }
 
 /// A login role with `grants` (each `{role}` replaced by its name), on database `db`.

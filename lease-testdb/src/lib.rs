@@ -195,6 +195,26 @@ impl Server {
     }
 }
 
+/// `url` logging in as `role` with `password` instead of its own user (a URL, or a key=value
+/// connection string).
+pub fn url_as(url: &str, role: &str, password: &str) -> String {
+    match url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+    {
+        Some(rest) => {
+            let scheme = &url[..url.len() - rest.len()];
+            let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let host = match rest[..authority_end].rfind('@') {
+                Some(at) => &rest[at + 1..],
+                None => rest,
+            };
+            format!("{scheme}{role}:{password}@{host}")
+        }
+        None => format!("{url} user={role} password={password}"),
+    }
+}
+
 /// `url` with its database replaced by `db`; for a URL (`postgres://...`) or a key-value
 /// connection string.
 fn with_database(url: &str, db: &str) -> String {
