@@ -190,7 +190,7 @@ struct Counting {
 
 #[async_trait]
 impl OwnershipHandler for Counting {
-    async fn on_assigned(&self, _bucket: Bucket, _token: FencingToken) {}
+    async fn on_assigned(&self, _assignment: lease::Assignment) {}
 
     async fn on_revoked(&self, _bucket: Bucket, _token: FencingToken, _reason: RevokeReason) {}
 

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use lease::postgres::PgLeaseStore;
 use lease::testing::{OwnershipLog, RecordingHandler, coverage};
 use lease::{
-    Bucket, BucketState, Clock, FencingToken, GroupName, LeaseStore, LeaseWorker, OwnershipEvent,
-    ShardCount, SystemClock, Timestamp, WorkerHandle, WorkerId,
+    Assignment, Bucket, BucketState, Clock, FencingToken, GroupName, LeaseStore, LeaseWorker,
+    OwnershipEvent, ShardCount, SystemClock, Timestamp, WorkerHandle, WorkerId,
 };
 use lease_testdb::{Cluster, ClusterOptions, Replication};
 
@@ -207,7 +207,7 @@ fn tokens_around(
 ) -> (BTreeMap<Bucket, i64>, BTreeMap<Bucket, i64>) {
     let (mut before, mut after) = (BTreeMap::new(), BTreeMap::new());
     for e in log.entries() {
-        if let OwnershipEvent::Assigned { bucket, token } = e.event {
+        if let OwnershipEvent::Assigned(Assignment { bucket, token, .. }) = e.event {
             if e.at < t {
                 let m = before.entry(bucket).or_insert(token.0);
                 *m = (*m).max(token.0);

@@ -1,7 +1,8 @@
 //! What a worker tells its application about ownership: the vocabulary of the worker runtime,
 //! and of the ownership logs that judge it.
 
-use crate::ids::{Bucket, FencingToken};
+use crate::ids::{Bucket, FencingToken, ShardCount};
+use crate::resize;
 
 /// Why the application must stop working on a bucket.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -35,16 +36,58 @@ impl RevokeReason {
     }
 }
 
+/// A bucket handed to the application: which one, with which token, and of which generation
+/// of the group.
+///
+/// After a [`resize`](crate::LeaseStore::resize) a bucket's keys were held by other buckets
+/// before (its [`parents`](Self::parents)): an application that keeps a checkpoint per bucket
+/// and has none for this one continues from its parents' (the lowest of their positions, when
+/// the work is ordered per key).
+///
+/// ```
+/// use lease_core::{Assignment, Bucket, FencingToken, ShardCount};
+/// let a = Assignment {
+///     bucket: Bucket(5),
+///     token: FencingToken(3),
+///     shards: ShardCount::new(24)?,
+///     resized_from: Some(ShardCount::new(16)?),
+/// };
+/// assert_eq!(a.parents(), vec![Bucket(5), Bucket(13)]);
+/// # Ok::<(), lease_core::InvalidInput>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Assignment {
+    /// The bucket.
+    pub bucket: Bucket,
+    /// Its fencing token.
+    pub token: FencingToken,
+    /// The shard count of the bucket's generation: keys with `hash mod shards == bucket` are
+    /// this bucket's ([`ShardCount::bucket_of`]).
+    pub shards: ShardCount,
+    /// The count the bucket's generation was resized from; `None` for a group never resized.
+    pub resized_from: Option<ShardCount>,
+}
+
+impl Assignment {
+    /// The buckets of the previous generation that held this bucket's keys, in order
+    /// ([`resize::parents`]); empty for a group never resized.
+    pub fn parents(&self) -> Vec<Bucket> {
+        self.resized_from
+            .map(|from| resize::parents(from, self.shards, self.bucket))
+            .unwrap_or_default()
+    }
+
+    /// Whether this bucket and `other` (of `other_shards` buckets) hold a key in common.
+    pub fn shares_keys(&self, other: Bucket, other_shards: ShardCount) -> bool {
+        resize::shares_keys(self.shards, other_shards, self.bucket, other)
+    }
+}
+
 /// A change of what the application owns.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum OwnershipEvent {
-    /// Start working on `bucket`, fencing writes with `token`.
-    Assigned {
-        /// The bucket.
-        bucket: Bucket,
-        /// Its fencing token.
-        token: FencingToken,
-    },
+    /// Start working on a bucket, fencing writes with its token.
+    Assigned(Assignment),
     /// Stop working on `bucket` now.
     Revoked {
         /// The bucket.

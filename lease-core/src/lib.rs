@@ -55,7 +55,7 @@ mod view;
 
 pub use change::{Change, ChangeFeed};
 pub use error::{BackendFailure, Chain, ErrorKind, Operation, StoreError};
-pub use event::{OwnershipEvent, RevokeReason};
+pub use event::{Assignment, OwnershipEvent, RevokeReason};
 pub use ids::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };

@@ -1,6 +1,7 @@
 //! The ownership log checker: from every worker's assigned/revoked events with their times,
 //! prove that no bucket was ever held by two workers at the same instant, that each worker
-//! saw each bucket assigned before revoked, and that tokens only grew. The tests, the chaos
+//! saw each bucket assigned before revoked, and that tokens only grew; across a resize, that
+//! no key was in buckets held at one instant and that tokens grew per key. The tests, the chaos
 //! test and `leasectl demo` all judge runs with it; an application can audit its own logs.
 //! (`lease_testing::RecordingHandler` records a worker's events into one.)
 
@@ -8,7 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 
 use crate::event::{OwnershipEvent, RevokeReason};
-use crate::ids::{Bucket, FencingToken, WorkerId};
+use crate::ids::{Bucket, FencingToken, ShardCount, WorkerId};
+use crate::resize;
 
 /// One recorded event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +30,8 @@ pub struct Holding<T> {
     pub worker: WorkerId,
     /// The bucket.
     pub bucket: Bucket,
+    /// The shard count of the bucket's generation.
+    pub shards: ShardCount,
     /// The token it held it with.
     pub token: FencingToken,
     /// When it was assigned.
@@ -47,6 +51,9 @@ pub struct Summary {
     pub revocations: BTreeMap<&'static str, usize>,
     /// Buckets that moved from one worker to another.
     pub handoffs: usize,
+    /// Pairs of holdings of buckets of different shard counts sharing keys (a resize's old
+    /// and new buckets) checked for per-key exclusion and token order.
+    pub key_pairs: usize,
 }
 
 /// A log of ownership events from many workers. Times are any ordered type: a tokio
@@ -88,15 +95,20 @@ impl<T: Ord + Copy + Debug> OwnershipLog<T> {
         &self.entries
     }
 
-    /// Every holding, per bucket in order of assignment. Fails on a worker whose events for a
-    /// bucket do not alternate assigned, revoked, assigned..., or whose revocation names another
-    /// token than its assignment.
+    /// Every holding, per bucket number in order of assignment. Fails on a worker whose events
+    /// for a bucket do not alternate assigned, revoked, assigned..., or whose revocation names
+    /// another token than its assignment.
+    ///
+    /// Across a resize, the holdings of one bucket number in either generation are listed
+    /// together (see [`Holding::shards`]): the new bucket of a number shares keys with the
+    /// old bucket of that number, so they are held one after the other like one bucket.
     pub fn holdings(&self) -> Result<BTreeMap<Bucket, Vec<Holding<T>>>, String> {
         let mut open: BTreeMap<(WorkerId, Bucket), Holding<T>> = BTreeMap::new();
         let mut done: BTreeMap<Bucket, Vec<Holding<T>>> = BTreeMap::new();
         for e in &self.entries {
             match e.event {
-                OwnershipEvent::Assigned { bucket, token } => {
+                OwnershipEvent::Assigned(a) => {
+                    let (bucket, token) = (a.bucket, a.token);
                     if let Some(h) = open.get(&(e.worker, bucket)) {
                         return Err(format!(
                             "worker {} was assigned bucket {bucket} (token {token}) at {:?} \
@@ -109,6 +121,7 @@ impl<T: Ord + Copy + Debug> OwnershipLog<T> {
                         Holding {
                             worker: e.worker,
                             bucket,
+                            shards: a.shards,
                             token,
                             from: e.at,
                             until: None,
@@ -159,7 +172,7 @@ impl<T: Ord + Copy + Debug> OwnershipLog<T> {
         let mut summary = Summary::default();
         for e in &self.entries {
             match e.event {
-                OwnershipEvent::Assigned { .. } => summary.assignments += 1,
+                OwnershipEvent::Assigned(_) => summary.assignments += 1,
                 OwnershipEvent::Revoked { reason, .. } => {
                     *summary.revocations.entry(reason.as_str()).or_default() += 1;
                 }
@@ -199,8 +212,85 @@ impl<T: Ord + Copy + Debug> OwnershipLog<T> {
                 }
             }
         }
+        summary.key_pairs = check_across_counts(&holdings)?;
         Ok(summary)
     }
+}
+
+/// Whether `t` comes before `until`, an open end (`None`) being later than any time.
+fn before<T: Ord>(t: &T, until: Option<&T>) -> bool {
+    until.is_none_or(|u| t < u)
+}
+
+/// Per-key exclusion and token order between buckets of different shard counts: two holdings
+/// sharing a key never overlap in time, and the later one holds the higher token. (Holdings of
+/// one count share keys only within one bucket, which [`OwnershipLog::check`] judges.) Returns
+/// how many pairs sharing keys it checked.
+fn check_across_counts<T: Ord + Copy + Debug>(
+    holdings: &BTreeMap<Bucket, Vec<Holding<T>>>,
+) -> Result<usize, String> {
+    let mut by_count: BTreeMap<ShardCount, BTreeMap<Bucket, Vec<&Holding<T>>>> = BTreeMap::new();
+    for h in holdings.values().flatten() {
+        by_count
+            .entry(h.shards)
+            .or_default()
+            .entry(h.bucket)
+            .or_default()
+            .push(h);
+    }
+    let mut pairs = 0;
+    for (&a, in_a) in &by_count {
+        for (&b, in_b) in by_count.range((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded))
+        {
+            for (&x, hx) in in_a {
+                for y in resize::children(a, b, x) {
+                    for h1 in hx {
+                        for h2 in in_b.get(&y).map(Vec::as_slice).unwrap_or_default() {
+                            pairs += 1;
+                            let (first, second) = if h1.from <= h2.from {
+                                (h1, h2)
+                            } else {
+                                (h2, h1)
+                            };
+                            if before(&second.from, first.until.as_ref()) {
+                                return Err(format!(
+                                    "a key of bucket {} (of {}) and bucket {} (of {}) held twice: \
+                                     by {} (token {}) from {:?} until {:?}, and by {} (token {}) \
+                                     from {:?}",
+                                    first.bucket,
+                                    first.shards,
+                                    second.bucket,
+                                    second.shards,
+                                    first.worker,
+                                    first.token,
+                                    first.from,
+                                    first.until,
+                                    second.worker,
+                                    second.token,
+                                    second.from
+                                ));
+                            }
+                            if second.token <= first.token {
+                                return Err(format!(
+                                    "a key of bucket {} (of {}) and bucket {} (of {}): token went \
+                                     from {} ({}) to {} ({})",
+                                    first.bucket,
+                                    first.shards,
+                                    second.bucket,
+                                    second.shards,
+                                    first.token,
+                                    first.worker,
+                                    second.token,
+                                    second.worker
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(pairs)
 }
 
 #[cfg(test)]
@@ -213,10 +303,20 @@ mod tests {
     }
 
     fn assigned(b: u32, t: i64) -> OwnershipEvent {
-        OwnershipEvent::Assigned {
+        assigned_of(8, b, t)
+    }
+
+    fn n(x: u32) -> ShardCount {
+        ShardCount::new(x).expect("a valid count")
+    }
+
+    fn assigned_of(shards: u32, b: u32, t: i64) -> OwnershipEvent {
+        OwnershipEvent::Assigned(crate::Assignment {
             bucket: Bucket(b),
             token: FencingToken(t),
-        }
+            shards: n(shards),
+            resized_from: None,
+        })
     }
 
     fn revoked(b: u32, t: i64) -> OwnershipEvent {
@@ -287,5 +387,36 @@ mod tests {
         log.record(w(1), assigned(0, 2), 0);
         log.record(w(1), assigned(0, 3), 1);
         assert!(log.check().unwrap_err().contains("while holding"));
+    }
+
+    #[test]
+    fn keys_are_judged_across_a_resize() {
+        // 4 -> 8: new bucket 5 shares keys with old bucket 1 only.
+        let clean = |new_from: i64, new_token: i64| {
+            let mut log = OwnershipLog::new();
+            log.record(w(1), assigned_of(4, 1, 3), 0);
+            log.record(w(1), revoked(1, 3), 10);
+            log.record(w(2), assigned_of(8, 5, new_token), new_from);
+            // Bucket 2 of 4 shares nothing with 5 of 8: held throughout, never judged with it.
+            log.record(w(3), assigned_of(4, 2, 1), 0);
+            log.check()
+        };
+        let s = clean(10, 4).expect("a clean split");
+        assert_eq!(s.key_pairs, 1);
+        assert!(
+            clean(9, 4).unwrap_err().contains("held twice"),
+            "the new bucket taken before the old one was revoked"
+        );
+        assert!(
+            clean(10, 3).unwrap_err().contains("token went"),
+            "the new bucket's token not above its parent's"
+        );
+        // A merge 8 -> 4: bucket 1 of 4 has parents 1 and 5 of 8; one still held is a fault.
+        let mut log = OwnershipLog::new();
+        log.record(w(1), assigned_of(8, 1, 2), 0);
+        log.record(w(2), assigned_of(8, 5, 7), 0);
+        log.record(w(1), revoked(1, 2), 10);
+        log.record(w(3), assigned_of(4, 1, 8), 11);
+        assert!(log.check().unwrap_err().contains("held twice"));
     }
 }

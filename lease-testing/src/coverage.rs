@@ -101,10 +101,12 @@ mod tests {
     }
 
     fn assigned(b: u32, token: i64) -> OwnershipEvent {
-        OwnershipEvent::Assigned {
+        OwnershipEvent::Assigned(lease_core::Assignment {
             bucket: Bucket(b),
             token: FencingToken(token),
-        }
+            shards: ShardCount::new(8).expect("a valid count"),
+            resized_from: None,
+        })
     }
 
     fn revoked(b: u32, token: i64) -> OwnershipEvent {

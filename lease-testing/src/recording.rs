@@ -4,7 +4,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use lease_core::ownership_log::OwnershipLog;
-use lease_core::{Bucket, Clock, FencingToken, OwnershipEvent, RevokeReason, Timestamp, WorkerId};
+use lease_core::{
+    Assignment, Bucket, Clock, FencingToken, OwnershipEvent, RevokeReason, Timestamp, WorkerId,
+};
 use lease_worker::OwnershipHandler;
 
 /// A handler that records into a shared [`OwnershipLog`], stamping events with a store-side
@@ -38,8 +40,8 @@ impl RecordingHandler {
 
 #[async_trait]
 impl OwnershipHandler for RecordingHandler {
-    async fn on_assigned(&self, bucket: Bucket, token: FencingToken) {
-        self.push(OwnershipEvent::Assigned { bucket, token });
+    async fn on_assigned(&self, assignment: Assignment) {
+        self.push(OwnershipEvent::Assigned(assignment));
     }
 
     async fn on_revoked(&self, bucket: Bucket, token: FencingToken, reason: RevokeReason) {

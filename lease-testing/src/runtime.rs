@@ -39,8 +39,8 @@ use tokio::time::Instant;
 
 use lease_core::ownership_log::{OwnershipLog, Summary};
 use lease_core::{
-    Bucket, BucketState, Clock, ErrorKind, FencingToken, GroupName, LeaseStore, Operation,
-    OwnershipEvent, RevokeReason, ShardCount, Timestamp, WorkerId,
+    Assignment, Bucket, BucketState, Clock, ErrorKind, FencingToken, GroupName, LeaseStore,
+    Operation, OwnershipEvent, RevokeReason, ShardCount, Timestamp, WorkerId,
 };
 use lease_worker::{
     LeaseWorker, OwnershipHandler, StartError, WorkerError, WorkerFailed, WorkerHandle,
@@ -268,7 +268,7 @@ impl SlowHandler {
 
 #[async_trait]
 impl OwnershipHandler for SlowHandler {
-    async fn on_assigned(&self, bucket: Bucket, token: FencingToken) {
+    async fn on_assigned(&self, assignment: Assignment) {
         self.count_event();
         tokio::time::sleep(self.slow.assign).await;
         let nth = self.assigned.fetch_add(1, Ordering::SeqCst) + 1;
@@ -277,7 +277,7 @@ impl OwnershipHandler for SlowHandler {
             self.slow.panic_on,
             "the application's handler failed"
         );
-        self.inner.on_assigned(bucket, token).await;
+        self.inner.on_assigned(assignment).await;
     }
 
     async fn on_revoked(&self, bucket: Bucket, token: FencingToken, reason: RevokeReason) {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lease_core::{
-    Bucket, Chain, ChangeFeed, FencingToken, GroupName, Incarnation, LeaseStore, MemberMetadata,
-    Operation, RevokeReason, StoreError, Ttl, WorkerId,
+    Assignment, Bucket, Chain, ChangeFeed, FencingToken, GroupName, Incarnation, LeaseStore,
+    MemberMetadata, Operation, RevokeReason, StoreError, Ttl, WorkerId,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -29,8 +29,8 @@ use crate::registry::Running;
 /// in turn) or through per-bucket leases ([`LeaseSender`]).
 #[async_trait]
 pub(crate) trait Application: Send + 'static {
-    /// Tell the application it owns `bucket`.
-    async fn assign(&mut self, bucket: Bucket, token: FencingToken, machine: &Machine);
+    /// Tell the application it owns a bucket.
+    async fn assign(&mut self, assignment: Assignment);
 
     /// Tell the application it does not own `bucket` any more; returns whether it has
     /// stopped working on it already (an acknowledgement coming later otherwise).
@@ -51,8 +51,8 @@ pub(crate) struct Handler<H>(pub(crate) H);
 
 #[async_trait]
 impl<H: OwnershipHandler> Application for Handler<H> {
-    async fn assign(&mut self, bucket: Bucket, token: FencingToken, _machine: &Machine) {
-        self.0.on_assigned(bucket, token).await;
+    async fn assign(&mut self, assignment: Assignment) {
+        self.0.on_assigned(assignment).await;
     }
 
     async fn revoke(&mut self, bucket: Bucket, token: FencingToken, reason: RevokeReason) -> bool {
@@ -249,7 +249,9 @@ impl<S: LeaseStore + 'static, A: Application> Driver<S, A> {
     async fn deliver(&mut self, d: Delivery) {
         match d {
             Delivery::Assign { bucket, token } => {
-                self.app.assign(bucket, token, &self.machine).await;
+                self.app
+                    .assign(self.machine.assignment(bucket, token))
+                    .await;
                 self.published.0.send_modify(|owned| {
                     owned.insert(bucket, token);
                 });
@@ -307,6 +309,17 @@ impl<S: LeaseStore + 'static, A: Application> Driver<S, A> {
                 );
                 self.metrics.clock_step(true);
             }
+            Report::Resized {
+                from,
+                to,
+                generation,
+            } => tracing::info!(
+                %from,
+                %to,
+                %generation,
+                "the group was resized: following it (old buckets are revoked and released, \
+                 the new ones shared)"
+            ),
             Report::ClockStep(ClockStep::Backward(by)) => {
                 tracing::warn!(
                     at_least = ?by,
@@ -710,7 +723,7 @@ mod tests {
         let mut revoked = 0;
         while let Ok(e) = events.try_recv() {
             match e {
-                lease_core::OwnershipEvent::Assigned { .. } => assigned += 1,
+                lease_core::OwnershipEvent::Assigned(_) => assigned += 1,
                 lease_core::OwnershipEvent::Revoked { reason, .. } => {
                     assert_eq!(reason, RevokeReason::Shutdown);
                     revoked += 1;

@@ -5,7 +5,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 
-use lease_core::{Bucket, FencingToken, Operation, OwnershipEvent, RevokeReason, StoreError};
+use lease_core::{
+    Assignment, Bucket, FencingToken, Operation, OwnershipEvent, RevokeReason, StoreError,
+};
 
 /// A failure the worker survived; it keeps running and retries with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -67,8 +69,10 @@ pub enum WorkerFailed {
 /// handler stops the worker ([`WorkerHandle::wait`](crate::WorkerHandle::wait) reports it).
 #[async_trait]
 pub trait OwnershipHandler: Send + Sync + 'static {
-    /// The worker now owns `bucket` with `token`: start working on it.
-    async fn on_assigned(&self, bucket: Bucket, token: FencingToken);
+    /// The worker now owns a bucket with a token: start working on it. After a resize the
+    /// assignment names the bucket's shard count and its parents, whose checkpoints its keys
+    /// continue ([`Assignment::parents`]).
+    async fn on_assigned(&self, assignment: Assignment);
 
     /// The worker no longer owns `bucket`: stop working on it before returning.
     async fn on_revoked(&self, bucket: Bucket, token: FencingToken, reason: RevokeReason);
@@ -93,10 +97,10 @@ pub fn event_channel(capacity: usize) -> (EventSender, mpsc::Receiver<OwnershipE
 
 #[async_trait]
 impl OwnershipHandler for EventSender {
-    async fn on_assigned(&self, bucket: Bucket, token: FencingToken) {
+    async fn on_assigned(&self, assignment: Assignment) {
         // A dropped receiver means nobody listens any more; the worker carries on.
         self.tx
-            .send(OwnershipEvent::Assigned { bucket, token })
+            .send(OwnershipEvent::Assigned(assignment))
             .await
             .ok();
     }

@@ -43,14 +43,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lease_core::{Bucket, FencingToken, RevokeReason};
+use lease_core::{Assignment, Bucket, FencingToken, RevokeReason};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::driver::Application;
 use crate::events::WorkerError;
-use crate::machine::Machine;
 
 /// How long the leases are trusted: the driver updates it after every heartbeat.
 pub(crate) type Trust = watch::Receiver<Option<std::time::Instant>>;
@@ -59,8 +58,7 @@ pub(crate) type Trust = watch::Receiver<Option<std::time::Instant>>;
 /// the worker the application stopped working on the bucket.
 #[derive(Debug)]
 pub struct BucketLease {
-    bucket: Bucket,
-    token: FencingToken,
+    assignment: Assignment,
     trust: Trust,
     revoked: CancellationToken,
     reason: Arc<Mutex<Option<RevokeReason>>>,
@@ -71,12 +69,18 @@ pub struct BucketLease {
 impl BucketLease {
     /// The bucket.
     pub fn bucket(&self) -> Bucket {
-        self.bucket
+        self.assignment.bucket
     }
 
     /// Its fencing token: pass it with every write the bucket's work makes.
     pub fn token(&self) -> FencingToken {
-        self.token
+        self.assignment.token
+    }
+
+    /// The bucket, its token, its generation's shard count and, after a resize, its parents
+    /// ([`Assignment::parents`]), whose checkpoints its keys continue.
+    pub fn assignment(&self) -> Assignment {
+        self.assignment
     }
 
     /// Until when the lease is trusted, as of the worker's last renewal (`None`: not any
@@ -181,13 +185,13 @@ impl LeaseSender {
 
 #[async_trait]
 impl Application for LeaseSender {
-    async fn assign(&mut self, bucket: Bucket, token: FencingToken, _machine: &Machine) {
+    async fn assign(&mut self, assignment: Assignment) {
+        let bucket = assignment.bucket;
         let (ack_tx, ack_rx) = oneshot::channel();
         let revoked = CancellationToken::new();
         let reason = Arc::new(Mutex::new(None));
         let lease = BucketLease {
-            bucket,
-            token,
+            assignment,
             trust: self.trust.clone(),
             revoked: revoked.clone(),
             reason: reason.clone(),

@@ -34,6 +34,12 @@
 //!   nothing held before is ours: every bucket is revoked before anything else.
 //! - **Reconciliation.** Once a tick completes, what the application holds is what the store
 //!   says the worker owns, less what is being released.
+//! - **Resizes.** A heartbeat whose group has another shard count than the machine's is a
+//!   resize the worker follows when the group was resized from the machine's count (one the
+//!   worker was configured with, or followed before): it adopts the new count (reported once),
+//!   shares the new generation's buckets by the policy, and revokes every bucket of the old
+//!   generation it holds ([`RevokeReason::Resharded`]), releasing each once acknowledged, as a
+//!   shed bucket. Old buckets are never assigned. Any other count is the typed mismatch error.
 //! - **Errors.** A transient store error is reported and the tick retried after a backoff; a
 //!   permanent one (or a group found with another shard count) revokes everything, leaves the
 //!   group and finishes with the failure. A call that does not answer within the call timeout
@@ -47,8 +53,9 @@ use std::time::{Duration, Instant};
 
 use chrono::TimeDelta;
 use lease_core::{
-    Bucket, FencingToken, GroupName, Heartbeat, Incarnation, Lease, Operation, RevokeReason,
-    SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId, policy,
+    Assignment, Bucket, FencingToken, Generation, GroupName, Heartbeat, Incarnation, Lease,
+    Operation, RevokeReason, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId,
+    policy,
 };
 
 use crate::events::{WorkerError, WorkerFailed};
@@ -75,7 +82,8 @@ pub type Owned = BTreeMap<Bucket, FencingToken>;
 pub struct Rules {
     /// The group.
     pub group: GroupName,
-    /// The group's shard count, as the worker routes by it.
+    /// The group's shard count the worker was configured with; it follows a resize from it
+    /// ([`Machine::shards`]).
     pub shards: ShardCount,
     /// The worker.
     pub worker: WorkerId,
@@ -223,6 +231,16 @@ pub enum Report {
     /// The store's clock moved between two heartbeats by more than the worker's own clock
     /// allows (beyond half the safety margin): a step of the server's wall clock.
     ClockStep(ClockStep),
+    /// The group was resized from the worker's shard count: the worker follows it, revoking
+    /// and releasing its buckets of the old generation and sharing the new one's.
+    Resized {
+        /// The count the worker had.
+        from: ShardCount,
+        /// The group's count now.
+        to: ShardCount,
+        /// The group's generation now.
+        generation: Generation,
+    },
 }
 
 /// A step of the store's clock, seen between two heartbeats.
@@ -285,6 +303,14 @@ struct InFlight {
 #[derive(Debug)]
 pub struct Machine {
     rules: Rules,
+    /// The group's shard count as the worker follows it: the configured one, then each count
+    /// the group was resized to.
+    shards: ShardCount,
+    /// The count the group's current generation was resized from, as of the last heartbeat.
+    resized_from: Option<ShardCount>,
+    /// Buckets of `held` that belong to a draining generation: revoked, released, never
+    /// assigned.
+    draining: BTreeSet<Bucket>,
     session: Option<SessionId>,
     /// What the application has been told it owns.
     owned: Owned,
@@ -342,6 +368,9 @@ impl Machine {
     /// A machine whose first tick is due at `now`.
     pub fn new(rules: Rules, now: Instant) -> Self {
         Self {
+            shards: rules.shards,
+            resized_from: None,
+            draining: BTreeSet::new(),
             rules,
             session: None,
             owned: Owned::new(),
@@ -380,6 +409,23 @@ impl Machine {
     /// What the application owns now.
     pub fn owned(&self) -> &Owned {
         &self.owned
+    }
+
+    /// The group's shard count the worker follows: the configured one until a heartbeat shows
+    /// the group resized from it.
+    pub fn shards(&self) -> ShardCount {
+        self.shards
+    }
+
+    /// What the application is told with an assignment of `bucket` with `token`: a bucket of
+    /// the current generation (old ones are never assigned).
+    pub fn assignment(&self, bucket: Bucket, token: FencingToken) -> Assignment {
+        Assignment {
+            bucket,
+            token,
+            shards: self.shards,
+            resized_from: self.resized_from,
+        }
     }
 
     /// The session the worker holds, as of its last successful heartbeat.
@@ -623,6 +669,7 @@ impl Machine {
                 // token, and what the application does not hold already.
                 if self.stopping.is_some()
                     || self.held.get(&bucket) != Some(&token)
+                    || self.draining.contains(&bucket)
                     || self.owned.contains_key(&bucket)
                 {
                     return None;
@@ -691,11 +738,14 @@ impl Machine {
             .revoking
             .remove(&bucket)
             .or_else(|| self.stuck.remove(&bucket));
-        // A shed bucket is released once acknowledged, if it is still held under the session
-        // it was shed from; any other acknowledged bucket the store says is ours is assigned
+        // A shed (or resharded) bucket is released once acknowledged, if it is still held under
+        // the session it was let go from, and so is a bucket of a draining generation however
+        // it was revoked; any other acknowledged bucket the store says is ours is assigned
         // again.
-        let release =
-            revoked.is_some_and(|r| r.reason == RevokeReason::Shed && r.session == self.session);
+        let release = revoked.is_some_and(|r| {
+            matches!(r.reason, RevokeReason::Shed | RevokeReason::Resharded)
+                && r.session == self.session
+        }) || (self.draining.contains(&bucket) && self.held.contains_key(&bucket));
         if !release && self.stopping.is_none() {
             // Revoked for another reason (a fence, say) and still ours in the store: the
             // application gets it back in this tick rather than at the next.
@@ -806,17 +856,30 @@ impl Machine {
             self.held.clear();
             self.session = Some(beat.session);
         }
-        if beat.view.shard_count != self.rules.shards {
-            // The group was deleted and created again with another count: the buckets this
-            // worker routes by are not the group's any more. Retrying cannot help.
-            let mismatch = StoreError::ShardCountMismatch {
-                group: self.rules.group.clone(),
-                configured: self.rules.shards,
-                found: beat.view.shard_count,
-            };
-            self.steps.extend(steps);
-            return self.stop(Err(WorkerFailed::Store(mismatch)), RevokeReason::Lost);
+        if beat.view.shard_count != self.shards {
+            if beat.view.previous == Some(self.shards) {
+                // Resized from the count the worker routes by: follow it.
+                self.reports.push_back(Report::Resized {
+                    from: self.shards,
+                    to: beat.view.shard_count,
+                    generation: beat.view.generation,
+                });
+                self.shards = beat.view.shard_count;
+            } else {
+                // The group was deleted and created again with another count (or resized
+                // from one the worker never had): the buckets this worker routes by are not
+                // the group's. Retrying cannot help.
+                let mismatch = StoreError::ShardCountMismatch {
+                    group: self.rules.group.clone(),
+                    configured: self.shards,
+                    found: beat.view.shard_count,
+                };
+                self.steps.extend(steps);
+                return self.stop(Err(WorkerFailed::Store(mismatch)), RevokeReason::Lost);
+            }
         }
+        self.resized_from = beat.view.previous;
+        self.draining = beat.draining_buckets().into_iter().collect();
         let held: Owned = beat.owned.iter().map(|l| (l.bucket, l.token)).collect();
         self.held.clone_from(&held);
         let revoked_first: BTreeSet<Bucket> = if steps.is_empty() {
@@ -839,14 +902,26 @@ impl Machine {
         // claim whose answer was lost, leases kept alive that it fenced), unless it is on its
         // way out.
         let mut assigning: BTreeMap<Bucket, FencingToken> = BTreeMap::new();
+        // Buckets of a draining generation are let go: revoked first if the application
+        // holds them, released at once if it does not.
+        let mut resharded: Vec<Step> = Vec::new();
         for (&bucket, &token) in &held {
             let holds_it =
                 !revoked_first.contains(&bucket) && self.owned.get(&bucket) == Some(&token);
-            if !holds_it
-                && !self.unreleased.contains(&bucket)
-                && !self.revoking.contains_key(&bucket)
-                && !self.stuck.contains_key(&bucket)
-            {
+            let busy = self.unreleased.contains(&bucket)
+                || self.revoking.contains_key(&bucket)
+                || self.stuck.contains_key(&bucket);
+            if self.draining.contains(&bucket) {
+                if holds_it {
+                    resharded.push(Step::Deliver(Delivery::Revoke {
+                        bucket,
+                        token,
+                        reason: RevokeReason::Resharded,
+                    }));
+                } else if !busy {
+                    self.unreleased.insert(bucket);
+                }
+            } else if !holds_it && !busy {
                 assigning.insert(bucket, token);
             }
         }
@@ -856,13 +931,14 @@ impl Machine {
             .keys()
             .copied()
             .filter(|b| {
-                !self.unreleased.contains(b)
+                !self.draining.contains(b)
+                    && !self.unreleased.contains(b)
                     && !self.revoking.contains_key(b)
                     && !self.stuck.contains_key(b)
             })
             .collect();
         let plan = policy::plan(&beat.view, self.rules.worker, &keeping);
-        let mut shed_now: Vec<Step> = Vec::new();
+        let mut shed_now: Vec<Step> = resharded;
         for bucket in &plan.shed {
             if assigning.remove(bucket).is_some() {
                 // Never handed to the application: it can go at once.

@@ -36,11 +36,11 @@ struct Recorder(Arc<Mutex<Vec<(Instant, OwnershipEvent)>>>);
 
 #[async_trait::async_trait]
 impl OwnershipHandler for Recorder {
-    async fn on_assigned(&self, bucket: Bucket, token: FencingToken) {
+    async fn on_assigned(&self, assignment: lease_core::Assignment) {
         self.0
             .lock()
             .expect("events")
-            .push((Instant::now(), OwnershipEvent::Assigned { bucket, token }));
+            .push((Instant::now(), OwnershipEvent::Assigned(assignment)));
     }
 
     async fn on_revoked(&self, bucket: Bucket, token: FencingToken, reason: RevokeReason) {
@@ -62,7 +62,7 @@ impl Recorder {
             .expect("events")
             .iter()
             .filter_map(|(t, e)| match e {
-                OwnershipEvent::Assigned { bucket, .. } => Some((*bucket, *t)),
+                OwnershipEvent::Assigned(a) => Some((a.bucket, *t)),
                 OwnershipEvent::Revoked { .. } => None,
             })
             .collect()

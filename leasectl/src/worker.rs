@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use clap::Args;
 use lease::{
-    Bucket, Chain, ConfigError, FencingToken, LeaseStore, LeaseWorker, MemberMetadata,
+    Assignment, Bucket, Chain, ConfigError, FencingToken, LeaseStore, LeaseWorker, MemberMetadata,
     OwnershipHandler, RevokeReason, ShardCount, WorkerError, WorkerFailed, WorkerId,
 };
 use serde_json::{Value, json};
@@ -91,11 +91,34 @@ impl Printer {
 
 #[async_trait]
 impl OwnershipHandler for Printer {
-    async fn on_assigned(&self, bucket: Bucket, token: FencingToken) {
+    async fn on_assigned(&self, assignment: Assignment) {
+        let Assignment {
+            bucket,
+            token,
+            shards,
+            resized_from,
+        } = assignment;
+        let parents = assignment.parents();
+        let continues = match resized_from {
+            Some(from) => format!(
+                ", continuing bucket(s) {} of {from}",
+                parents
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None => String::new(),
+        };
         self.emit(
             "assigned",
-            json!({ "bucket": bucket.get(), "token": token.get() }),
-            format!("assigned bucket {bucket} (token {token})"),
+            json!({
+                "bucket": bucket.get(),
+                "token": token.get(),
+                "shards": shards.get(),
+                "parents": parents.iter().map(|b| b.get()).collect::<Vec<_>>(),
+            }),
+            format!("assigned bucket {bucket} of {shards} (token {token}{continues})"),
         );
     }
 

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use lease::memory::MemoryLeaseStore;
 use lease::ownership_log::OwnershipLog;
 use lease::{
-    Bucket, Chain, Clock, FencingToken, GroupName, LeaseWorker, OwnershipEvent, OwnershipHandler,
-    RevokeReason, ShardCount, SystemClock, Timestamp, WorkerHandle, WorkerId,
+    Assignment, Bucket, Chain, Clock, FencingToken, GroupName, LeaseWorker, OwnershipEvent,
+    OwnershipHandler, RevokeReason, ShardCount, SystemClock, Timestamp, WorkerHandle, WorkerId,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -42,9 +42,10 @@ impl DemoHandler {
     fn note(&self, event: OwnershipEvent) {
         lock(&self.log).record(self.worker, event, SystemClock.now());
         let line = match event {
-            OwnershipEvent::Assigned { bucket, token } => {
-                format!("{} assigned bucket {bucket} (token {token})", self.letter)
-            }
+            OwnershipEvent::Assigned(a) => format!(
+                "{} assigned bucket {} (token {})",
+                self.letter, a.bucket, a.token
+            ),
             OwnershipEvent::Revoked {
                 bucket,
                 token,
@@ -65,8 +66,8 @@ impl DemoHandler {
 
 #[async_trait]
 impl OwnershipHandler for DemoHandler {
-    async fn on_assigned(&self, bucket: Bucket, token: FencingToken) {
-        self.note(OwnershipEvent::Assigned { bucket, token });
+    async fn on_assigned(&self, assignment: Assignment) {
+        self.note(OwnershipEvent::Assigned(assignment));
     }
 
     async fn on_revoked(&self, bucket: Bucket, token: FencingToken, reason: RevokeReason) {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use lease::ownership_log::OwnershipLog;
-use lease::{Bucket, FencingToken, OwnershipEvent, RevokeReason, WorkerId};
+use lease::{Assignment, Bucket, FencingToken, OwnershipEvent, RevokeReason, ShardCount, WorkerId};
 use serde_json::Value;
 
 /// A process that is killed if the test fails before it exited: a failed test must not leave
@@ -49,6 +49,10 @@ pub struct Event {
     pub worker: WorkerId,
     pub bucket: Option<u32>,
     pub token: Option<i64>,
+    /// An assignment's bucket's shard count.
+    pub shards: Option<u32>,
+    /// An assignment's parents (old buckets sharing its keys, after a resize).
+    pub parents: Option<Vec<u32>>,
     pub reason: Option<String>,
     pub message: Option<String>,
     pub at: DateTime<Utc>,
@@ -84,7 +88,9 @@ pub fn parse_event(line: &str) -> Result<Event, String> {
         .map_err(|e| format!("bad worker ({e}): {line}"))?;
     let expected: &[&str] = match event.as_str() {
         "started" | "stopped" => &["event", "group", "worker", "at"],
-        "assigned" => &["event", "group", "worker", "bucket", "token", "at"],
+        "assigned" => &[
+            "event", "group", "worker", "bucket", "token", "shards", "parents", "at",
+        ],
         "revoked" => &[
             "event", "group", "worker", "bucket", "token", "reason", "at",
         ],
@@ -98,12 +104,35 @@ pub fn parse_event(line: &str) -> Result<Event, String> {
     let int = |k: &str| obj.get(k).and_then(Value::as_i64);
     let reason = obj.get("reason").and_then(Value::as_str).map(str::to_owned);
     if let Some(r) = &reason
-        && !["shed", "lost", "expired", "shutdown"].contains(&r.as_str())
+        && !["shed", "lost", "expired", "shutdown", "resharded"].contains(&r.as_str())
     {
         return Err(format!("unknown reason {r:?}: {line}"));
     }
+    let shards = match obj.get("shards") {
+        None => None,
+        Some(v) => Some(
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("\"shards\" is not a shard count: {line}"))?,
+        ),
+    };
+    let parents = match obj.get("parents") {
+        None => None,
+        Some(v) => Some(
+            v.as_array()
+                .and_then(|a| {
+                    a.iter()
+                        .map(|b| b.as_u64().and_then(|b| u32::try_from(b).ok()))
+                        .collect::<Option<Vec<u32>>>()
+                })
+                .ok_or_else(|| format!("\"parents\" is not an array of buckets: {line}"))?,
+        ),
+    };
     Ok(Event {
         event,
+        shards,
+        parents,
         group: text("group")?,
         worker,
         bucket: int("bucket").and_then(|b| u32::try_from(b).ok()),
@@ -319,7 +348,20 @@ pub fn record(log: &mut OwnershipLog<DateTime<Utc>>, label: WorkerId, events: &[
         };
         let (bucket, token) = (Bucket(bucket), FencingToken(token));
         let event = match (e.event.as_str(), e.reason.as_deref()) {
-            ("assigned", _) => OwnershipEvent::Assigned { bucket, token },
+            ("assigned", _) => {
+                let shards = e
+                    .shards
+                    .and_then(|n| ShardCount::new(n).ok())
+                    .expect("parse_event insists on an assignment's shard count");
+                // The log judges keys by each bucket's shard count; the count it was resized
+                // from is not in the event (its parents are), nor needed.
+                OwnershipEvent::Assigned(Assignment {
+                    bucket,
+                    token,
+                    shards,
+                    resized_from: None,
+                })
+            }
             ("revoked", Some(reason)) => OwnershipEvent::Revoked {
                 bucket,
                 token,
@@ -338,6 +380,7 @@ pub fn reason_of(text: &str) -> RevokeReason {
         "lost" => RevokeReason::Lost,
         "expired" => RevokeReason::Expired,
         "shutdown" => RevokeReason::Shutdown,
+        "resharded" => RevokeReason::Resharded,
         other => panic!("unknown revocation reason {other:?}"),
     }
 }
