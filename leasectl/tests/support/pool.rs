@@ -47,14 +47,13 @@ impl Pool {
 
     /// Start worker `name` (ttl 3 s, renew 1 s).
     pub fn start(&mut self, name: &str) {
-        let w = WorkerProcess::spawn(
-            name,
-            &self.url,
-            self.group.as_str(),
-            self.shards,
-            "3s",
-            "1s",
-        );
+        self.start_with_shards(name, self.shards);
+    }
+
+    /// Start worker `name` configured with `shards` buckets (another count than the group's
+    /// after a resize).
+    pub fn start_with_shards(&mut self, name: &str, shards: u32) {
+        let w = WorkerProcess::spawn(name, &self.url, self.group.as_str(), shards, "3s", "1s");
         self.running.insert(name.to_owned(), w);
     }
 
