@@ -313,12 +313,12 @@ impl<S: LeaseStore + 'static, A: Application> Driver<S, A> {
                 from,
                 to,
                 generation,
-            } => tracing::info!(
+            } => tracing::warn!(
                 %from,
                 %to,
                 %generation,
-                "the group was resized: following it (old buckets are revoked and released, \
-                 the new ones shared)"
+                "the group was resized from {from} to {to} shards: following it (old buckets \
+                 are revoked and released, the new ones shared); configure new workers with {to}"
             ),
             Report::ClockStep(ClockStep::Backward(by)) => {
                 tracing::warn!(
