@@ -581,6 +581,20 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
         }
     }
 
+    /// Start a worker configured with the pool's count and check that it is refused with the
+    /// typed mismatch.
+    async fn refused_for_its_count(&self) {
+        let err = self
+            .config(None)
+            .start(self.store.clone(), lease_worker::event_channel(8).0)
+            .await
+            .expect_err("a worker configured with another count started");
+        assert_eq!(
+            err.store_error().map(lease_core::StoreError::kind),
+            Some(ErrorKind::ShardCountMismatch)
+        );
+    }
+
     /// Every assignment `w`'s application heard of a bucket of `shards` buckets.
     fn assignments_of(&self, w: WorkerId, shards: u32) -> Vec<Assignment> {
         self.events_of(w)
@@ -1226,15 +1240,7 @@ pub async fn a_shard_count_mismatch_refuses_to_start<S: LeaseStore + Clone + 'st
         .ensure_group(&pool.group, ShardCount::new(4).expect("n"))
         .await
         .expect("ensure");
-    let err = pool
-        .config(None)
-        .start(pool.store.clone(), lease_worker::event_channel(8).0)
-        .await
-        .expect_err("a mismatched worker started");
-    assert_eq!(
-        err.store_error().map(lease_core::StoreError::kind),
-        Some(ErrorKind::ShardCountMismatch)
-    );
+    pool.refused_for_its_count().await;
     let snap = pool.store.snapshot(&pool.group).await.expect("snapshot");
     assert!(snap.members.is_empty(), "{:?}", snap.members);
     pool.check();
@@ -1510,15 +1516,7 @@ pub async fn a_worker_configured_before_a_resize_follows_it<S: LeaseStore + Clon
     let assigned = pool.assignments_of(w, 16);
     assert_eq!(assigned.len(), 16, "{assigned:?}");
     pool.shards = 12;
-    let err = pool
-        .config(None)
-        .start(pool.store.clone(), lease_worker::event_channel(8).0)
-        .await
-        .expect_err("a worker configured with neither count started");
-    assert_eq!(
-        err.store_error().map(lease_core::StoreError::kind),
-        Some(ErrorKind::ShardCountMismatch)
-    );
+    pool.refused_for_its_count().await;
     pool.shards = 16;
     pool.shutdown().await;
 }
