@@ -1,7 +1,8 @@
 //! `leasectl`: the command line of the lease engine.
 //!
 //! `leasectl demo` runs a scripted story entirely in memory; `migrate`, `grant`, `worker`,
-//! `status`, `release` and `doctor` work on Postgres (`--database-url` or `DATABASE_URL`).
+//! `status`, `release`, `resize` and `doctor` work on Postgres (`--database-url` or
+//! `DATABASE_URL`).
 //! Each subcommand is a module owning its arguments and its run function; [`common`] holds
 //! what they share: connecting, failures and exit codes.
 //!
@@ -18,6 +19,7 @@ mod grant;
 mod migrate;
 mod output;
 mod release;
+mod resize;
 mod status;
 mod worker;
 
@@ -53,6 +55,9 @@ enum Command {
     Status(status::StatusArgs),
     /// Release every bucket of a worker (for a stuck or decommissioned worker).
     Release(release::ReleaseArgs),
+    /// Change a group's shard count while its workers run (--from N --to M). Without --apply,
+    /// check and print the plan: which new buckets wait for which old ones, and who holds them.
+    Resize(resize::ResizeArgs),
     /// Check a database as a worker would use it: connection, TLS, server, schema, primary,
     /// clock, replication, wake-ups. Exit 0 when workers can run, 1 otherwise.
     Doctor(doctor::DoctorArgs),
@@ -94,6 +99,7 @@ fn main() -> ExitCode {
             Command::Worker(args) => worker::run(args).await,
             Command::Status(args) => status::run(args).await,
             Command::Release(args) => release::run(args).await,
+            Command::Resize(args) => resize::run(args).await,
             Command::Doctor(args) => doctor::run(args).await,
         }
     });

@@ -1,11 +1,17 @@
-//! `leasectl status`: who owns which bucket of a group, the members, and the balance.
+//! `leasectl status`: who owns which bucket of a group, the members, and the balance; while
+//! a resize drains, the old buckets not retired yet and the new buckets waiting for them.
 
 use clap::Args;
-use lease::{GroupSnapshot, LeaseStore, Timestamp};
-use serde_json::json;
+use lease::resize as keys;
+use lease::{Bucket, BucketInfo, BucketState, GroupSnapshot, LeaseStore, ShardCount, Timestamp};
+use serde_json::{Value, json};
 
 use crate::common::{DbArgs, Failure, group_arg, rfc3339, store_failure};
 use crate::output;
+use crate::resize::{PAIRS_LIMIT, bucket_list, class, not_retired, pairs};
+
+/// Lines of new buckets waiting shown in the text form; the rest are summed up in one line.
+const WAITING_SHOWN: usize = 32;
 
 /// `leasectl status`'s arguments.
 #[derive(Args, Debug)]
@@ -53,14 +59,19 @@ pub fn balance_line(snap: &GroupSnapshot) -> String {
     let owned: u32 = live.iter().map(|m| m.owned).sum();
     let min = live.iter().map(|m| m.owned).min().unwrap_or(0);
     let max = live.iter().map(|m| m.owned).max().unwrap_or(0);
+    let draining = not_retired(&snap.draining);
+    // While a resize drains, the new buckets waiting for old ones cannot be owned: that, not
+    // the workers, is why some bucket is not owned.
     let verdict = if live.is_empty() {
-        "no live members"
+        "no live members".to_owned()
+    } else if draining > 0 {
+        format!("resize draining: {draining} old bucket(s) not retired")
     } else if owned == snap.shard_count.get() && max - min <= 1 {
-        "balanced"
+        "balanced".to_owned()
     } else if owned < snap.shard_count.get() {
-        "not every bucket owned"
+        "not every bucket owned".to_owned()
     } else {
-        "unbalanced"
+        "unbalanced".to_owned()
     };
     format!(
         "balance: {} live member(s), {owned}/{} buckets owned, min {min}, max {max}: {verdict}",
@@ -69,7 +80,38 @@ pub fn balance_line(snap: &GroupSnapshot) -> String {
     )
 }
 
-fn status_json(snap: &GroupSnapshot) -> serde_json::Value {
+fn bucket_json(b: &BucketInfo) -> Value {
+    json!({
+        "bucket": b.bucket.get(),
+        "owner": b.owner.map(|w| w.to_string()),
+        "session": b.session.map(|s| s.to_string()),
+        "token": b.token.get(),
+        "expires_at": b.expires_at.map(rfc3339),
+        "state": b.state.as_str(),
+    })
+}
+
+/// The new buckets waiting, each with the old buckets it waits for; `null` when there would be
+/// more than [`PAIRS_LIMIT`] pairs to compute and print.
+fn waiting_json(snap: &GroupSnapshot) -> Value {
+    let Some(previous) = snap.previous.filter(|_| !snap.draining.is_empty()) else {
+        return json!([]);
+    };
+    if pairs(previous, snap.shard_count) > PAIRS_LIMIT {
+        return Value::Null;
+    }
+    snap.waiting()
+        .into_iter()
+        .map(|(bucket, parents)| {
+            json!({
+                "bucket": bucket.get(),
+                "parents": parents.iter().map(|p| p.get()).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
+fn status_json(snap: &GroupSnapshot) -> Value {
     json!({
         "group": snap.group.as_str(),
         "shard_count": snap.shard_count.get(),
@@ -80,15 +122,109 @@ fn status_json(snap: &GroupSnapshot) -> serde_json::Value {
             "expires_at": rfc3339(m.expires_at),
             "owned": m.owned,
         })).collect::<Vec<_>>(),
-        "buckets": snap.buckets.iter().map(|b| json!({
-            "bucket": b.bucket.get(),
-            "owner": b.owner.map(|w| w.to_string()),
-            "session": b.session.map(|s| s.to_string()),
-            "token": b.token.get(),
-            "expires_at": b.expires_at.map(rfc3339),
-            "state": b.state.as_str(),
-        })).collect::<Vec<_>>(),
+        "buckets": snap.buckets.iter().map(bucket_json).collect::<Vec<_>>(),
+        "generation": snap.generation.get(),
+        "previous": snap.previous.map(ShardCount::get),
+        "draining": snap.draining.iter().map(bucket_json).collect::<Vec<_>>(),
+        "waiting": waiting_json(snap),
     })
+}
+
+/// The line under the header: the generation, and whether and from what it was resized.
+fn generation_line(snap: &GroupSnapshot) -> String {
+    match snap.previous {
+        None => format!("generation {}, never resized", snap.generation),
+        Some(previous) if snap.draining.is_empty() => {
+            format!("generation {}, resized from {previous}", snap.generation)
+        }
+        Some(previous) => format!(
+            "generation {}, resizing from {previous} shards: {} of {previous} old bucket(s) \
+             not retired yet",
+            snap.generation,
+            not_retired(&snap.draining)
+        ),
+    }
+}
+
+/// While a resize drains: the old buckets not retired yet, and the new buckets waiting for
+/// them, a line per class of buckets congruent modulo gcd (every new bucket of a class waits
+/// for the same old ones).
+fn draining_lines(snap: &GroupSnapshot) -> Vec<String> {
+    let Some(previous) = snap.previous.filter(|_| !snap.draining.is_empty()) else {
+        return Vec::new();
+    };
+    let mut lines = vec![
+        format!(
+            "draining: generation {}'s buckets ({previous} shards) not retired yet; each is \
+             retired when released or when its owner's session ends",
+            snap.generation.get().saturating_sub(1)
+        ),
+        format!(
+            "{:>6}  {:<36}  {:>6}  {:>10}  state",
+            "bucket", "owner", "token", "expires in"
+        ),
+    ];
+    for b in snap
+        .draining
+        .iter()
+        .filter(|b| b.state == BucketState::Live)
+    {
+        lines.push(bucket_row(snap, b));
+    }
+    lines.push(String::new());
+    let gcd = keys::gcd(previous, snap.shard_count);
+    let waiting: Vec<(Vec<Bucket>, Vec<Bucket>)> = (0..gcd)
+        .map(|r| {
+            let old: Vec<Bucket> = class(previous, gcd, r)
+                .into_iter()
+                .filter(|b| {
+                    snap.draining
+                        .get(b.0 as usize)
+                        .is_some_and(|i| i.state == BucketState::Live)
+                })
+                .collect();
+            (class(snap.shard_count, gcd, r), old)
+        })
+        .filter(|(_, old)| !old.is_empty())
+        .collect();
+    let new_count: usize = waiting.iter().map(|(new, _)| new.len()).sum();
+    lines.push(format!(
+        "waiting: {new_count} new bucket(s) wait for old buckets they share keys with \
+         (congruent mod {gcd})"
+    ));
+    let rows: Vec<(String, String)> = waiting
+        .iter()
+        .map(|(new, old)| (bucket_list(new), bucket_list(old)))
+        .collect();
+    let width = rows
+        .iter()
+        .map(|(new, _)| new.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("new".len());
+    lines.push(format!("{:<width$}  waits for old", "new"));
+    for (new, old) in rows.iter().take(WAITING_SHOWN) {
+        lines.push(format!("{new:<width$}  {old}"));
+    }
+    if rows.len() > WAITING_SHOWN {
+        lines.push(format!(
+            "... and {} more line(s) like these (--json lists every new bucket waiting)",
+            rows.len() - WAITING_SHOWN
+        ));
+    }
+    lines.push(String::new());
+    lines
+}
+
+fn bucket_row(snap: &GroupSnapshot, b: &BucketInfo) -> String {
+    format!(
+        "{:>6}  {:<36}  {:>6}  {:>10}  {}",
+        b.bucket,
+        b.owner.map_or_else(|| "-".to_owned(), |w| w.to_string()),
+        b.token,
+        expires_in(snap, b.expires_at),
+        b.state.as_str()
+    )
 }
 
 fn status_table(snap: &GroupSnapshot) -> String {
@@ -99,6 +235,7 @@ fn status_table(snap: &GroupSnapshot) -> String {
             snap.shard_count,
             rfc3339(snap.observed_at)
         ),
+        generation_line(snap),
         String::new(),
         format!(
             "{:>6}  {:<36}  {:>6}  {:>10}  state",
@@ -106,16 +243,10 @@ fn status_table(snap: &GroupSnapshot) -> String {
         ),
     ];
     for b in &snap.buckets {
-        lines.push(format!(
-            "{:>6}  {:<36}  {:>6}  {:>10}  {}",
-            b.bucket,
-            b.owner.map_or_else(|| "-".to_owned(), |w| w.to_string()),
-            b.token,
-            expires_in(snap, b.expires_at),
-            b.state.as_str()
-        ));
+        lines.push(bucket_row(snap, b));
     }
     lines.push(String::new());
+    lines.extend(draining_lines(snap));
     lines.push("members:".into());
     lines.push(format!(
         "{:<36}  {:>5}  {:>10}  {:<7}  metadata",
