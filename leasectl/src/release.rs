@@ -43,6 +43,13 @@ pub async fn run(args: ReleaseArgs) -> Result<(), Failure> {
         .filter(|b| b.owner == Some(worker) && b.state == BucketState::Live)
         .map(|b| b.bucket.get())
         .collect();
+    // Old buckets of a resize still draining: released as well, and their new buckets freed.
+    let draining: Vec<u32> = snap
+        .draining_leases()
+        .iter()
+        .filter(|l| l.owner == worker)
+        .map(|l| l.bucket.get())
+        .collect();
     let member = snap.members.iter().find(|m| m.worker == worker);
     let live = member.is_some_and(|m| m.live);
     // Evicting a live worker hands its buckets to others at once, while it goes on trusting
@@ -59,10 +66,19 @@ pub async fn run(args: ReleaseArgs) -> Result<(), Failure> {
                 group.as_str()
             ))?,
             Some(m) => {
+                let old = if draining.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " and {} old bucket(s) {draining:?} of the resize from {} still draining",
+                        draining.len(),
+                        snap.previous.map_or(0, |n| n.get())
+                    )
+                };
                 output::line(format!(
-                    "would release {} bucket(s) {held:?} of worker {worker} ({}) in group {:?} \
-                     and remove its membership; its next heartbeat would start a new session \
-                     and revoke everything it held.",
+                    "would release {} bucket(s) {held:?}{old} of worker {worker} ({}) in group \
+                     {:?} and remove its membership; its next heartbeat would start a new \
+                     session and revoke everything it held.",
                     held.len(),
                     if m.live { "live" } else { "expired" },
                     group.as_str()

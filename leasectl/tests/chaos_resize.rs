@@ -1,4 +1,5 @@
-//! `leasectl worker` processes through two online resizes of their group: 8 -> 16 (a split,
+//! `leasectl worker` processes through two online resizes of their group, each made with
+//! `leasectl resize --apply`: 8 -> 16 (a split,
 //! each new bucket waiting for one old one) with a worker frozen and then SIGKILLed while it
 //! still holds old buckets, then 16 -> 12 (each new bucket waiting for four old ones held by
 //! different workers), then a worker started with the previous count joining. After each
@@ -11,18 +12,34 @@ mod support;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use lease::{BucketState, LeaseStore, ShardCount};
+use lease::BucketState;
 use support::pool::{LONG, Pool};
 
-/// Resize the pool's group and judge balance by the new count from then on.
-async fn resize(pool: &mut Pool, to: u32) {
-    let from = ShardCount::new(pool.shards).expect("n");
-    let to = ShardCount::new(to).expect("n");
-    pool.store
-        .resize(&pool.group, from, to)
-        .await
-        .expect("the resize");
-    pool.shards = to.get();
+/// Resize the pool's group with `leasectl resize --apply`, and judge balance by the new count
+/// from then on.
+fn resize(pool: &mut Pool, to: u32) {
+    let out = support::leasectl()
+        .args([
+            "resize",
+            "--group",
+            pool.group.as_str(),
+            "--from",
+            &pool.shards.to_string(),
+            "--to",
+            &to.to_string(),
+            "--apply",
+        ])
+        .env("DATABASE_URL", &pool.url)
+        .output()
+        .expect("running leasectl resize");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "leasectl resize failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("generation"), "{stdout}");
+    pool.shards = to;
 }
 
 /// Wait until no old bucket is left and the running workers own the new generation evenly,
@@ -59,7 +76,7 @@ async fn leasectl_workers_follow_a_split_and_a_merge_with_a_worker_killed_mid_dr
     assert_eq!(victim_held.len(), 2, "w4's share of 8");
     victim.signal("STOP");
     let frozen_at = Utc::now();
-    resize(&mut pool, 16).await;
+    resize(&mut pool, 16);
     let deadline = Instant::now() + LONG;
     loop {
         // The live workers' old buckets retire at once; w4's stay.
@@ -89,7 +106,7 @@ async fn leasectl_workers_follow_a_split_and_a_merge_with_a_worker_killed_mid_dr
 
     // 16 -> 12: every new bucket has four parents, spread over the three workers.
     let started = Instant::now();
-    resize(&mut pool, 12).await;
+    resize(&mut pool, 12);
     let took = until_resized(&pool, "the merge to 12").await;
     eprintln!(
         "16 -> 12 with 3 live workers: followed in {took:?} ({:?} with the resize call)",

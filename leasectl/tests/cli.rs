@@ -211,7 +211,17 @@ async fn a_worker_prints_json_serves_metrics_and_stops_on_sigterm() {
         .collect();
     assert_eq!(
         keys,
-        ["group", "shard_count", "observed_at", "members", "buckets"]
+        [
+            "group",
+            "shard_count",
+            "observed_at",
+            "members",
+            "buckets",
+            "generation",
+            "previous",
+            "draining",
+            "waiting"
+        ]
     );
     assert_eq!(status["shard_count"], 4);
     let member = status["members"][0].as_object().expect("a member");

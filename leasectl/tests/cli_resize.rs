@@ -340,11 +340,20 @@ async fn apply_splits_and_status_follows_the_drain() {
     );
     assert!(!text.contains("\n0, 4  "), "{text}");
 
-    // The rest released by the operator: the drain is over.
+    // The rest released by the operator: the dry run names the old buckets too, and the drain
+    // is over.
+    let out = ok(&["release", "--group", "orders", "--worker", &me], url);
+    assert!(
+        out.contains(
+            "would release 0 bucket(s) [] and 2 old bucket(s) [2, 3] of the resize from 4"
+        ),
+        "{out}"
+    );
     let out = ok(
         &["release", "--group", "orders", "--worker", &me, "--force"],
         url,
     );
+    assert!(out.contains("released 2 bucket(s) [2, 3]"), "{out}");
     assert!(out.contains("its membership is removed"), "{out}");
     let s = status(url, "orders");
     assert_eq!(
