@@ -14,9 +14,10 @@ use crate::ids::WorkerId;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[non_exhaustive]
 pub enum Change {
-    /// A worker started a new session.
+    /// A node joined the group.
     Joined(WorkerId),
-    /// A worker left the group.
+    /// A node left the group (or was evicted, or started a new session, which ends its
+    /// memberships).
     Left(WorkerId),
     /// A worker released buckets.
     Released(WorkerId),

@@ -28,27 +28,27 @@ pub enum StoreError {
         /// The count the store holds.
         found: ShardCount,
     },
-    /// The session the caller named is not the worker's live session in the group (it never
-    /// sent a heartbeat, its session expired, or it was evicted); it must heartbeat to start a
-    /// new one.
-    #[error("worker {worker} has no live session in group {group:?}; heartbeat to start one")]
+    /// The session the caller named is not the node's live session, or the node is not a
+    /// member of the group (it never joined, its session expired, or it was evicted): it must
+    /// heartbeat (to start a session) and join.
+    #[error(
+        "worker {worker} has no live session in group {group:?}; heartbeat and join to get one"
+    )]
     SessionExpired {
         /// The group.
         group: GroupName,
         /// The worker.
         worker: WorkerId,
     },
-    /// Another process holds the worker id's live session: two processes were given the same
+    /// Another process holds the node id's live session: two processes were given the same
     /// [`WorkerId`]. Nothing was written. Retrying helps once that session ends (its process
     /// stops gracefully or its session expires at `expires_at`); the two never share it.
     #[error(
-        "worker id {worker} is in use in group {group:?}: another process holds its live \
-         session, which expires at {expires_at} unless renewed"
+        "worker id {worker} is in use: another process holds its live session, which expires \
+         at {expires_at} unless renewed"
     )]
     WorkerIdInUse {
-        /// The group.
-        group: GroupName,
-        /// The worker id both processes use.
+        /// The node id both processes use.
         worker: WorkerId,
         /// When the other process's session expires unless it renews it (store clock).
         expires_at: chrono::DateTime<chrono::Utc>,
@@ -125,6 +125,8 @@ pub enum Operation {
     EnsureGroup,
     /// [`heartbeat`](crate::LeaseStore::heartbeat).
     Heartbeat,
+    /// [`join`](crate::LeaseStore::join).
+    Join,
     /// [`claim`](crate::LeaseStore::claim).
     Claim,
     /// [`release`](crate::LeaseStore::release).
@@ -133,6 +135,8 @@ pub enum Operation {
     Leave,
     /// [`snapshot`](crate::LeaseStore::snapshot).
     Snapshot,
+    /// [`nodes`](crate::LeaseStore::nodes).
+    Nodes,
     /// [`is_current`](crate::LeaseStore::is_current).
     IsCurrent,
     /// [`changes`](crate::LeaseStore::changes).
@@ -147,10 +151,12 @@ impl Operation {
         match self {
             Self::EnsureGroup => "ensure_group",
             Self::Heartbeat => "heartbeat",
+            Self::Join => "join",
             Self::Claim => "claim",
             Self::Release => "release",
             Self::Leave => "leave",
             Self::Snapshot => "snapshot",
+            Self::Nodes => "nodes",
             Self::IsCurrent => "is_current",
             Self::Changes => "changes",
             Self::Resize => "resize",

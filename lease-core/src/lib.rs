@@ -3,8 +3,8 @@
 //!
 //! A pool of identical workers shares the `N` buckets of a group with no coordinator: each
 //! bucket has at most one live owner at a time, held as a renewable lease in a
-//! [`LeaseStore`]. Leases hang on a worker's **session**, renewed by one heartbeat per tick
-//! whatever it holds; a dead worker's session expires and its buckets are claimed by others,
+//! [`LeaseStore`]. Leases hang on a process's (a node's) **session**, renewed by one heartbeat
+//! per tick whatever it holds in however many groups; a dead worker's session expires and its buckets are claimed by others,
 //! each change of owner raising the bucket's [`FencingToken`].
 //!
 //! The store contract is written on [`LeaseStore`] ("# Contract" sections) and checked by the
@@ -13,7 +13,7 @@
 //! and needs no async runtime: the worker runtime is `lease-worker`, the backends
 //! `lease-memory` and `lease-diesel`.
 //!
-//! A tick of one worker, by hand, on the in-memory backend:
+//! A tick of one node in one group, by hand, on the in-memory backend:
 //!
 //! ```
 //! use lease_core::{
@@ -28,11 +28,14 @@
 //! store.ensure_group(&group, ShardCount::new(8)?).await?;
 //!
 //! let (me, process) = (WorkerId::new(), Incarnation::new());
-//! let ttl = Ttl::from_secs(30)?;
-//! let beat = store.heartbeat(&group, me, process, ttl, &MemberMetadata::empty()).await?;
-//! let plan = policy::plan(&beat.view, me, &beat.owned_buckets());
+//! let (ttl, none) = (Ttl::from_secs(30)?, MemberMetadata::empty());
+//! let session = store.heartbeat(me, process, ttl, &none, &[]).await?.session;
+//! store.join(&group, me, session).await?;
+//! let beat = store.heartbeat(me, process, ttl, &none, &[]).await?;
+//! let orders = beat.group(&group).expect("a member of orders");
+//! let plan = policy::plan(&orders.view, me, &orders.owned_buckets());
 //! assert_eq!(plan.claim, 8); // alone in the group: everything is mine
-//! let won = store.claim(&group, me, beat.session, plan.claim, Takeover::Allowed).await?;
+//! let won = store.claim(&group, me, session, plan.claim, Takeover::Allowed).await?;
 //! assert_eq!(won.len(), 8);
 //! assert!(store.is_current(&group, won[0].bucket, me, won[0].token).await?);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -67,5 +70,6 @@ pub use store::MockLeaseStore;
 pub use store::{LeaseStore, Takeover};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, Ttl, store_precision};
 pub use view::{
-    BucketInfo, BucketState, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo, MemberLoad,
+    BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupStamp, GroupView, Heartbeat, Lease,
+    MemberInfo, MemberLoad, NodeInfo, NodesSnapshot, ViewStamp,
 };

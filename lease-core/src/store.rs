@@ -11,7 +11,7 @@ use crate::ids::{
 };
 use crate::resize::ResizeOutcome;
 use crate::time::Ttl;
-use crate::view::{GroupSnapshot, Heartbeat, Lease};
+use crate::view::{GroupSnapshot, GroupStamp, Heartbeat, Lease, NodesSnapshot};
 
 /// Which claimable buckets a [`claim`](LeaseStore::claim) may take (contract rule C7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,14 +49,16 @@ impl Takeover {
 
 /// Where leases live: the shared state a pool of workers agrees through.
 ///
-/// Ownership hangs on **sessions**. Each worker has at most one member row per group holding
-/// its session (id, expiry and the [`Incarnation`] that started it); each bucket row records
-/// its owner worker and the session it was claimed under, and a fencing token. A bucket is
-/// owned if and only if its recorded session is the owner's current session and that session
-/// is live. Renewing is extending the session: one row per worker per heartbeat, whatever it
-/// holds. A session belongs to the incarnation that started it: only that incarnation extends
-/// it, and the operations that change ownership name the session they act under, so two
-/// processes given one worker id never share a session.
+/// Ownership hangs on **node sessions**. A node is a process (identified by a [`WorkerId`]):
+/// it has at most one node row holding its session (id, expiry and the [`Incarnation`] that
+/// started it), and one member row per group it is a member of. Each bucket row records its
+/// owner node and the session it was claimed under, and a fencing token. A member is live if
+/// and only if its node's session is live, and a bucket is owned if and only if its recorded
+/// session is its owner node's current session and that session is live. Renewing is extending
+/// the node's session: one row per node per heartbeat, however many groups it is in and
+/// whatever it holds. A session belongs to the incarnation that started it: only that
+/// incarnation extends it, and the operations that change ownership name the session they act
+/// under, so two processes given one node id never share a session.
 ///
 /// # Contract
 ///
@@ -78,17 +80,19 @@ impl Takeover {
 /// - **G9 Per-key exclusion.** With `hash mod n` as the routing rule
 ///   ([`ShardCount::bucket_of`](crate::ShardCount::bucket_of)), at no instant do two live
 ///   sessions own buckets containing one key, across generations (Z5).
-/// - **G5 Unknown groups.** Every operation on a group never created with
+/// - **G5 Unknown groups.** Every operation on a group (all but `heartbeat` and `nodes`) never created with
 ///   [`ensure_group`](Self::ensure_group) fails with [`StoreError::GroupNotFound`], except
 ///   [`is_current`](Self::is_current), which answers `false`, and
 ///   [`changes`](Self::changes), which subscribes to any name (a worker may listen before
 ///   the group exists).
-/// - **G8 One caller per incarnation.** Calls for one `(group, worker, incarnation)` must not
-///   overlap; the worker runtime makes them one at a time. Different workers, and different
-///   incarnations of one worker id (H7 keeps them apart), may call concurrently.
+/// - **G8 One caller per incarnation.** Calls for one `(node, incarnation)` must not overlap
+///   (heartbeats, and the calls of one group); the node runtime makes them one at a time.
+///   Different nodes, and different incarnations of one node id (H7 keeps them apart), may
+///   call concurrently.
 /// - **G6 Names are data.** Group names and metadata with quotes, unicode or SQL text are
 ///   stored and returned unchanged and never interpreted.
-/// - **G7 Groups are independent.** Nothing done in one group changes another.
+/// - **G7 Groups are independent.** Nothing done in one group changes another; a node's
+///   session is the only thing its groups share.
 ///
 /// # Failover
 ///
@@ -98,9 +102,9 @@ impl Takeover {
 /// and claim by the server's timeline (a promotion starts a new one) and keeps these rules; the
 /// memory store never fails over.
 ///
-/// - **V1 Sessions end.** A heartbeat on a store that failed over since the worker's session
+/// - **V1 Sessions end.** A heartbeat on a store that failed over since the node's session
 ///   was started or last renewed starts a new session (as H2), however live the old one looks
-///   there: what the worker released or claimed under it may be missing.
+///   there: what the node released or claimed under it may be missing.
 /// - **V2 Quiet period.** A claim takes nothing until a heartbeat has run on the new store and
 ///   the longest ttl of the group's members has passed since: by then every holder of a lease
 ///   granted by the old store has fenced itself (its trust deadline precedes its expiry).
@@ -131,49 +135,75 @@ pub trait LeaseStore: Send + Sync {
     ///   the resize keeps working).
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError>;
 
-    /// Extend `worker`'s live session in `group`, or start a new one for `incarnation`, and
-    /// return the view the policy needs, in one round trip.
+    /// Extend `node`'s live session, or start a new one for `incarnation`, and return the view
+    /// of every group the node is a member of, in one round trip.
     ///
     /// # Contract
     ///
-    /// - **H1** If the worker has a live session started by `incarnation`, it is extended: same
+    /// - **H1** If the node has a live session started by `incarnation`, it is extended: same
     ///   session id, `new_session == false`, `expires_at = now + ttl`, metadata replaced.
-    /// - **H2** If the worker has no live session (first heartbeat, after
-    ///   [`leave`](Self::leave), or at or after the session's expiry) a new session starts for
-    ///   `incarnation`, with a never-used id and `new_session == true`. Buckets held under the
-    ///   old session are not owned any more: they are claimable by anyone, the worker itself
-    ///   included, with a new token.
-    /// - **H7** If the worker has a live session started by another incarnation (a second
-    ///   process with the same worker id), the call fails with [`StoreError::WorkerIdInUse`]
+    /// - **H2** If the node has no live session (first heartbeat, or at or after the session's
+    ///   expiry) a new session starts for `incarnation`, with a never-used id and
+    ///   `new_session == true`. Buckets held under the old session are not owned any more:
+    ///   they are claimable by anyone, the node itself included, with a new token. The node's
+    ///   member rows are removed (each such group hears [`Change::Left`](crate::Change::Left)):
+    ///   a new session is a member of no group until it [`join`](Self::join)s.
+    /// - **H7** If the node has a live session started by another incarnation (a second
+    ///   process with the same node id), the call fails with [`StoreError::WorkerIdInUse`]
     ///   naming when that session expires, and writes nothing: the session is never shared.
-    /// - **H3** Every heartbeat removes the group's other member rows whose sessions are dead
-    ///   (their buckets stay claimable), so dead members do not linger in snapshots.
-    /// - **H4** The view lists every live member, idle ones with 0, with the buckets of the
-    ///   current generation it owns, sorted by worker id, the worker itself included;
-    ///   `claimable` counts the current generation's buckets no live session owns (waiting
-    ///   ones included); `generation`, `previous` and `draining` are the group's (Z1, Z3);
-    ///   `owned` is exactly the worker's leases under `session` in both generations, sorted by
-    ///   bucket, each with its generation's shard count and expiring with the session.
-    /// - **H5** It never changes a bucket or a token; a renewal writes only the worker's member
-    ///   row, and the rows of members found dead (H3).
-    /// - **H6** Starting a session sends [`Change::Joined`](crate::Change::Joined) to the
-    ///   group's change feeds.
+    /// - **H3** In every group whose view it gives, the heartbeat removes the member rows of
+    ///   other nodes whose sessions are dead (their buckets stay claimable), and the node
+    ///   rows of those nodes that are then members of no group, so dead members do not linger
+    ///   in snapshots.
+    /// - **H4** For each group the node is a member of, the view lists every live member, idle
+    ///   ones with 0, with the buckets of the current generation it owns, sorted by node id,
+    ///   the node itself included; `claimable` counts the current generation's buckets no live
+    ///   session owns (waiting ones included); `generation`, `previous` and `draining` are the
+    ///   group's (Z1, Z3); `owned` is exactly the node's leases in the group under `session`
+    ///   in both generations, sorted by bucket, each with its generation's shard count and
+    ///   expiring with the session. Groups come sorted by name.
+    /// - **H8** A group of `seen` may be answered in `unchanged` (with a stamp to hand in next
+    ///   time) instead of with its view only if the view and the node's leases in the group
+    ///   are those it was given with the stamp it handed in (the leases now expiring with the
+    ///   session): nothing changed since (no join, leave, claim, release, resize or member's
+    ///   session ending). A store may always give the view instead. Groups of `seen` the node
+    ///   is not a member of are ignored. (So a group answered unchanged has no dead member
+    ///   for H3 to remove.)
+    /// - **H5** It never changes a bucket or a token; a renewal writes only the node's row,
+    ///   and the rows of members and nodes found dead (H3).
     /// - After a failover of the store, see V1 (the trait's "Failover").
     async fn heartbeat(
         &self,
-        group: &GroupName,
-        worker: WorkerId,
+        node: WorkerId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
+        seen: &[GroupStamp],
     ) -> Result<Heartbeat, StoreError>;
+
+    /// Make `node` a member of `group` under its live session `session`.
+    ///
+    /// # Contract
+    ///
+    /// - **J1** `session` must be the node's live session, or the call fails with
+    ///   [`StoreError::SessionExpired`] and writes nothing.
+    /// - **J2** If the node is not a member, a member row is created (joined now) and
+    ///   [`Change::Joined`](crate::Change::Joined) is sent; the node's next heartbeat gives the
+    ///   group's view. If it is a member already, nothing changes.
+    /// - **J3** Nothing in the node's other groups changes.
+    async fn join(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+    ) -> Result<(), StoreError>;
 
     /// Claim up to `want` claimable buckets of `group` for `worker`'s live session `session`.
     ///
     /// # Contract
     ///
-    /// - **C1** `session` must be the worker's live session, or the call fails with
-    ///   [`StoreError::SessionExpired`] and writes nothing.
+    /// - **C1** `session` must be the node's live session and the node a member of the group,
+    ///   or the call fails with [`StoreError::SessionExpired`] and writes nothing.
     /// - **C2** A bucket is claimable if it has no owner or its recorded session is not live.
     ///   A bucket of a live session, the caller's included, is never taken.
     /// - **C3** At most `want` claimable buckets are taken (none for 0): the first ones in the
@@ -213,8 +243,8 @@ pub trait LeaseStore: Send + Sync {
     /// - **R1** A bucket outside `0..shards` (and, while a resize drains, outside the old
     ///   generation's `0..previous`) fails the call with [`StoreError::BucketOutOfRange`];
     ///   nothing is written.
-    /// - **R2** Of the listed buckets, those owned by `session` while it is the worker's live
-    ///   session become unowned; the others (unowned, another's, repeated, or any when `session`
+    /// - **R2** Of the listed buckets, those owned by `session` while it is the node's live
+    ///   session and the node a member of the group become unowned; the others (unowned, another's, repeated, or any when `session`
     ///   is not live) are left alone, whichever generation they are of (a session never holds
     ///   one number in both). The released buckets are returned sorted. A store may skip, rather
     ///   than wait for, a bucket another transaction holds locked (an application's fencing
@@ -230,21 +260,22 @@ pub trait LeaseStore: Send + Sync {
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError>;
 
-    /// Stop gracefully: release every bucket of `worker` and delete its member row. With
-    /// `Some(session)` only if the member row holds that session (a worker leaving); with
-    /// `None` whatever session it holds (an operator evicting a worker).
+    /// Leave `group`: release every bucket `worker` holds in it and delete its member row.
+    /// With `Some(session)` only if that is the node's session (a node leaving); with `None`
+    /// whatever session it holds (an operator evicting a node from the group).
     ///
     /// # Contract
     ///
-    /// - **L1** If the member row holds `session` (or `session` is `None`), every bucket owned
-    ///   by the row's session while live, in both generations, becomes unowned (tokens
-    ///   unchanged) and is returned,
-    ///   sorted; the member row, live or dead, is deleted. A bucket row another transaction
-    ///   holds locked may be skipped instead: its session is gone with the member row, so it is
-    ///   claimable once that transaction ends.
-    /// - **L2** Leaving a group the worker is not a member of, or naming a session the member
-    ///   row does not hold, succeeds and changes nothing.
-    /// - **L3** The worker's next heartbeat starts a new session.
+    /// - **L1** If the node is a member and `session` is its node's session (or `session` is
+    ///   `None`), every bucket of the group owned by that session while live, in both
+    ///   generations, becomes unowned (tokens unchanged) and is returned, sorted; the member
+    ///   row, live or dead, is deleted. A bucket row another transaction holds locked may be
+    ///   skipped instead: the node is no member any more, so it is claimable once that
+    ///   transaction ends.
+    /// - **L2** Leaving a group the node is not a member of, or naming a session the node does
+    ///   not hold, succeeds and changes nothing.
+    /// - **L3** The node's session and its other groups are untouched: its next heartbeat
+    ///   renews the session and no longer lists the group.
     /// - **L4** Deleting a member row sends [`Change::Left`](crate::Change::Left).
     async fn leave(
         &self,
@@ -262,10 +293,20 @@ pub trait LeaseStore: Send + Sync {
     ///   state: live, expired (owner recorded, session dead or gone) or unowned; the
     ///   generation and `previous`; while a resize drains, the old generation's buckets the
     ///   same way in `draining` (live = not retired).
-    /// - **S2** Every member row, live or dead, sorted by worker id, with the number of buckets
-    ///   its session owns (0 if dead).
+    /// - **S2** Every member row, live or dead, sorted by node id, with its node's session and
+    ///   metadata and the number of the group's buckets that session owns (0 if dead).
     /// - **S3** It writes nothing.
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError>;
+
+    /// Every node the store knows: for status displays and tests.
+    ///
+    /// # Contract
+    ///
+    /// - **N1** Every node row, live or dead, sorted by node id, with its session, when it
+    ///   started and was last renewed, its expiry, whether it is live now, its metadata and
+    ///   the groups it is a member of.
+    /// - **N2** It writes nothing.
+    async fn nodes(&self) -> Result<NodesSnapshot, StoreError>;
 
     /// The fencing check: does `worker` own `bucket` right now, with `token`?
     ///
@@ -324,7 +365,7 @@ pub trait LeaseStore: Send + Sync {
     /// # Contract
     ///
     /// - **W1** A feed returned before an operation receives the change that operation sends
-    ///   (H6, R4, L4, Z2), from whichever process performed it.
+    ///   (H2, J2, R4, L4, Z2), from whichever process performed it.
     async fn changes(&self, _group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
         Ok(None)
     }
@@ -341,15 +382,24 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
 
     async fn heartbeat(
         &self,
-        group: &GroupName,
-        worker: WorkerId,
+        node: WorkerId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
+        seen: &[GroupStamp],
     ) -> Result<Heartbeat, StoreError> {
         (**self)
-            .heartbeat(group, worker, incarnation, ttl, metadata)
+            .heartbeat(node, incarnation, ttl, metadata, seen)
             .await
+    }
+
+    async fn join(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+    ) -> Result<(), StoreError> {
+        (**self).join(group, node, session).await
     }
 
     async fn claim(
@@ -384,6 +434,10 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
         (**self).snapshot(group).await
+    }
+
+    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
+        (**self).nodes().await
     }
 
     async fn is_current(

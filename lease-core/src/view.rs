@@ -77,30 +77,54 @@ impl GroupView {
     }
 }
 
-/// What a heartbeat returns: the worker's session and the compact view of its group. Its size
-/// grows with the members and the worker's own buckets, never with the shard count.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Heartbeat {
-    /// The worker's live session.
-    pub session: SessionId,
-    /// Whether this heartbeat started `session` (first heartbeat, after `leave`, or after the
-    /// previous session expired). When true, nothing held before is owned any more.
-    pub new_session: bool,
-    /// The store's time of the renewal.
-    pub observed_at: Timestamp,
-    /// When the session expires unless renewed: `observed_at + ttl`.
-    pub expires_at: Timestamp,
-    /// The group as the policy needs it.
-    pub view: GroupView,
-    /// This worker's leases under `session`, sorted by bucket: of the current generation, and
-    /// during a resize of the draining one (a lease whose `shards` is not the view's
-    /// `shard_count`), which the worker must release. A session never holds a bucket number
-    /// in both generations at once (a new bucket waits for the old bucket of its number).
-    pub owned: Vec<Lease>,
+/// What a node was last told of a group, handed back to [`heartbeat`](crate::LeaseStore::heartbeat)
+/// so that the store may answer "unchanged" instead of the whole view (contract rule H8).
+/// Opaque to the node: the store that issued it reads it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub struct ViewStamp {
+    version: u64,
+    until: Option<Timestamp>,
 }
 
-impl Heartbeat {
-    /// The buckets of the current generation this worker owns, in order: what the policy
+impl ViewStamp {
+    /// A stamp of a group at its change counter `version`, valid for "unchanged" answers
+    /// until `until` (store clock; the earliest expiry among the group's other live members,
+    /// `None` if there are none).
+    pub fn new(version: u64, until: Option<Timestamp>) -> Self {
+        Self { version, until }
+    }
+
+    /// The group's change counter when the stamp was issued.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Until when (store clock) nothing can have changed in the group without its change
+    /// counter moving: the earliest expiry among the other live members it saw.
+    pub fn until(&self) -> Option<Timestamp> {
+        self.until
+    }
+}
+
+/// One group in a node's heartbeat: the view the policy needs and the node's leases.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct GroupBeat {
+    /// The group.
+    pub group: GroupName,
+    /// The group as the policy needs it.
+    pub view: GroupView,
+    /// The node's leases in the group under its session, sorted by bucket: of the current
+    /// generation, and during a resize of the draining one (a lease whose `shards` is not the
+    /// view's `shard_count`), which the node must release. A session never holds a bucket
+    /// number in both generations at once (a new bucket waits for the old bucket of its
+    /// number).
+    pub owned: Vec<Lease>,
+    /// Hand it back with the next heartbeat ([`GroupStamp`]).
+    pub stamp: ViewStamp,
+}
+
+impl GroupBeat {
+    /// The buckets of the current generation this node owns, in order: what the policy
     /// plans with.
     pub fn owned_buckets(&self) -> Vec<Bucket> {
         self.owned
@@ -110,7 +134,7 @@ impl Heartbeat {
             .collect()
     }
 
-    /// The buckets of the draining generation this worker still owns, in order: to revoke
+    /// The buckets of the draining generation this node still owns, in order: to revoke
     /// (reason `resharded`) and release.
     pub fn draining_buckets(&self) -> Vec<Bucket> {
         self.owned
@@ -119,6 +143,83 @@ impl Heartbeat {
             .map(|l| l.bucket)
             .collect()
     }
+}
+
+/// A group and a [`ViewStamp`] of it: what a node hands to
+/// [`heartbeat`](crate::LeaseStore::heartbeat) (the stamp of the last view of the group it was
+/// given), and what the heartbeat answers for a group unchanged since (with the stamp to hand
+/// in next time).
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct GroupStamp {
+    /// The group.
+    pub group: GroupName,
+    /// The stamp.
+    pub stamp: ViewStamp,
+}
+
+/// What a heartbeat returns: the node's session and, for every group the node is a member of,
+/// the compact view of the group or word that it is unchanged. Its size grows with the node's
+/// groups, their members and the node's own buckets, never with the shard counts.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Heartbeat {
+    /// The node's live session.
+    pub session: SessionId,
+    /// Whether this heartbeat started `session` (first heartbeat, or after the previous
+    /// session expired). When true, nothing held before is owned any more and the node is a
+    /// member of no group: it joins again.
+    pub new_session: bool,
+    /// The store's time of the renewal.
+    pub observed_at: Timestamp,
+    /// When the session expires unless renewed: `observed_at + ttl`.
+    pub expires_at: Timestamp,
+    /// The groups the node is a member of whose view is given, sorted by name.
+    pub groups: Vec<GroupBeat>,
+    /// The groups the node is a member of that are unchanged since the stamp it handed in
+    /// (H8), sorted by name, each with the stamp to hand in next: their views are the ones
+    /// last given, and the node's leases in them the same, now expiring at `expires_at`.
+    pub unchanged: Vec<GroupStamp>,
+}
+
+impl Heartbeat {
+    /// The beat of `group`, when its view was given.
+    pub fn group(&self, group: &GroupName) -> Option<&GroupBeat> {
+        self.groups.iter().find(|g| &g.group == group)
+    }
+
+    /// Whether the node is a member of `group`, by this heartbeat (given or unchanged).
+    pub fn is_member(&self, group: &GroupName) -> bool {
+        self.group(group).is_some() || self.unchanged.iter().any(|u| &u.group == group)
+    }
+}
+
+/// A node as [`nodes`](crate::LeaseStore::nodes) lists it.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct NodeInfo {
+    /// The node.
+    pub node: WorkerId,
+    /// Its current (or last) session.
+    pub session: SessionId,
+    /// When the session started.
+    pub started_at: Timestamp,
+    /// When the session was last renewed.
+    pub heartbeat_at: Timestamp,
+    /// When the session expires (or expired).
+    pub expires_at: Timestamp,
+    /// Whether the session is live at the listing's time.
+    pub live: bool,
+    /// What the node attached at its last heartbeat.
+    pub metadata: MemberMetadata,
+    /// The groups it is a member of, sorted by name.
+    pub groups: Vec<GroupName>,
+}
+
+/// Every node a store knows, at one instant of its clock.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct NodesSnapshot {
+    /// The store's time of the listing.
+    pub observed_at: Timestamp,
+    /// Every node row, live or not, sorted by node id.
+    pub nodes: Vec<NodeInfo>,
 }
 
 /// A bucket's ownership as a snapshot sees it.
@@ -161,24 +262,25 @@ pub struct BucketInfo {
     pub state: BucketState,
 }
 
-/// One member row in a [`GroupSnapshot`].
+/// One member row in a [`GroupSnapshot`]: a node's membership of the group, with its node's
+/// session.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct MemberInfo {
-    /// The worker.
+    /// The node.
     pub worker: WorkerId,
-    /// Its current (or last) session.
+    /// Its node's current (or last) session.
     pub session: SessionId,
-    /// When the session started.
+    /// When the node joined the group.
     pub joined_at: Timestamp,
-    /// When the session was last renewed.
+    /// When the node's session was last renewed.
     pub heartbeat_at: Timestamp,
-    /// When the session expires (or expired).
+    /// When the node's session expires (or expired).
     pub expires_at: Timestamp,
-    /// Whether the session is live at `observed_at`.
+    /// Whether the node's session is live at `observed_at`.
     pub live: bool,
-    /// Buckets owned under the session (0 when it is not live).
+    /// Buckets of the group owned under the session (0 when it is not live).
     pub owned: u32,
-    /// What the worker attached at its last heartbeat.
+    /// What the node attached at its last heartbeat.
     pub metadata: MemberMetadata,
 }
 
