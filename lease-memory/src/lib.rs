@@ -23,18 +23,22 @@
 //! let (a, b) = (WorkerId::new(), WorkerId::new());
 //! let ttl = Ttl::from_secs(10)?;
 //! let none = MemberMetadata::empty();
-//! let sa = store.heartbeat(&group, a, Incarnation::new(), ttl, &none).await?.session;
+//! let sa = store.heartbeat(a, Incarnation::new(), ttl, &none, &[]).await?.session;
+//! store.join(&group, a, sa).await?;
 //! let won = store.claim(&group, a, sa, 4, Takeover::Allowed).await?;
 //! assert_eq!(won.len(), 4);
 //!
 //! // b cannot take a live lease...
 //! let b_process = Incarnation::new();
-//! let sb = store.heartbeat(&group, b, b_process, ttl, &none).await?.session;
+//! let sb = store.heartbeat(b, b_process, ttl, &none, &[]).await?.session;
+//! store.join(&group, b, sb).await?;
 //! assert!(store.claim(&group, b, sb, 4, Takeover::Allowed).await?.is_empty());
 //!
 //! // ...but once a stops renewing and its session expires, b takes over with higher tokens.
-//! clock.advance(Duration::from_secs(10));
-//! let sb = store.heartbeat(&group, b, b_process, ttl, &none).await?.session;
+//! clock.advance(Duration::from_secs(6));
+//! let beat = store.heartbeat(b, b_process, ttl, &none, &[]).await?;
+//! assert!(!beat.new_session, "b renews in time");
+//! clock.advance(Duration::from_secs(5)); // a's session ended 10 s after its heartbeat
 //! let taken = store.claim(&group, b, sb, 4, Takeover::Allowed).await?;
 //! assert_eq!(taken.len(), 4);
 //! assert!(taken.iter().zip(&won).all(|(new, old)| new.token > old.token));
@@ -52,9 +56,10 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use lease_core::{
     BackendFailure, Bucket, BucketInfo, BucketState, Change, ChangeFeed, Clock, FencingToken,
-    GroupName, GroupSnapshot, GroupView, Heartbeat, Incarnation, Lease, LeaseStore, MemberInfo,
-    MemberLoad, MemberMetadata, Operation, SessionId, ShardCount, StoreError, SystemClock,
-    Takeover, Timestamp, Ttl, WorkerId, store_precision,
+    GroupBeat, GroupName, GroupSnapshot, GroupStamp, GroupView, Heartbeat, Incarnation, Lease,
+    LeaseStore, MemberInfo, MemberLoad, MemberMetadata, NodeInfo, NodesSnapshot, Operation,
+    SessionId, ShardCount, StoreError, SystemClock, Takeover, Timestamp, Ttl, ViewStamp,
+    WorkerId, store_precision,
 };
 use lease_core::{Generation, ResizeOutcome, resize};
 use tokio::sync::broadcast;
@@ -69,28 +74,38 @@ struct BucketRow {
     token: i64,
 }
 
+/// A node's session: the only row a renewal writes.
 #[derive(Debug)]
-struct MemberRow {
+struct NodeRow {
     session: SessionId,
-    /// The worker start that began `session`: the only one that may extend it.
+    /// The process start that began `session`: the only one that may extend it.
     incarnation: Incarnation,
-    joined_at: Timestamp,
+    started_at: Timestamp,
     heartbeat_at: Timestamp,
     expires_at: Timestamp,
     metadata: MemberMetadata,
-    /// Buckets of the current generation recorded under `session`. Exact while the session
-    /// is live: a bucket leaves a live session only by release or leave, both of which update
-    /// this set.
-    held: BTreeSet<Bucket>,
-    /// Buckets of the draining generation recorded under `session` (moved here from `held`
-    /// by a resize); exact the same way.
-    held_old: BTreeSet<Bucket>,
 }
 
-impl MemberRow {
+impl NodeRow {
     fn is_live(&self, now: Timestamp) -> bool {
         now < self.expires_at
     }
+}
+
+type Nodes = BTreeMap<WorkerId, NodeRow>;
+
+/// A node's membership of a group. A member row exists only under its node's current session
+/// (a new session removes them all), so its sets are of that session.
+#[derive(Debug)]
+struct MemberRow {
+    joined_at: Timestamp,
+    /// Buckets of the current generation recorded under the node's session. Exact while the
+    /// session is live: a bucket leaves a live session only by release or leave, both of which
+    /// update this set.
+    held: BTreeSet<Bucket>,
+    /// Buckets of the draining generation recorded under the session (moved here from `held`
+    /// by a resize); exact the same way.
+    held_old: BTreeSet<Bucket>,
 }
 
 #[derive(Debug)]
@@ -104,47 +119,61 @@ struct GroupState {
     /// The previous generation's rows (of `previous` buckets) while it may drain; emptied by
     /// the first operation that finds every one retired.
     old: Vec<BucketRow>,
+    /// The change counter of H8: moves with every change a view could show.
+    version: u64,
+}
+
+/// Whether `node`'s session is `session` and live.
+fn session_live(nodes: &Nodes, node: WorkerId, session: SessionId, now: Timestamp) -> bool {
+    nodes
+        .get(&node)
+        .is_some_and(|n| n.session == session && n.is_live(now))
+}
+
+fn node_live(nodes: &Nodes, node: WorkerId, now: Timestamp) -> bool {
+    nodes.get(&node).is_some_and(|n| n.is_live(now))
 }
 
 impl GroupState {
-    fn live_member(&self, worker: WorkerId, now: Timestamp) -> Option<&MemberRow> {
-        self.members.get(&worker).filter(|m| m.is_live(now))
+    fn bump(&mut self) {
+        self.version += 1;
     }
 
-    /// The member row of `worker`, if `session` is its live session.
-    fn live_session_mut(
+    /// The member row of `node`, if `session` is its node's live session.
+    fn live_member_mut(
         &mut self,
-        worker: WorkerId,
+        nodes: &Nodes,
+        node: WorkerId,
         session: SessionId,
         now: Timestamp,
     ) -> Option<&mut MemberRow> {
         self.members
-            .get_mut(&worker)
-            .filter(|m| m.is_live(now) && m.session == session)
+            .get_mut(&node)
+            .filter(|_| session_live(nodes, node, session, now))
     }
 
-    fn is_owned_live(&self, row: &BucketRow, now: Timestamp) -> bool {
+    /// Owned: recorded under its node's live session, the node a member of the group.
+    fn is_owned_live(&self, nodes: &Nodes, row: &BucketRow, now: Timestamp) -> bool {
         row.owner.is_some_and(|(w, s)| {
-            self.live_member(w, now)
-                .is_some_and(|member| member.session == s)
+            self.members.contains_key(&w) && session_live(nodes, w, s, now)
         })
     }
 
     /// Z3: an old bucket is retired once released or once its session is not live; with
     /// `Takeover::Deferred` (C8) only a released one counts.
-    fn retired(&self, row: &BucketRow, now: Timestamp, takeover: Takeover) -> bool {
+    fn retired(&self, nodes: &Nodes, row: &BucketRow, now: Timestamp, takeover: Takeover) -> bool {
         match takeover {
             Takeover::Deferred => row.owner.is_none(),
-            _ => !self.is_owned_live(row, now),
+            _ => !self.is_owned_live(nodes, row, now),
         }
     }
 
     /// Old buckets not retired yet; when none is left, the old generation is dropped.
-    fn draining(&mut self, now: Timestamp) -> u32 {
+    fn draining(&mut self, nodes: &Nodes, now: Timestamp) -> u32 {
         let n = self
             .old
             .iter()
-            .filter(|row| !self.retired(row, now, Takeover::Allowed))
+            .filter(|row| !self.retired(nodes, row, now, Takeover::Allowed))
             .count();
         if n == 0 && !self.old.is_empty() {
             self.old = Vec::new();
@@ -156,22 +185,24 @@ impl GroupState {
     }
 
     /// C8: whether every old bucket new bucket `i` shares keys with is retired.
-    fn parents_retired(&self, i: usize, now: Timestamp, takeover: Takeover) -> bool {
+    fn parents_retired(&self, nodes: &Nodes, i: usize, now: Timestamp, takeover: Takeover) -> bool {
         let Some(from) = self.previous.filter(|_| !self.old.is_empty()) else {
             return true;
         };
         resize::parents(from, self.shards, Bucket(i as u32))
             .iter()
-            .all(|p| self.retired(&self.old[p.0 as usize], now, takeover))
+            .all(|p| self.retired(nodes, &self.old[p.0 as usize], now, takeover))
     }
 
-    fn bucket_info(&self, i: usize, row: &BucketRow, now: Timestamp) -> BucketInfo {
-        let member = row
-            .owner
-            .and_then(|(w, s)| self.members.get(&w).filter(|m| m.session == s));
-        let state = match (row.owner, member) {
+    fn bucket_info(&self, nodes: &Nodes, i: usize, row: &BucketRow, now: Timestamp) -> BucketInfo {
+        let session = row.owner.and_then(|(w, s)| {
+            nodes
+                .get(&w)
+                .filter(|n| n.session == s && self.members.contains_key(&w))
+        });
+        let state = match (row.owner, session) {
             (None, _) => BucketState::Unowned,
-            (Some(_), Some(m)) if m.is_live(now) => BucketState::Live,
+            (Some(_), Some(n)) if n.is_live(now) => BucketState::Live,
             (Some(_), _) => BucketState::Expired,
         };
         BucketInfo {
@@ -179,22 +210,106 @@ impl GroupState {
             owner: row.owner.map(|(w, _)| w),
             session: row.owner.map(|(_, s)| s),
             token: FencingToken(row.token),
-            expires_at: member.map(|m| m.expires_at),
+            expires_at: session.map(|n| n.expires_at),
             state,
         }
     }
 
-    fn live_held(&self, now: Timestamp) -> usize {
+    fn live_held(&self, nodes: &Nodes, now: Timestamp) -> usize {
         self.members
-            .values()
-            .filter(|m| m.is_live(now))
-            .map(|m| m.held.len())
+            .iter()
+            .filter(|(w, _)| node_live(nodes, **w, now))
+            .map(|(_, m)| m.held.len())
             .sum()
+    }
+
+    /// H3: remove the member rows of nodes whose sessions are dead; the nodes removed.
+    fn remove_dead_members(&mut self, nodes: &Nodes, now: Timestamp) -> Vec<WorkerId> {
+        let dead: Vec<WorkerId> = self
+            .members
+            .keys()
+            .copied()
+            .filter(|w| !node_live(nodes, *w, now))
+            .collect();
+        for w in &dead {
+            self.members.remove(w);
+        }
+        if !dead.is_empty() {
+            self.bump();
+        }
+        dead
+    }
+
+    /// H4: the view of the group and `node`'s leases in it, expiring at `expires_at`.
+    fn beat(
+        &self,
+        nodes: &Nodes,
+        group: &GroupName,
+        node: WorkerId,
+        draining: u32,
+        expires_at: Timestamp,
+        now: Timestamp,
+    ) -> GroupBeat {
+        let mut owned: Vec<Lease> = Vec::new();
+        if let Some(me) = self.members.get(&node) {
+            owned = me
+                .held
+                .iter()
+                .map(|&bucket| Lease {
+                    bucket,
+                    shards: self.shards,
+                    owner: node,
+                    token: FencingToken(self.buckets[bucket.0 as usize].token),
+                    expires_at,
+                })
+                .chain(me.held_old.iter().filter_map(|&bucket| {
+                    Some(Lease {
+                        bucket,
+                        shards: self.previous?,
+                        owner: node,
+                        token: FencingToken(self.old.get(bucket.0 as usize)?.token),
+                        expires_at,
+                    })
+                }))
+                .collect();
+            owned.sort_by_key(|l| l.bucket);
+        }
+        let members = self
+            .members
+            .iter()
+            .filter(|(w, _)| node_live(nodes, **w, now))
+            .map(|(&w, m)| MemberLoad {
+                worker: w,
+                owned: m.held.len() as u32,
+            })
+            .collect();
+        let claimable = (self.shards.get() as usize - self.live_held(nodes, now)) as u32;
+        let until = self
+            .members
+            .keys()
+            .filter(|&&w| w != node)
+            .filter_map(|w| nodes.get(w).filter(|n| n.is_live(now)))
+            .map(|n| n.expires_at)
+            .min();
+        GroupBeat {
+            group: group.clone(),
+            view: GroupView {
+                shard_count: self.shards,
+                members,
+                claimable,
+                generation: self.generation,
+                previous: self.previous,
+                draining,
+            },
+            owned,
+            stamp: ViewStamp::new(self.version, until),
+        }
     }
 }
 
 #[derive(Debug, Default)]
 struct State {
+    nodes: Nodes,
     groups: HashMap<GroupName, GroupState>,
     feeds: HashMap<GroupName, broadcast::Sender<Change>>,
 }
@@ -204,11 +319,29 @@ impl State {
         self.groups.get_mut(group).ok_or_else(|| not_found(group))
     }
 
+    /// The nodes and a group, borrowed apart.
+    fn split(&mut self, group: &GroupName) -> Result<(&Nodes, &mut GroupState), StoreError> {
+        let g = self.groups.get_mut(group).ok_or_else(|| not_found(group))?;
+        Ok((&self.nodes, g))
+    }
+
     fn notify(&self, group: &GroupName, change: Change) {
         if let Some(tx) = self.feeds.get(group) {
             // No receiver left is not an error: wake-ups are hints for whoever listens.
             tx.send(change).ok();
         }
+    }
+
+    /// The groups `node` is a member of, sorted by name.
+    fn groups_of(&self, node: WorkerId) -> Vec<GroupName> {
+        let mut names: Vec<GroupName> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| g.members.contains_key(&node))
+            .map(|(name, _)| name.clone())
+            .collect();
+        names.sort();
+        names
     }
 }
 
@@ -287,6 +420,7 @@ impl LeaseStore for MemoryLeaseStore {
                         generation: Generation::default(),
                         previous: None,
                         old: Vec::new(),
+                        version: 0,
                     },
                 );
                 Ok(())
@@ -296,105 +430,125 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn heartbeat(
         &self,
-        group: &GroupName,
-        worker: WorkerId,
+        node: WorkerId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
+        seen: &[GroupStamp],
     ) -> Result<Heartbeat, StoreError> {
         let (mut state, now) = self.lock(Operation::Heartbeat)?;
-        let g = state.group_mut(group)?;
-        if let Some(other) = g
-            .live_member(worker, now)
-            .filter(|m| m.incarnation != incarnation)
+        if let Some(other) = state
+            .nodes
+            .get(&node)
+            .filter(|n| n.is_live(now) && n.incarnation != incarnation)
         {
             return Err(StoreError::WorkerIdInUse {
-                group: group.clone(),
-                worker,
+                worker: node,
                 expires_at: other.expires_at,
             });
         }
         let expires_at = now + ttl.as_chrono();
-        let new_session = g.live_member(worker, now).is_none();
-        g.members.retain(|&w, m| w == worker || m.is_live(now));
+        let new_session = !node_live(&state.nodes, node, now);
         if new_session {
-            g.members.insert(
-                worker,
-                MemberRow {
+            // H2: a new session is a member of no group.
+            for name in state.groups_of(node) {
+                if let Ok(g) = state.group_mut(&name) {
+                    g.members.remove(&node);
+                    g.bump();
+                }
+                state.notify(&name, Change::Left(node));
+            }
+            state.nodes.insert(
+                node,
+                NodeRow {
                     session: SessionId::new(),
                     incarnation,
-                    joined_at: now,
+                    started_at: now,
                     heartbeat_at: now,
                     expires_at,
                     metadata: metadata.clone(),
-                    held: BTreeSet::new(),
-                    held_old: BTreeSet::new(),
                 },
             );
         }
-        let g = state.group_mut(group)?;
-        let draining = g.draining(now);
-        let me = g.members.get_mut(&worker).ok_or_else(|| {
-            StoreError::backend_detail(
-                Operation::Heartbeat,
-                BackendFailure::Corrupt,
-                "the memory store lost a member row it had just written",
-            )
-        })?;
-        me.expires_at = expires_at;
-        me.heartbeat_at = now;
-        me.metadata = metadata.clone();
-        let session = me.session;
-        let mut owned: Vec<Lease> = me
-            .held
-            .iter()
-            .map(|&bucket| Lease {
-                bucket,
-                shards: g.shards,
-                owner: worker,
-                token: FencingToken(g.buckets[bucket.0 as usize].token),
-                expires_at,
-            })
-            .chain(me.held_old.iter().filter_map(|&bucket| {
-                Some(Lease {
-                    bucket,
-                    shards: g.previous?,
-                    owner: worker,
-                    token: FencingToken(g.old.get(bucket.0 as usize)?.token),
-                    expires_at,
-                })
-            }))
-            .collect();
-        owned.sort_by_key(|l| l.bucket);
-        let members = g
-            .members
-            .iter()
-            .filter(|(_, m)| m.is_live(now))
-            .map(|(&w, m)| MemberLoad {
-                worker: w,
-                owned: m.held.len() as u32,
-            })
-            .collect();
-        let claimable = (g.shards.get() as usize - g.live_held(now)) as u32;
-        let view = GroupView {
-            shard_count: g.shards,
-            members,
-            claimable,
-            generation: g.generation,
-            previous: g.previous,
-            draining,
+        let session = {
+            let me = state.nodes.get_mut(&node).ok_or_else(|| {
+                StoreError::backend_detail(
+                    Operation::Heartbeat,
+                    BackendFailure::Corrupt,
+                    "the memory store lost a node row it had just written",
+                )
+            })?;
+            me.expires_at = expires_at;
+            me.heartbeat_at = now;
+            me.metadata = metadata.clone();
+            me.session
         };
-        if new_session {
-            state.notify(group, Change::Joined(worker));
+        let mut groups = Vec::new();
+        let mut unchanged = Vec::new();
+        let mut dead_nodes: BTreeSet<WorkerId> = BTreeSet::new();
+        for name in state.groups_of(node) {
+            let (nodes, g) = state.split(&name)?;
+            dead_nodes.extend(g.remove_dead_members(nodes, now));
+            let draining = g.draining(nodes, now);
+            let beat = g.beat(nodes, &name, node, draining, expires_at, now);
+            // H8: the same version means no change a view could show (a member whose session
+            // ended was removed just above, which moved it).
+            let same = seen
+                .iter()
+                .any(|s| s.group == name && s.stamp.version() == g.version);
+            if same {
+                unchanged.push(GroupStamp {
+                    group: name,
+                    stamp: beat.stamp,
+                });
+            } else {
+                groups.push(beat);
+            }
+        }
+        // H3: nodes found dead that are members of no group any more go too.
+        for dead in dead_nodes {
+            if state.groups_of(dead).is_empty() {
+                state.nodes.remove(&dead);
+            }
         }
         Ok(Heartbeat {
             session,
             new_session,
             observed_at: now,
             expires_at,
-            view,
-            owned,
+            groups,
+            unchanged,
         })
+    }
+
+    async fn join(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+    ) -> Result<(), StoreError> {
+        let (mut state, now) = self.lock(Operation::Join)?;
+        let (nodes, g) = state.split(group)?;
+        if !session_live(nodes, node, session, now) {
+            return Err(StoreError::SessionExpired {
+                group: group.clone(),
+                worker: node,
+            });
+        }
+        if g.members.contains_key(&node) {
+            return Ok(());
+        }
+        g.members.insert(
+            node,
+            MemberRow {
+                joined_at: now,
+                held: BTreeSet::new(),
+                held_old: BTreeSet::new(),
+            },
+        );
+        g.bump();
+        state.notify(group, Change::Joined(node));
+        Ok(())
     }
 
     async fn claim(
@@ -406,15 +560,23 @@ impl LeaseStore for MemoryLeaseStore {
         takeover: Takeover,
     ) -> Result<Vec<Lease>, StoreError> {
         let (mut state, now) = self.lock(Operation::Claim)?;
-        let g = state.group_mut(group)?;
-        g.draining(now);
-        let (expires_at, renewed_at) = g
-            .live_session_mut(worker, session, now)
-            .map(|m| (m.expires_at, m.heartbeat_at))
-            .ok_or_else(|| StoreError::SessionExpired {
-                group: group.clone(),
-                worker,
-            })?;
+        let (nodes, g) = state.split(group)?;
+        g.draining(nodes, now);
+        let (expires_at, renewed_at) = match g.live_member_mut(nodes, worker, session, now) {
+            Some(_) => nodes
+                .get(&worker)
+                .map(|n| (n.expires_at, n.heartbeat_at))
+                .ok_or_else(|| StoreError::SessionExpired {
+                    group: group.clone(),
+                    worker,
+                })?,
+            None => {
+                return Err(StoreError::SessionExpired {
+                    group: group.clone(),
+                    worker,
+                });
+            }
+        };
         let take_dead = takeover.takes_dead(now - renewed_at);
         let effective = if take_dead {
             Takeover::Allowed
@@ -427,13 +589,13 @@ impl LeaseStore for MemoryLeaseStore {
             .map(|b| b.0 as usize)
             .filter(|&i| {
                 if take_dead {
-                    !g.is_owned_live(&g.buckets[i], now)
+                    !g.is_owned_live(nodes, &g.buckets[i], now)
                 } else {
                     g.buckets[i].owner.is_none()
                 }
             })
             // C8: the resize barrier, with the takeover C7 allows now.
-            .filter(|&i| g.parents_retired(i, now, effective))
+            .filter(|&i| g.parents_retired(nodes, i, now, effective))
             .take(want as usize)
             .collect();
         picked.sort_unstable();
@@ -443,7 +605,8 @@ impl LeaseStore for MemoryLeaseStore {
             let previous = g.buckets[i].owner.replace((worker, session));
             // The previous session is dead; keep its member row's set honest for snapshots.
             if let Some((w, s)) = previous
-                && let Some(m) = g.members.get_mut(&w).filter(|m| m.session == s)
+                && nodes.get(&w).is_some_and(|n| n.session == s)
+                && let Some(m) = g.members.get_mut(&w)
             {
                 m.held.remove(&bucket);
             }
@@ -459,6 +622,9 @@ impl LeaseStore for MemoryLeaseStore {
         if let Some(me) = g.members.get_mut(&worker) {
             me.held.extend(won.iter().map(|l| l.bucket));
         }
+        if !won.is_empty() {
+            g.bump();
+        }
         Ok(won)
     }
 
@@ -470,8 +636,8 @@ impl LeaseStore for MemoryLeaseStore {
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
         let (mut state, now) = self.lock(Operation::Release)?;
-        let g = state.group_mut(group)?;
-        g.draining(now);
+        let (nodes, g) = state.split(group)?;
+        g.draining(nodes, now);
         let old_range = g.old.len();
         if let Some(&bucket) = buckets
             .iter()
@@ -483,7 +649,7 @@ impl LeaseStore for MemoryLeaseStore {
                 shard_count: g.shards,
             });
         }
-        let Some(me) = g.live_session_mut(worker, session, now) else {
+        let Some(me) = g.live_member_mut(nodes, worker, session, now) else {
             return Ok(Vec::new());
         };
         let mut released: Vec<Bucket> = Vec::new();
@@ -504,6 +670,7 @@ impl LeaseStore for MemoryLeaseStore {
         released.extend(released_old);
         released.sort_unstable();
         if !released.is_empty() {
+            g.bump();
             state.notify(group, Change::Released(worker));
         }
         Ok(released)
@@ -516,15 +683,16 @@ impl LeaseStore for MemoryLeaseStore {
         session: Option<SessionId>,
     ) -> Result<Vec<Bucket>, StoreError> {
         let (mut state, now) = self.lock(Operation::Leave)?;
-        let g = state.group_mut(group)?;
-        let holds = |m: &MemberRow| session.is_none_or(|s| s == m.session);
-        if !g.members.get(&worker).is_some_and(holds) {
+        let (nodes, g) = state.split(group)?;
+        let holds = session.is_none_or(|s| nodes.get(&worker).is_some_and(|n| n.session == s));
+        if !holds || !g.members.contains_key(&worker) {
             return Ok(Vec::new());
         }
+        let live = node_live(nodes, worker, now);
         let Some(me) = g.members.remove(&worker) else {
             return Ok(Vec::new());
         };
-        let (held, held_old) = if me.is_live(now) {
+        let (held, held_old) = if live {
             (me.held, me.held_old)
         } else {
             Default::default()
@@ -537,6 +705,7 @@ impl LeaseStore for MemoryLeaseStore {
                 row.owner = None;
             }
         }
+        g.bump();
         let mut released: Vec<Bucket> = held.into_iter().chain(held_old).collect();
         released.sort_unstable();
         state.notify(group, Change::Left(worker));
@@ -545,36 +714,37 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
         let (mut state, now) = self.lock(Operation::Snapshot)?;
-        let g = state.group_mut(group)?;
-        g.draining(now);
+        let (nodes, g) = state.split(group)?;
+        g.draining(nodes, now);
         let members = g
             .members
             .iter()
-            .map(|(&worker, m)| {
-                let live = m.is_live(now);
-                MemberInfo {
+            .filter_map(|(&worker, m)| {
+                let n = nodes.get(&worker)?;
+                let live = n.is_live(now);
+                Some(MemberInfo {
                     worker,
-                    session: m.session,
+                    session: n.session,
                     joined_at: m.joined_at,
-                    heartbeat_at: m.heartbeat_at,
-                    expires_at: m.expires_at,
+                    heartbeat_at: n.heartbeat_at,
+                    expires_at: n.expires_at,
                     live,
                     owned: if live { m.held.len() as u32 } else { 0 },
-                    metadata: m.metadata.clone(),
-                }
+                    metadata: n.metadata.clone(),
+                })
             })
             .collect();
         let buckets = g
             .buckets
             .iter()
             .enumerate()
-            .map(|(i, row)| g.bucket_info(i, row, now))
+            .map(|(i, row)| g.bucket_info(nodes, i, row, now))
             .collect();
         let draining = g
             .old
             .iter()
             .enumerate()
-            .map(|(i, row)| g.bucket_info(i, row, now))
+            .map(|(i, row)| g.bucket_info(nodes, i, row, now))
             .collect();
         Ok(GroupSnapshot {
             group: group.clone(),
@@ -585,6 +755,28 @@ impl LeaseStore for MemoryLeaseStore {
             generation: g.generation,
             previous: g.previous,
             draining,
+        })
+    }
+
+    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
+        let (state, now) = self.lock(Operation::Nodes)?;
+        let nodes = state
+            .nodes
+            .iter()
+            .map(|(&node, n)| NodeInfo {
+                node,
+                session: n.session,
+                started_at: n.started_at,
+                heartbeat_at: n.heartbeat_at,
+                expires_at: n.expires_at,
+                live: n.is_live(now),
+                metadata: n.metadata.clone(),
+                groups: state.groups_of(node),
+            })
+            .collect();
+        Ok(NodesSnapshot {
+            observed_at: now,
+            nodes,
         })
     }
 
@@ -602,7 +794,7 @@ impl LeaseStore for MemoryLeaseStore {
         let current = |row: &BucketRow| {
             row.token == token.0
                 && row.owner.is_some_and(|(w, _)| w == worker)
-                && g.is_owned_live(row, now)
+                && g.is_owned_live(&state.nodes, row, now)
         };
         // F1: either generation; an old bucket owned live is not retired.
         Ok(g.buckets.get(bucket.0 as usize).is_some_and(current)
@@ -616,7 +808,7 @@ impl LeaseStore for MemoryLeaseStore {
         to: ShardCount,
     ) -> Result<ResizeOutcome, StoreError> {
         let (mut state, now) = self.lock(Operation::Resize)?;
-        let g = state.group_mut(group)?;
+        let (nodes, g) = state.split(group)?;
         if g.shards != from {
             return Err(StoreError::ResizeFromMismatch {
                 group: group.clone(),
@@ -629,7 +821,7 @@ impl LeaseStore for MemoryLeaseStore {
                 generation: g.generation,
             });
         }
-        let draining = g.draining(now);
+        let draining = g.draining(nodes, now);
         if let (Some(previous), true) = (g.previous, draining > 0) {
             return Err(StoreError::ResizeInProgress {
                 group: group.clone(),
@@ -657,6 +849,7 @@ impl LeaseStore for MemoryLeaseStore {
         g.shards = to;
         g.previous = Some(from);
         g.generation = g.generation.next();
+        g.bump();
         let generation = g.generation;
         state.notify(group, Change::Resized);
         Ok(ResizeOutcome::Started { generation })
