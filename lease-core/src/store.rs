@@ -274,8 +274,11 @@ pub trait LeaseStore: Send + Sync {
     ///   transaction ends.
     /// - **L2** Leaving a group the node is not a member of, or naming a session the node does
     ///   not hold, succeeds and changes nothing.
-    /// - **L3** The node's session and its other groups are untouched: its next heartbeat
-    ///   renews the session and no longer lists the group.
+    /// - **L3** The node's other groups are untouched, and so is its session while it is a
+    ///   member of some group: its next heartbeat renews the session and no longer lists the
+    ///   group. Leaving its last group deletes the node's row: its session ends, so a process
+    ///   started with the same node id (a restart) starts a session at once, and the node's
+    ///   own next heartbeat starts a new one.
     /// - **L4** Deleting a member row sends [`Change::Left`](crate::Change::Left).
     async fn leave(
         &self,

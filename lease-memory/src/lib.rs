@@ -709,6 +709,10 @@ impl LeaseStore for MemoryLeaseStore {
         let mut released: Vec<Bucket> = held.into_iter().chain(held_old).collect();
         released.sort_unstable();
         state.notify(group, Change::Left(worker));
+        // L3: a node in no group any more has no session to keep.
+        if state.groups_of(worker).is_empty() {
+            state.nodes.remove(&worker);
+        }
         Ok(released)
     }
 

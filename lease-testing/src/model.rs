@@ -15,7 +15,8 @@ use lease_core::{
     WorkerId,
 };
 use lease_core::{
-    BucketInfo, BucketState, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo, MemberLoad,
+    BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo,
+    MemberLoad, NodeInfo, NodesSnapshot, ViewStamp,
 };
 use lease_core::{Generation, ResizeOutcome};
 use lease_core::{Timestamp, Ttl, store_precision};
@@ -27,20 +28,23 @@ struct ModelBucket {
 }
 
 #[derive(Clone, Debug)]
-struct ModelMember {
+struct ModelNode {
     session: SessionId,
     incarnation: Incarnation,
-    joined_at: Timestamp,
+    started_at: Timestamp,
     heartbeat_at: Timestamp,
     expires_at: Timestamp,
     metadata: MemberMetadata,
 }
 
+type Nodes = BTreeMap<WorkerId, ModelNode>;
+
 #[derive(Clone, Debug)]
 struct ModelGroup {
     shards: ShardCount,
     buckets: Vec<ModelBucket>,
-    members: BTreeMap<WorkerId, ModelMember>,
+    /// Members and when they joined.
+    members: BTreeMap<WorkerId, Timestamp>,
     generation: Generation,
     /// The count the current generation was resized from.
     previous: Option<ShardCount>,
@@ -49,106 +53,106 @@ struct ModelGroup {
     old: Vec<ModelBucket>,
 }
 
-impl ModelGroup {
-    /// The live session of `worker` at `now`, if any.
-    fn live_session(&self, worker: WorkerId, now: Timestamp) -> Option<&ModelMember> {
-        self.members.get(&worker).filter(|m| now < m.expires_at)
-    }
+/// The node's session if it is live at `now`.
+fn live_node(nodes: &Nodes, node: WorkerId, now: Timestamp) -> Option<&ModelNode> {
+    nodes.get(&node).filter(|n| now < n.expires_at)
+}
 
-    /// `session`, if it is `worker`'s live session at `now`.
-    fn live_as(
+impl ModelGroup {
+    /// `node`'s live session, if it is `session` and the node a member.
+    fn live_as<'n>(
         &self,
-        worker: WorkerId,
+        nodes: &'n Nodes,
+        node: WorkerId,
         session: SessionId,
         now: Timestamp,
-    ) -> Option<&ModelMember> {
-        self.live_session(worker, now)
-            .filter(|m| m.session == session)
+    ) -> Option<&'n ModelNode> {
+        live_node(nodes, node, now)
+            .filter(|n| n.session == session && self.members.contains_key(&node))
     }
 
-    /// Whether bucket `b` is owned by a live session at `now`.
-    fn live_owner(&self, b: &ModelBucket, now: Timestamp) -> Option<WorkerId> {
+    /// Whether bucket `b` is owned by a live member's session at `now`: its owner.
+    fn live_owner(&self, nodes: &Nodes, b: &ModelBucket, now: Timestamp) -> Option<WorkerId> {
         let (w, s) = b.owner?;
-        let m = self.live_session(w, now)?;
-        (m.session == s).then_some(w)
+        self.live_as(nodes, w, s, now).map(|_| w)
     }
 
-    fn owned_by(&self, worker: WorkerId, now: Timestamp) -> Vec<Bucket> {
+    fn owned_by(&self, nodes: &Nodes, worker: WorkerId, now: Timestamp) -> Vec<Bucket> {
         self.buckets
             .iter()
             .enumerate()
-            .filter(|(_, b)| self.live_owner(b, now) == Some(worker))
+            .filter(|(_, b)| self.live_owner(nodes, b, now) == Some(worker))
             .map(|(i, _)| Bucket(i as u32))
             .collect()
     }
 
     /// Z3: an old bucket is retired once released or once its session is not live. With
     /// `Takeover::Deferred` (C8) only a released one counts.
-    fn retired(&self, b: &ModelBucket, now: Timestamp, takeover: Takeover) -> bool {
+    fn retired(&self, nodes: &Nodes, b: &ModelBucket, now: Timestamp, takeover: Takeover) -> bool {
         match takeover {
             Takeover::Deferred => b.owner.is_none(),
-            _ => self.live_owner(b, now).is_none(),
+            _ => self.live_owner(nodes, b, now).is_none(),
         }
     }
 
     /// How many old buckets are not retired: 0 when no resize drains.
-    fn draining(&self, now: Timestamp) -> u32 {
+    fn draining(&self, nodes: &Nodes, now: Timestamp) -> u32 {
         self.old
             .iter()
-            .filter(|b| !self.retired(b, now, Takeover::Allowed))
+            .filter(|b| !self.retired(nodes, b, now, Takeover::Allowed))
             .count() as u32
     }
 
     /// The old generation's buckets `worker` owns, while it drains.
-    fn old_owned_by(&self, worker: WorkerId, now: Timestamp) -> Vec<Bucket> {
+    fn old_owned_by(&self, nodes: &Nodes, worker: WorkerId, now: Timestamp) -> Vec<Bucket> {
         self.old
             .iter()
             .enumerate()
-            .filter(|(_, b)| self.live_owner(b, now) == Some(worker))
+            .filter(|(_, b)| self.live_owner(nodes, b, now) == Some(worker))
             .map(|(i, _)| Bucket(i as u32))
             .collect()
     }
 
     /// C8: whether every old bucket new bucket `i` shares keys with is retired.
-    fn parents_retired(&self, i: usize, now: Timestamp, takeover: Takeover) -> bool {
-        let (Some(from), true) = (self.previous, self.draining(now) > 0) else {
+    fn parents_retired(&self, nodes: &Nodes, i: usize, now: Timestamp, takeover: Takeover) -> bool {
+        let (Some(from), true) = (self.previous, self.draining(nodes, now) > 0) else {
             return true;
         };
         resize::parents(from, self.shards, Bucket(i as u32))
             .iter()
-            .all(|p| self.retired(&self.old[p.0 as usize], now, takeover))
+            .all(|p| self.retired(nodes, &self.old[p.0 as usize], now, takeover))
     }
 
-    fn lease(&self, bucket: Bucket, worker: WorkerId) -> Option<Lease> {
+    fn lease(&self, nodes: &Nodes, bucket: Bucket, worker: WorkerId) -> Option<Lease> {
         let b = &self.buckets[bucket.0 as usize];
         Some(Lease {
             bucket,
             shards: self.shards,
             owner: worker,
             token: FencingToken(b.token),
-            expires_at: self.members.get(&worker)?.expires_at,
+            expires_at: nodes.get(&worker)?.expires_at,
         })
     }
 
-    fn old_lease(&self, bucket: Bucket, worker: WorkerId) -> Option<Lease> {
+    fn old_lease(&self, nodes: &Nodes, bucket: Bucket, worker: WorkerId) -> Option<Lease> {
         let b = &self.old[bucket.0 as usize];
         Some(Lease {
             bucket,
             shards: self.previous?,
             owner: worker,
             token: FencingToken(b.token),
-            expires_at: self.members.get(&worker)?.expires_at,
+            expires_at: nodes.get(&worker)?.expires_at,
         })
     }
 
-    fn bucket_info(&self, i: usize, b: &ModelBucket, now: Timestamp) -> BucketInfo {
+    fn bucket_info(&self, nodes: &Nodes, i: usize, b: &ModelBucket, now: Timestamp) -> BucketInfo {
         let expires_at = b.owner.and_then(|(w, s)| {
-            self.members
+            nodes
                 .get(&w)
-                .filter(|m| m.session == s)
-                .map(|m| m.expires_at)
+                .filter(|n| n.session == s && self.members.contains_key(&w))
+                .map(|n| n.expires_at)
         });
-        let state = match (b.owner, self.live_owner(b, now)) {
+        let state = match (b.owner, self.live_owner(nodes, b, now)) {
             (None, _) => BucketState::Unowned,
             (Some(_), Some(_)) => BucketState::Live,
             (Some(_), None) => BucketState::Expired,
@@ -162,11 +166,54 @@ impl ModelGroup {
             state,
         }
     }
+
+    /// H4: the group's view for `node` (the model always gives the view: H8 allows it).
+    fn beat(&self, nodes: &Nodes, group: &GroupName, node: WorkerId, now: Timestamp) -> GroupBeat {
+        let members: Vec<MemberLoad> = self
+            .members
+            .keys()
+            .filter(|&&w| live_node(nodes, w, now).is_some())
+            .map(|&w| MemberLoad {
+                worker: w,
+                owned: self.owned_by(nodes, w, now).len() as u32,
+            })
+            .collect();
+        let claimable = self
+            .buckets
+            .iter()
+            .filter(|b| self.live_owner(nodes, b, now).is_none())
+            .count() as u32;
+        let mut owned: Vec<Lease> = self
+            .owned_by(nodes, node, now)
+            .into_iter()
+            .filter_map(|b| self.lease(nodes, b, node))
+            .chain(
+                self.old_owned_by(nodes, node, now)
+                    .into_iter()
+                    .filter_map(|b| self.old_lease(nodes, b, node)),
+            )
+            .collect();
+        owned.sort_by_key(|l| l.bucket);
+        GroupBeat {
+            group: group.clone(),
+            view: GroupView {
+                shard_count: self.shards,
+                members,
+                claimable,
+                generation: self.generation,
+                previous: self.previous,
+                draining: self.draining(nodes, now),
+            },
+            owned,
+            stamp: ViewStamp::default(),
+        }
+    }
 }
 
 /// The reference model of a [`LeaseStore`](lease_core::LeaseStore). Cloning it forks the state.
 #[derive(Clone, Debug, Default)]
 pub struct Model {
+    nodes: Nodes,
     groups: BTreeMap<GroupName, ModelGroup>,
     sessions_minted: u128,
 }
@@ -191,6 +238,15 @@ impl Model {
             .ok_or_else(|| StoreError::GroupNotFound {
                 group: group.clone(),
             })
+    }
+
+    /// The groups `node` is a member of, by name.
+    fn groups_of(&self, node: WorkerId) -> Vec<GroupName> {
+        self.groups
+            .iter()
+            .filter(|(_, g)| g.members.contains_key(&node))
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     /// See [`LeaseStore::ensure_group`](lease_core::LeaseStore::ensure_group).
@@ -231,95 +287,102 @@ impl Model {
         }
     }
 
-    /// See [`LeaseStore::heartbeat`](lease_core::LeaseStore::heartbeat).
+    /// See [`LeaseStore::heartbeat`](lease_core::LeaseStore::heartbeat). The model gives every
+    /// group's view (H8 lets a store always do so).
     pub fn heartbeat(
         &mut self,
-        group: &GroupName,
-        worker: WorkerId,
+        node: WorkerId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
         now: Timestamp,
     ) -> Result<Heartbeat, StoreError> {
         let now = store_precision(now);
-        let next_session = SessionId::from_uuid(Uuid::from_u128(self.sessions_minted + 1));
-        let g = self.group_mut(group)?;
-        if let Some(m) = g
-            .live_session(worker, now)
-            .filter(|m| m.incarnation != incarnation)
+        if let Some(n) = live_node(&self.nodes, node, now).filter(|n| n.incarnation != incarnation)
         {
             return Err(StoreError::WorkerIdInUse {
-                group: group.clone(),
-                worker,
-                expires_at: m.expires_at,
+                worker: node,
+                expires_at: n.expires_at,
             });
         }
         let expires_at = now + ttl.as_chrono();
-        let live = g.live_session(worker, now).is_some();
-        let new_session = !live;
-        g.members.retain(|&w, m| w == worker || now < m.expires_at);
-        if let Some(m) = g.members.get_mut(&worker).filter(|_| live) {
-            m.expires_at = expires_at;
-            m.heartbeat_at = now;
-            m.metadata = metadata.clone();
-        } else {
-            g.members.insert(
-                worker,
-                ModelMember {
-                    session: next_session,
+        let new_session = live_node(&self.nodes, node, now).is_none();
+        if new_session {
+            // H2: a new session is a member of no group.
+            for g in self.groups.values_mut() {
+                g.members.remove(&node);
+            }
+            self.sessions_minted += 1;
+            self.nodes.insert(
+                node,
+                ModelNode {
+                    session: SessionId::from_uuid(Uuid::from_u128(self.sessions_minted)),
                     incarnation,
-                    joined_at: now,
+                    started_at: now,
                     heartbeat_at: now,
                     expires_at,
                     metadata: metadata.clone(),
                 },
             );
+        } else if let Some(n) = self.nodes.get_mut(&node) {
+            n.expires_at = expires_at;
+            n.heartbeat_at = now;
+            n.metadata = metadata.clone();
         }
-        let session = g.members[&worker].session;
-        let members: Vec<MemberLoad> = g
-            .members
-            .iter()
-            .filter(|(_, m)| now < m.expires_at)
-            .map(|(&w, _)| MemberLoad {
-                worker: w,
-                owned: g.owned_by(w, now).len() as u32,
-            })
-            .collect();
-        let claimable = g
-            .buckets
-            .iter()
-            .filter(|b| g.live_owner(b, now).is_none())
-            .count() as u32;
-        let mut owned: Vec<Lease> = g
-            .owned_by(worker, now)
-            .into_iter()
-            .filter_map(|b| g.lease(b, worker))
-            .chain(
-                g.old_owned_by(worker, now)
-                    .into_iter()
-                    .filter_map(|b| g.old_lease(b, worker)),
-            )
-            .collect();
-        owned.sort_by_key(|l| l.bucket);
-        let view = GroupView {
-            shard_count: g.shards,
-            members,
-            claimable,
-            generation: g.generation,
-            previous: g.previous,
-            draining: g.draining(now),
-        };
-        if new_session {
-            self.sessions_minted += 1;
+        let session = self.nodes[&node].session;
+        let mine = self.groups_of(node);
+        // H3: in the node's groups, dead members go, and their nodes if in no group any more.
+        let mut dead = Vec::new();
+        for name in &mine {
+            let nodes = &self.nodes;
+            if let Some(g) = self.groups.get_mut(name) {
+                g.members.retain(|&w, _| {
+                    let live = live_node(nodes, w, now).is_some();
+                    if !live {
+                        dead.push(w);
+                    }
+                    live
+                });
+            }
         }
+        for w in dead {
+            if self.groups_of(w).is_empty() {
+                self.nodes.remove(&w);
+            }
+        }
+        let groups = mine
+            .iter()
+            .filter_map(|name| Some(self.groups.get(name)?.beat(&self.nodes, name, node, now)))
+            .collect();
         Ok(Heartbeat {
             session,
             new_session,
             observed_at: now,
             expires_at,
-            view,
-            owned,
+            groups,
+            unchanged: Vec::new(),
         })
+    }
+
+    /// See [`LeaseStore::join`](lease_core::LeaseStore::join).
+    pub fn join(
+        &mut self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let now = store_precision(now);
+        let live = live_node(&self.nodes, node, now).is_some_and(|n| n.session == session);
+        let g = self.group_mut(group)?;
+        if !live {
+            return Err(StoreError::SessionExpired {
+                group: group.clone(),
+                worker: node,
+            });
+        }
+        g.members.entry(node).or_insert(now);
+        Ok(())
     }
 
     /// See [`LeaseStore::claim`](lease_core::LeaseStore::claim).
@@ -333,10 +396,16 @@ impl Model {
         now: Timestamp,
     ) -> Result<Vec<Lease>, StoreError> {
         let now = store_precision(now);
-        let g = self.group_mut(group)?;
-        let (session, renewed_at) = g
-            .live_as(worker, session, now)
-            .map(|m| (m.session, m.heartbeat_at))
+        let nodes = &self.nodes;
+        let g = self
+            .groups
+            .get_mut(group)
+            .ok_or_else(|| StoreError::GroupNotFound {
+                group: group.clone(),
+            })?;
+        let renewed_at = g
+            .live_as(nodes, worker, session, now)
+            .map(|n| n.heartbeat_at)
             .ok_or_else(|| StoreError::SessionExpired {
                 group: group.clone(),
                 worker,
@@ -354,13 +423,13 @@ impl Model {
             .map(|b| b.0 as usize)
             .filter(|&i| {
                 if take_dead {
-                    g.live_owner(&g.buckets[i], now).is_none()
+                    g.live_owner(nodes, &g.buckets[i], now).is_none()
                 } else {
                     g.buckets[i].owner.is_none()
                 }
             })
             // C8: the resize barrier.
-            .filter(|&i| g.parents_retired(i, now, effective))
+            .filter(|&i| g.parents_retired(nodes, i, now, effective))
             .take(want as usize)
             .collect();
         claimable.sort_unstable();
@@ -371,7 +440,10 @@ impl Model {
             b.token += 1;
             won.push(Bucket(i as u32));
         }
-        Ok(won.into_iter().filter_map(|b| g.lease(b, worker)).collect())
+        Ok(won
+            .into_iter()
+            .filter_map(|b| g.lease(nodes, b, worker))
+            .collect())
     }
 
     /// See [`LeaseStore::release`](lease_core::LeaseStore::release).
@@ -384,8 +456,18 @@ impl Model {
         now: Timestamp,
     ) -> Result<Vec<Bucket>, StoreError> {
         let now = store_precision(now);
-        let g = self.group_mut(group)?;
-        let old_range = if g.draining(now) > 0 { g.old.len() } else { 0 };
+        let nodes = &self.nodes;
+        let g = self
+            .groups
+            .get_mut(group)
+            .ok_or_else(|| StoreError::GroupNotFound {
+                group: group.clone(),
+            })?;
+        let old_range = if g.draining(nodes, now) > 0 {
+            g.old.len()
+        } else {
+            0
+        };
         if let Some(&bucket) = buckets
             .iter()
             .find(|&&b| !g.shards.contains(b) && b.0 as usize >= old_range)
@@ -397,15 +479,15 @@ impl Model {
             });
         }
         let mut released: Vec<Bucket> = Vec::new();
-        if g.live_as(worker, session, now).is_none() {
+        if g.live_as(nodes, worker, session, now).is_none() {
             return Ok(released);
         }
         for &bucket in buckets {
             let i = bucket.0 as usize;
-            if g.buckets.get(i).and_then(|b| g.live_owner(b, now)) == Some(worker) {
+            if g.buckets.get(i).and_then(|b| g.live_owner(nodes, b, now)) == Some(worker) {
                 g.buckets[i].owner = None;
                 released.push(bucket);
-            } else if g.old.get(i).and_then(|b| g.live_owner(b, now)) == Some(worker) {
+            } else if g.old.get(i).and_then(|b| g.live_owner(nodes, b, now)) == Some(worker) {
                 g.old[i].owner = None;
                 released.push(bucket);
             }
@@ -423,20 +505,30 @@ impl Model {
         now: Timestamp,
     ) -> Result<Vec<Bucket>, StoreError> {
         let now = store_precision(now);
-        let g = self.group_mut(group)?;
-        let holds = |m: &ModelMember| session.is_none_or(|s| s == m.session);
-        if !g.members.get(&worker).is_some_and(holds) {
+        let nodes = &self.nodes;
+        let g = self
+            .groups
+            .get_mut(group)
+            .ok_or_else(|| StoreError::GroupNotFound {
+                group: group.clone(),
+            })?;
+        let holds = session.is_none_or(|s| nodes.get(&worker).is_some_and(|n| n.session == s));
+        if !holds || !g.members.contains_key(&worker) {
             return Ok(Vec::new());
         }
-        let released = g.owned_by(worker, now);
+        let released = g.owned_by(nodes, worker, now);
         for b in &released {
             g.buckets[b.0 as usize].owner = None;
         }
-        let old = g.old_owned_by(worker, now);
+        let old = g.old_owned_by(nodes, worker, now);
         for b in &old {
             g.old[b.0 as usize].owner = None;
         }
         g.members.remove(&worker);
+        // L3: a node in no group any more has no session to keep.
+        if self.groups_of(worker).is_empty() {
+            self.nodes.remove(&worker);
+        }
         let mut released = [released, old].concat();
         released.sort_unstable();
         Ok(released)
@@ -446,34 +538,36 @@ impl Model {
     pub fn snapshot(&self, group: &GroupName, now: Timestamp) -> Result<GroupSnapshot, StoreError> {
         let now = store_precision(now);
         let g = self.group(group)?;
+        let nodes = &self.nodes;
         let members = g
             .members
             .iter()
-            .map(|(&w, m)| {
-                let live = now < m.expires_at;
-                MemberInfo {
+            .filter_map(|(&w, &joined_at)| {
+                let n = nodes.get(&w)?;
+                let live = now < n.expires_at;
+                Some(MemberInfo {
                     worker: w,
-                    session: m.session,
-                    joined_at: m.joined_at,
-                    heartbeat_at: m.heartbeat_at,
-                    expires_at: m.expires_at,
+                    session: n.session,
+                    joined_at,
+                    heartbeat_at: n.heartbeat_at,
+                    expires_at: n.expires_at,
                     live,
-                    owned: g.owned_by(w, now).len() as u32,
-                    metadata: m.metadata.clone(),
-                }
+                    owned: g.owned_by(nodes, w, now).len() as u32,
+                    metadata: n.metadata.clone(),
+                })
             })
             .collect();
         let buckets = g
             .buckets
             .iter()
             .enumerate()
-            .map(|(i, b)| g.bucket_info(i, b, now))
+            .map(|(i, b)| g.bucket_info(nodes, i, b, now))
             .collect();
-        let draining = if g.draining(now) > 0 {
+        let draining = if g.draining(nodes, now) > 0 {
             g.old
                 .iter()
                 .enumerate()
-                .map(|(i, b)| g.bucket_info(i, b, now))
+                .map(|(i, b)| g.bucket_info(nodes, i, b, now))
                 .collect()
         } else {
             Vec::new()
@@ -490,6 +584,28 @@ impl Model {
         })
     }
 
+    /// See [`LeaseStore::nodes`](lease_core::LeaseStore::nodes).
+    pub fn nodes(&self, now: Timestamp) -> NodesSnapshot {
+        let now = store_precision(now);
+        NodesSnapshot {
+            observed_at: now,
+            nodes: self
+                .nodes
+                .iter()
+                .map(|(&node, n)| NodeInfo {
+                    node,
+                    session: n.session,
+                    started_at: n.started_at,
+                    heartbeat_at: n.heartbeat_at,
+                    expires_at: n.expires_at,
+                    live: now < n.expires_at,
+                    metadata: n.metadata.clone(),
+                    groups: self.groups_of(node),
+                })
+                .collect(),
+        }
+    }
+
     /// See [`LeaseStore::is_current`](lease_core::LeaseStore::is_current).
     pub fn is_current(
         &self,
@@ -503,7 +619,9 @@ impl Model {
         let Some(g) = self.groups.get(group) else {
             return false;
         };
-        let current = |b: &ModelBucket| b.token == token.0 && g.live_owner(b, now) == Some(worker);
+        let current = |b: &ModelBucket| {
+            b.token == token.0 && g.live_owner(&self.nodes, b, now) == Some(worker)
+        };
         // F1: either generation; an old bucket owned live is not retired.
         g.buckets.get(bucket.0 as usize).is_some_and(current)
             || g.old.get(bucket.0 as usize).is_some_and(current)
@@ -518,7 +636,13 @@ impl Model {
         now: Timestamp,
     ) -> Result<ResizeOutcome, StoreError> {
         let now = store_precision(now);
-        let g = self.group_mut(group)?;
+        let nodes = &self.nodes;
+        let g = self
+            .groups
+            .get_mut(group)
+            .ok_or_else(|| StoreError::GroupNotFound {
+                group: group.clone(),
+            })?;
         if g.shards != from {
             return Err(StoreError::ResizeFromMismatch {
                 group: group.clone(),
@@ -531,7 +655,7 @@ impl Model {
                 generation: g.generation,
             });
         }
-        let draining = g.draining(now);
+        let draining = g.draining(nodes, now);
         if let (Some(previous), true) = (g.previous, draining > 0) {
             return Err(StoreError::ResizeInProgress {
                 group: group.clone(),
