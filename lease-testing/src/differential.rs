@@ -744,14 +744,14 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
         1 => (buckets, w.clone(), process())
             .prop_map(|((group, buckets), worker, process)| Op::Release { group, worker, process, buckets }),
         3 => owned_release,
-        1 => (g.clone(), w.clone(), prop_oneof![3 => process().prop_map(Some), 1 => Just(None)])
+        2 => (g.clone(), w.clone(), prop_oneof![3 => process().prop_map(Some), 1 => Just(None)])
             .prop_map(|(group, worker, process)| Op::Leave { group, worker, process }),
         1 => g.clone().prop_map(|group| Op::Snapshot { group }),
         3 => is_current,
         3 => prop::sample::select(vec![1u64, 500, 1_000, 2_999, 3_000, 7_000])
             .prop_map(|ms| Op::Advance { ms }),
         // Mostly from the group's count (a resize that can start), now and then from another.
-        2 => (g.clone(), prop::bool::weighted(0.85), prop::sample::select(RESIZE_COUNTS.to_vec()), prop::sample::select(RESIZE_COUNTS.to_vec()))
+        3 => (g.clone(), prop::bool::weighted(0.85), prop::sample::select(RESIZE_COUNTS.to_vec()), prop::sample::select(RESIZE_COUNTS.to_vec()))
             .prop_map(move |(group, current, other, to)| Op::Resize {
                 group,
                 from: if current { counts[group] } else { other },
@@ -782,11 +782,15 @@ pub struct Reach {
     pub resize: u32,
     /// A claim won a bucket of a generation whose predecessor was still draining.
     pub drain_claim: u32,
+    /// A heartbeat renewed a node that is a member of both groups.
+    pub two_groups: u32,
+    /// A node left one group while staying a member of the other.
+    pub leave_one: u32,
 }
 
 impl Reach {
     /// The names and counts, in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u32); 9] {
+    pub fn fields(&self) -> [(&'static str, u32); 11] {
         [
             (
                 "claim takes over another worker's dead lease",
@@ -800,6 +804,8 @@ impl Reach {
             ("eviction removes a member", self.evicted),
             ("resize with live owners to drain", self.resize),
             ("claim while a drain runs", self.drain_claim),
+            ("heartbeat of a node in both groups", self.two_groups),
+            ("leave one group, keep the other", self.leave_one),
         ]
     }
 
@@ -830,6 +836,24 @@ impl Reach {
                 self.resize += 1;
             }
             (Op::IsCurrent { .. }, Outcome::Bool(true)) => self.is_current += 1,
+            (Op::Heartbeat { .. }, Outcome::Heartbeat(hb)) if hb.groups.len() == GROUPS.len() => {
+                self.two_groups += 1;
+            }
+            (Op::Tick { .. }, Outcome::Tick(beat, _, _)) if matches!(&**beat, Outcome::Heartbeat(hb) if hb.groups.len() == GROUPS.len()) =>
+            {
+                self.two_groups += 1;
+            }
+            (Op::Leave { group: g, .. }, Outcome::Buckets(_))
+                if (0..GROUPS.len()).filter(|&i| i != *g).any(|other| {
+                    before
+                        .snapshot(&group(other), now)
+                        .is_ok_and(|s| s.members.iter().any(|m| m.worker == worker(op_worker(op))))
+                }) && before
+                    .snapshot(&group(*g), now)
+                    .is_ok_and(|s| s.members.iter().any(|m| m.worker == worker(op_worker(op)))) =>
+            {
+                self.leave_one += 1;
+            }
             (Op::Leave { process: None, .. }, Outcome::Buckets(_)) => {
                 let member = |m: &Model| {
                     m.snapshot(&group(op_group(op)), now)
