@@ -6,7 +6,11 @@
 //! `LEASE_TESTDB_DURABLE=1` for a durable one, or the server `DATABASE_URL` names) and one
 //! migrated database; a fresh group per run. Each run starts 8 `LeaseWorker`s in this process,
 //! each on a store of its own (as 8 processes would be), on a group of 64 buckets (ttl 3 s,
-//! renew 1 s, wake-ups on with the default 10 ms debounce), waits until they own 8 each, then
+//! renew 1 s, wake-ups on with the default 10 ms debounce), waits until they own 8 each and
+//! then for a ttl and a renew interval more ([`STEADY`]: a pool in steady state, every worker
+//! past the ttl after its start during which it defers taking dead sessions' buckets), plus
+//! `(i - 1) / runs` of a renew interval in run `i` (the workers renew in phase, so this moves
+//! the resize, and the abort below, to another point of their renew cycle in each run), then
 //! resizes the group through a separate store (`LeaseStore::resize`, as the schema's owner):
 //!
 //! - **64 -> 128** and **64 -> 96**, all 8 workers alive;
@@ -15,11 +19,13 @@
 //!   session expires, and the new buckets sharing their keys wait until then.
 //!
 //! Measured from just before the `resize` call, on this host's clock (the server runs on it
-//! too): the call's own latency; **every new bucket owned**, the first instant at which the
-//! applications' ownership log has all the new generation's buckets held at once; **settled**,
-//! the first poll (every 5 ms, one snapshot each) at which the drain is over in the store (no
-//! old bucket left, the count is the new one), every new bucket is live, the running workers'
-//! owned sets are exactly the store's owners and tokens, and their loads differ by at most one.
+//! too): the call's own latency; the first and the last old bucket let go (its `resharded`
+//! revocation returned; the release follows); **every new bucket owned**, the first instant
+//! at which the applications' ownership log has all the new generation's buckets held at once;
+//! **settled**, the first poll (every 5 ms, one snapshot each) at which the drain is over in
+//! the store (no old bucket left, the count is the new one), every new bucket is live, the
+//! running workers' owned sets are exactly the store's owners and tokens, and their loads
+//! differ by at most one.
 //! Moves, from the ownership log between the resize and the settling: old buckets revoked with
 //! reason `resharded`, assignments of new-generation buckets (the minimum is one per new
 //! bucket), and revocations with reason `shed` (rebalancing beyond the minimum). The whole log
@@ -28,8 +34,9 @@
 //! prints how many pairs of old and new holdings sharing keys it judged. With one owner dead,
 //! the dead session's expiry (the last `expires_at` of its member row seen in snapshots from
 //! before the abort on, server clock) is printed too, with the times from it to every new
-//! bucket owned and to settled. Errors the workers report (timeouts included) are counted.
-//! `LEASE_BENCH_RUNS` runs of each scenario (default 3).
+//! bucket owned and to settled, and the time until every new bucket sharing no key with the
+//! dead worker's old ones was owned (those are not held back). Errors the workers report
+//! (timeouts included) are counted. `LEASE_BENCH_RUNS` runs of each scenario (default 3).
 //!
 //! Run: `cargo bench --bench pg_resize`.
 
@@ -51,6 +58,10 @@ const BUCKETS: u32 = 64;
 const WORKERS: usize = 8;
 const TTL: Duration = Duration::from_secs(3);
 const RENEW: Duration = Duration::from_secs(1);
+/// How long the balanced pool runs before the resize: every worker has then watched the
+/// store's clock for a ttl, so it may take dead sessions' buckets (`LeaseWorker` defers that
+/// for a ttl after it starts), as in a pool that has been running for a while.
+const STEADY: Duration = Duration::from_secs(TTL.as_secs() + RENEW.as_secs());
 /// How often the settling is polled.
 const POLL: Duration = Duration::from_millis(5);
 /// Give up on a run after this long (the bench then fails).
@@ -221,12 +232,16 @@ impl Fleet {
 }
 
 /// The first instant at which every one of the `shards` buckets of the generation of that
-/// count is held at once, by the holdings in `log`.
-fn all_held_at(log: &OwnershipLog<Timestamp>, shards: u32) -> Option<Timestamp> {
+/// count, but those in `except`, is held at once, by the holdings in `log`.
+fn all_held_at(
+    log: &OwnershipLog<Timestamp>,
+    shards: u32,
+    except: &BTreeSet<Bucket>,
+) -> Option<Timestamp> {
     let holdings = log.holdings().expect("a well-formed log");
     let mut changes: BTreeMap<Timestamp, i64> = BTreeMap::new();
     for h in holdings.values().flatten() {
-        if h.shards.get() != shards {
+        if h.shards.get() != shards || except.contains(&h.bucket) {
             continue;
         }
         *changes.entry(h.from).or_default() += 1;
@@ -234,10 +249,11 @@ fn all_held_at(log: &OwnershipLog<Timestamp>, shards: u32) -> Option<Timestamp> 
             *changes.entry(until).or_default() -= 1;
         }
     }
+    let want = i64::from(shards) - i64::try_from(except.len()).expect("a small set");
     let mut held = 0;
     for (at, change) in changes {
         held += change;
-        if held == i64::from(shards) {
+        if held == want {
             return Some(at);
         }
     }
@@ -267,12 +283,15 @@ struct Run {
     errors: usize,
     /// With a dead owner: the new buckets sharing keys with its old ones.
     held_back: usize,
+    /// With a dead owner: from just before the call until every other new bucket was owned, ms.
+    others_owned: f64,
     /// With a dead owner: its session's expiry after the call began, then the times from that
     /// expiry to every new bucket owned and to settled (server clock), ms.
     dead: Option<(f64, f64, f64)>,
 }
 
-async fn run(url: &str, scenario: Scenario, i: usize) -> Run {
+/// Run `i` of `runs` of `scenario`.
+async fn run(url: &str, scenario: Scenario, i: usize, runs: usize) -> Run {
     let group = GroupName::new(format!("resize-{}-{}-{i}", scenario.to, scenario.dead))
         .expect("a group name");
     let observer = PgLeaseStore::builder(url.to_owned())
@@ -292,11 +311,15 @@ async fn run(url: &str, scenario: Scenario, i: usize) -> Run {
         fleet.start().await;
     }
     fleet.until_settled(BUCKETS, None, None).await;
+    // Run i: (i - 1) / runs of a renew interval later in the renew cycle.
+    let phase = RENEW.mul_f64((i - 1) as f64 / runs as f64);
+    tokio::time::sleep(STEADY + phase).await;
+    fleet.until_settled(BUCKETS, None, None).await;
     let (from, to) = (count(BUCKETS), count(scenario.to));
 
     let mut dead = None;
     let mut dead_expiry = None;
-    let mut held_back = 0;
+    let mut held_back = BTreeSet::new();
     if scenario.dead {
         let victim = fleet.workers.remove(0);
         let id = victim.worker_id();
@@ -310,13 +333,12 @@ async fn run(url: &str, scenario: Scenario, i: usize) -> Run {
             .iter()
             .find(|m| m.worker == id)
             .map(|m| m.expires_at);
-        let children: BTreeSet<Bucket> = snap
+        held_back = snap
             .buckets
             .iter()
             .filter(|b| b.owner == Some(id) && b.state == BucketState::Live)
             .flat_map(|b| lease::resize::children(from, to, b.bucket))
             .collect();
-        held_back = children.len();
         victim.abort();
         fleet
             .log
@@ -351,7 +373,9 @@ async fn run(url: &str, scenario: Scenario, i: usize) -> Run {
         .unwrap_or_else(|e| panic!("ownership log of {}: {e}", scenario.name));
     assert!(summary.key_pairs > 0, "no key pair judged: {summary:?}");
 
-    let all_held = all_held_at(&at_settling, scenario.to)
+    let all_held = all_held_at(&at_settling, scenario.to, &BTreeSet::new())
+        .expect("every new bucket held by the time the workers settled");
+    let others_held = all_held_at(&at_settling, scenario.to, &held_back)
         .expect("every new bucket held by the time the workers settled");
     let (mut resharded, mut assigned, mut shed) = (0, 0, 0);
     let (mut first_let_go, mut last_let_go) = (None, None);
@@ -397,7 +421,8 @@ async fn run(url: &str, scenario: Scenario, i: usize) -> Run {
         shed,
         key_pairs: summary.key_pairs,
         errors: fleet.errors.load(Ordering::Relaxed),
-        held_back,
+        held_back: held_back.len(),
+        others_owned: ms_between(start_wall, others_held),
         dead,
     }
 }
@@ -446,7 +471,7 @@ fn main() {
     for scenario in SCENARIOS {
         let mut done = Vec::new();
         for i in 1..=runs {
-            let r = rt.block_on(run(&url, scenario, i));
+            let r = rt.block_on(run(&url, scenario, i, runs));
             let dead = r.dead.map_or_else(
                 || "- | - | -".to_owned(),
                 |(expired, owned, settled)| format!("{expired:.1} | {owned:.1} | {settled:.1}"),
@@ -498,19 +523,21 @@ fn main() {
 
     println!();
     println!(
-        "| one owner dead | runs | new buckets held back | its session expired, ms after the \
-         call began: median / min / max | expiry -> every new bucket owned, ms: median / min / \
-         max | expiry -> settled, ms: median / min / max |"
+        "| one owner dead | runs | new buckets held back | the others owned, ms after the call \
+         began: median / min / max | its session expired, ms after the call began: median / min \
+         / max | expiry -> every new bucket owned, ms: median / min / max | expiry -> settled, \
+         ms: median / min / max |"
     );
-    println!("|---|---:|---:|---|---|---|");
+    println!("|---|---:|---:|---|---|---|---|");
     for (scenario, done) in all.iter().filter(|(s, _)| s.dead) {
         let dead: Vec<(f64, f64, f64)> = done.iter().filter_map(|r| r.dead).collect();
         let (e, e_min, e_max) = stats(dead.iter().map(|d| d.0).collect());
         let (o, o_min, o_max) = stats(dead.iter().map(|d| d.1).collect());
         let (s, s_min, s_max) = stats(dead.iter().map(|d| d.2).collect());
+        let (h, h_min, h_max) = stats(done.iter().map(|r| r.others_owned).collect());
         println!(
-            "| {} | {} | {} | {e:.1} / {e_min:.1} / {e_max:.1} | {o:.1} / {o_min:.1} / \
-             {o_max:.1} | {s:.1} / {s_min:.1} / {s_max:.1} |",
+            "| {} | {} | {} | {h:.1} / {h_min:.1} / {h_max:.1} | {e:.1} / {e_min:.1} / \
+             {e_max:.1} | {o:.1} / {o_min:.1} / {o_max:.1} | {s:.1} / {s_min:.1} / {s_max:.1} |",
             scenario.name,
             done.len(),
             range(done.iter().map(|r| r.held_back)),
