@@ -51,8 +51,8 @@ pub mod machine;
 mod metrics;
 mod registry;
 
-pub use config::{ConfigError, LeaseWorker, LeaseWorkerBuilder};
-pub use driver::{StartError, WorkerHandle};
+pub use config::{ConfigError, LeaseNode, LeaseNodeBuilder, LeaseWorker, LeaseWorkerBuilder};
+pub use driver::{GroupError, GroupHandle, NodeHandle, StartError, WorkerHandle};
 pub use events::{EventSender, OwnershipHandler, WorkerError, WorkerFailed, event_channel};
 pub use leases::{BucketLease, Leases};
 pub use machine::Owned;
