@@ -429,6 +429,8 @@ struct Group {
     deferred_short: Option<u32>,
     /// Set once the group is being removed, with how it will end.
     removing: Option<Result<(), WorkerFailed>>,
+    /// Why the application is told to stop, once the group is being removed.
+    removal_reason: RevokeReason,
 }
 
 impl Group {
@@ -453,6 +455,7 @@ impl Group {
             batch_of_more: None,
             deferred_short: None,
             removing: None,
+            removal_reason: RevokeReason::Shutdown,
         }
     }
 
@@ -521,6 +524,7 @@ impl Group {
     /// leave, finish with `ended`.
     fn begin_removal(&mut self, ended: Result<(), WorkerFailed>, reason: RevokeReason) {
         self.removing = Some(ended);
+        self.removal_reason = reason;
         // Revocations already queued (a fence) go first; nothing else of the tick.
         self.steps.retain(Step::is_revoke);
         self.release_retry = None;
@@ -638,18 +642,31 @@ impl Machine {
         &self.rules
     }
 
-    /// Add `group`, split into `shards` buckets, at `now`: it is joined and shared from the
-    /// next tick on, which is due at once. False (nothing changes) if the node has the group
+    /// Add `group`, split into `shards` buckets, at `now`: it is joined at once (or at the
+    /// next tick, due at once, when the node has no session yet) and shared from the
+    /// heartbeat after. False (nothing changes) if the node has the group
     /// already (being removed included) or is stopping.
     pub fn add_group(&mut self, now: Instant, group: GroupName, shards: ShardCount) -> bool {
         if self.finished || self.stopping.is_some() || self.index(&group).is_some() {
             return false;
         }
-        self.groups.push(Group::new(group, shards));
-        if self.is_idle() {
-            self.next_tick = Some(self.next_tick.map_or(now, |t| t.min(now)));
+        let mut added = Group::new(group, shards);
+        if self.session.is_some() {
+            // The node has a session: join at once; the next heartbeat, at once after,
+            // gives the view.
+            added.steps.push_back(Step::Join);
+            added.steps.push_back(Step::EndTick);
+            self.open = true;
+            self.groups.push(added);
         } else {
-            self.again = true;
+            // The next tick starts a session and joins.
+            let idle = self.is_idle();
+            self.groups.push(added);
+            if idle {
+                self.next_tick = Some(self.next_tick.map_or(now, |t| t.min(now)));
+            } else {
+                self.again = true;
+            }
         }
         true
     }
@@ -1219,7 +1236,15 @@ impl Machine {
         let g = &mut self.groups[i];
         if let Some(Delivery::Assign { bucket, token }) = g.pending.take() {
             g.owned.insert(bucket, token);
-            if !trusted {
+            if g.removing.is_some() {
+                // Told while the group's removal began: it is revoked with the rest, before the
+                // group is left.
+                g.steps.push_front(Step::Deliver(Delivery::Revoke {
+                    bucket,
+                    token,
+                    reason: g.removal_reason,
+                }));
+            } else if !trusted {
                 // The application took its time past the trust deadline: nothing held can be
                 // trusted now, this bucket included.
                 if self.fenced {
@@ -1479,6 +1504,12 @@ impl Machine {
         // on their way out, neither kept nor assigned again in this tick.
         g.steps.retain(Step::is_revoke);
         let out = g.queued_out();
+        // What the application was told it owns: an assignment still being delivered counts
+        // (the heartbeat went out while a handler worked), so it is never released unrevoked.
+        let mut told = g.owned.clone();
+        if let Some(Delivery::Assign { bucket, token }) = g.pending {
+            told.insert(bucket, token);
+        }
         let mut steps: Vec<Step> = Vec::new();
         for (&bucket, &token) in &g.owned {
             if held.get(&bucket) != Some(&token) && !out.contains(&bucket) {
@@ -1499,7 +1530,7 @@ impl Machine {
         // holds them, released at once if it does not.
         let mut resharded: Vec<Step> = Vec::new();
         for (&bucket, &token) in &held {
-            let holds_it = !out.contains(&bucket) && g.owned.get(&bucket) == Some(&token);
+            let holds_it = !out.contains(&bucket) && told.get(&bucket) == Some(&token);
             let busy = g.unreleased.contains(&bucket)
                 || g.revoking.contains_key(&bucket)
                 || g.stuck.contains_key(&bucket)
@@ -1537,7 +1568,7 @@ impl Machine {
             if assigning.remove(bucket).is_some() {
                 // Never handed to the application: it can go at once.
                 g.unreleased.insert(*bucket);
-            } else if let Some(&token) = g.owned.get(bucket) {
+            } else if let Some(&token) = told.get(bucket) {
                 shed_now.push(Step::Deliver(Delivery::Revoke {
                     bucket: *bucket,
                     token,
