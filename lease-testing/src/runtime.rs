@@ -1582,6 +1582,9 @@ pub async fn an_owner_dead_during_a_resize_holds_back_only_its_keys<
     pool.shutdown().await;
 }
 
+/// An ownership log the applications of a group record into.
+type Log = Arc<Mutex<OwnershipLog<Timestamp>>>;
+
 /// A running node of a [`Nodes`] pool: its handle, its fault switches, its groups.
 struct NodeRun {
     handle: NodeHandle,
@@ -1596,7 +1599,7 @@ struct Nodes<S> {
     store: S,
     clock: Arc<dyn Clock>,
     /// Each group's shard count and ownership log.
-    groups: BTreeMap<GroupName, (u32, Arc<Mutex<OwnershipLog<Timestamp>>>)>,
+    groups: BTreeMap<GroupName, (u32, Log)>,
     events: Arc<AtomicUsize>,
     nodes: BTreeMap<WorkerId, NodeRun>,
 }

@@ -1882,10 +1882,11 @@ impl Machine {
             // trust is counted from.
             self.last_sent.unwrap_or(now) + self.rules.renew_interval
         };
-        let short = self
-            .groups
-            .iter_mut()
-            .fold(false, |any, g| g.deferred_short.take().is_some() || any);
+        // Every group's mark is cleared (not only up to the first): the tick is over.
+        let mut short = false;
+        for g in &mut self.groups {
+            short |= g.deferred_short.take().is_some();
+        }
         if short && let Some(opens) = self.takeover_opens().filter(|&t| t > now) {
             // Dead sessions' buckets were left for later: claim them as soon as that is safe.
             next = next.min(opens);
