@@ -600,8 +600,6 @@ pub struct Machine {
     /// relative to a reading of the node's: forward steps show as a rise above the least.
     ahead: VecDeque<(Instant, TimeDelta)>,
     reports: VecDeque<Report>,
-    /// Groups finished, to hand out.
-    ended: VecDeque<(GroupName, Result<(), WorkerFailed>)>,
     /// Why the node is stopping (`Ok`: it was asked to), once it is.
     stopping: Option<Result<(), WorkerFailed>>,
     finished: bool,
@@ -630,7 +628,6 @@ impl Machine {
             last_beat: None,
             ahead: VecDeque::new(),
             reports: VecDeque::new(),
-            ended: VecDeque::new(),
             stopping: None,
             finished: false,
             cursor: 0,
@@ -995,9 +992,6 @@ impl Machine {
     pub fn poll(&mut self, now: Instant) -> Option<Output> {
         if let Some(report) = self.reports.pop_front() {
             return Some(Output::Report(report));
-        }
-        if let Some((group, ended)) = self.ended.pop_front() {
-            return Some(Output::GroupFinished(group, ended));
         }
         if self.finished {
             return None;
