@@ -206,3 +206,75 @@ async fn a_node_that_cannot_leave_names_the_groups() {
     assert_eq!(listed.nodes.len(), 1, "the node's row went without a leave");
     assert_eq!(listed.nodes[0].groups.len(), 2);
 }
+
+/// A handler that takes its time over every assignment.
+struct Slow(Duration);
+
+#[async_trait::async_trait]
+impl lease_worker::OwnershipHandler for Slow {
+    async fn on_assigned(&self, _: lease_core::Assignment) {
+        tokio::time::sleep(self.0).await;
+    }
+
+    async fn on_revoked(
+        &self,
+        _: lease_core::Bucket,
+        _: lease_core::FencingToken,
+        _: RevokeReason,
+    ) {
+    }
+}
+
+/// A group whose application is busy for long (a minute per assignment here) holds up
+/// neither the node's other groups nor their wake-ups: a node renewing every 5 s hands half of
+/// `quick` to a joiner within 250 ms, while its `slow` application is still on its first
+/// assignment.
+#[tokio::test(start_paused = true)]
+async fn a_busy_group_does_not_hold_up_another_groups_wake_ups() {
+    const SLOW_RENEW: Duration = Duration::from_secs(5);
+    const SLOW_TTL: Duration = Duration::from_secs(16);
+    let store = MemoryLeaseStore::with_clock(TokioClock::new());
+    let start = |store: MemoryLeaseStore| {
+        LeaseNode::builder()
+            .ttl(SLOW_TTL)
+            .renew_interval(SLOW_RENEW)
+            .build()
+            .expect("config")
+            .start(store)
+            .expect("start")
+    };
+    let x = start(store.clone());
+    let (h, _x_events) = event_channel(16);
+    let quick = x.add_group(name("quick"), n(4), h).await.expect("quick");
+    until("x owning quick", SLOW_RENEW, || {
+        quick.owned().borrow().len() == 4
+    })
+    .await;
+    let slow = x
+        .add_group(name("slow"), n(4), Slow(Duration::from_secs(60)))
+        .await
+        .expect("slow");
+    // Its application is on its first assignment.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(slow.owned().borrow().is_empty());
+    let y = start(store.clone());
+    let (h, _y_events) = event_channel(16);
+    let joined = Instant::now();
+    let y_quick = y
+        .add_group(name("quick"), n(4), h)
+        .await
+        .expect("y in quick");
+    until(
+        "the joiner's half of quick, by wake-ups",
+        Duration::from_millis(250),
+        || y_quick.owned().borrow().len() == 2 && quick.owned().borrow().len() == 2,
+    )
+    .await;
+    eprintln!("handed over in {:?}", joined.elapsed());
+    assert!(
+        slow.owned().borrow().is_empty(),
+        "slow finished an assignment"
+    );
+    y.abort();
+    x.abort();
+}
