@@ -188,11 +188,21 @@ pub(crate) struct Prepared {
     slot: Slot,
 }
 
+/// How a node answered a group to add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Added {
+    Yes,
+    /// The node has the group already (or is still removing it).
+    Duplicate,
+    /// The node is stopping.
+    Stopping,
+}
+
 /// What a node's handles ask of its task.
 enum Command {
     Add {
         prepared: Box<Prepared>,
-        reply: oneshot::Sender<bool>,
+        reply: oneshot::Sender<Added>,
     },
     Remove {
         group: GroupName,
@@ -378,11 +388,16 @@ impl Driver {
                     shards,
                     slot,
                 } = *prepared;
-                let added = !self.groups.contains_key(&group)
-                    && self.machine.add_group(now(), group.clone(), shards);
-                if added {
+                let added = if self.machine.is_stopping() {
+                    Added::Stopping
+                } else if self.groups.contains_key(&group)
+                    || !self.machine.add_group(now(), group.clone(), shards)
+                {
+                    Added::Duplicate
+                } else {
                     self.groups.insert(group, slot);
-                }
+                    Added::Yes
+                };
                 // Refused, the slot drops here: its application task ends.
                 reply.send(added).ok();
             }
@@ -949,15 +964,14 @@ impl NodeHandle {
             })
             .map_err(|_| GroupError::NodeEnded)?;
         match answer.await {
-            Ok(true) => Ok(GroupHandle {
+            Ok(Added::Yes) => Ok(GroupHandle {
                 group,
                 owned,
                 ended,
                 commands: self.commands.clone(),
             }),
-            Ok(false) if self.cancel.is_cancelled() => Err(GroupError::NodeEnded),
-            Ok(false) => Err(GroupError::AlreadyAdded { group }),
-            Err(_) => Err(GroupError::NodeEnded),
+            Ok(Added::Duplicate) => Err(GroupError::AlreadyAdded { group }),
+            Ok(Added::Stopping) | Err(_) => Err(GroupError::NodeEnded),
         }
     }
 

@@ -30,7 +30,8 @@
 //!   debounce after a wake-up, or after a backoff (100 ms doubling, at most the renew interval)
 //!   after a failure. A renewal never waits for an application: once it is due the heartbeat
 //!   goes out as soon as no store call is in flight, even while a group's handler is still
-//!   working on a delivery; the answer re-plans every group.
+//!   working on a delivery, and so does a wake-up's re-plan once nothing but deliveries is
+//!   left of the tick; the answer re-plans every group.
 //! - **Trust, per node.** Leases are trusted until `sent + ttl - margin`, `sent` being when the
 //!   last successful heartbeat was sent. Nothing is assigned at or past that deadline, nor once
 //!   a renewal is due; at the deadline everything every group's application holds is revoked
@@ -583,6 +584,9 @@ pub struct Machine {
     failures: u32,
     /// A wake-up arrived during a tick: tick again soon after it.
     woken: bool,
+    /// When a wake-up that arrived during a tick may re-plan though some group's application
+    /// is still being told of the last plan: once no store call is queued or in flight.
+    woken_at: Option<Instant>,
     /// The tick could not do all it wanted (a full claim batch, a join waiting for its view,
     /// assignments held back): tick again at once.
     again: bool,
@@ -600,8 +604,6 @@ pub struct Machine {
     /// relative to a reading of the node's: forward steps show as a rise above the least.
     ahead: VecDeque<(Instant, TimeDelta)>,
     reports: VecDeque<Report>,
-    /// Groups finished, to hand out.
-    ended: VecDeque<(GroupName, Result<(), WorkerFailed>)>,
     /// Why the node is stopping (`Ok`: it was asked to), once it is.
     stopping: Option<Result<(), WorkerFailed>>,
     finished: bool,
@@ -622,6 +624,7 @@ impl Machine {
             heartbeat_wanted: false,
             failures: 0,
             woken: false,
+            woken_at: None,
             again: false,
             open: false,
             in_flight: None,
@@ -630,7 +633,6 @@ impl Machine {
             last_beat: None,
             ahead: VecDeque::new(),
             reports: VecDeque::new(),
-            ended: VecDeque::new(),
             stopping: None,
             finished: false,
             cursor: 0,
@@ -780,6 +782,31 @@ impl Machine {
         self.in_flight.is_none() && !self.heartbeat_wanted && self.groups.iter().all(Group::is_idle)
     }
 
+    /// Whether no store call is in flight, wanted or queued in any group: what is left of the
+    /// tick is deliveries to applications.
+    fn calls_idle(&self) -> bool {
+        self.in_flight.is_none()
+            && !self.heartbeat_wanted
+            && self
+                .groups
+                .iter()
+                .all(|g| !g.steps.iter().any(Step::is_call))
+    }
+
+    /// A wake-up's re-plan that does not wait for the applications: due, the node healthy and
+    /// not stopping, some group shared, nothing but deliveries left of the tick.
+    fn busy_wake_at(&self) -> Option<Instant> {
+        if self.stopping.is_some()
+            || self.failures > 0
+            || !self.has_active_groups()
+            || self.is_idle()
+            || !self.calls_idle()
+        {
+            return None;
+        }
+        self.woken_at
+    }
+
     /// Whether some group is shared (not being removed): only then does the node tick.
     fn has_active_groups(&self) -> bool {
         self.groups.iter().any(|g| g.removing.is_none())
@@ -858,6 +885,7 @@ impl Machine {
             self.next_tick.filter(|_| ticking),
             release_retry.filter(|_| idle && self.stopping.is_none()),
             self.busy_renewal_at(),
+            self.busy_wake_at(),
         ]
         .into_iter()
         .flatten()
@@ -921,6 +949,8 @@ impl Machine {
             Input::Wake => {
                 if self.is_busy() {
                     self.woken = true;
+                    let soon = now + self.rules.wake_debounce;
+                    self.woken_at = Some(self.woken_at.map_or(soon, |t| t.min(soon)));
                 } else {
                     let soon = now + self.rules.wake_debounce;
                     self.next_tick = Some(self.next_tick.map_or(soon, |t| t.min(soon)));
@@ -996,9 +1026,6 @@ impl Machine {
         if let Some(report) = self.reports.pop_front() {
             return Some(Output::Report(report));
         }
-        if let Some((group, ended)) = self.ended.pop_front() {
-            return Some(Output::GroupFinished(group, ended));
-        }
         if self.finished {
             return None;
         }
@@ -1013,7 +1040,10 @@ impl Machine {
                 break;
             }
             // The heartbeat before any group's call: the groups' calls act on its answer.
-            if self.heartbeat_wanted || self.busy_renewal_at().is_some_and(|t| now >= t) {
+            if self.heartbeat_wanted
+                || self.busy_renewal_at().is_some_and(|t| now >= t)
+                || self.busy_wake_at().is_some_and(|t| now >= t)
+            {
                 return Some(self.heartbeat_call(now));
             }
             // One group's call, the groups taking turns.
@@ -1167,6 +1197,7 @@ impl Machine {
         self.heartbeat_wanted = false;
         self.next_tick = None;
         self.woken = false;
+        self.woken_at = None;
         self.again = false;
         self.open = true;
         let seen = self
@@ -1898,6 +1929,7 @@ impl Machine {
         }
         self.again = false;
         self.woken = false;
+        self.woken_at = None;
         self.next_tick = Some(self.next_tick.map_or(next, |t| t.min(next)));
     }
 }

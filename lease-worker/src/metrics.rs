@@ -1,12 +1,15 @@
-//! The worker's metrics, through the `metrics` facade (a no-op until the application installs
-//! a recorder, e.g. a Prometheus exporter). Every series carries the `group` label.
+//! The node's metrics, through the `metrics` facade (a no-op until the application installs
+//! a recorder, e.g. a Prometheus exporter). Every series carries the `group` label: a node in
+//! several groups has a series per group, and what it does for all its groups at once (a
+//! tick, a heartbeat that failed, a step of the store's clock) counts in each of them, as it
+//! did for each group's own worker.
 //!
 //! | name | kind | what |
 //! |---|---|---|
 //! | `lease_owned_buckets` | gauge | buckets the application owns now |
 //! | `lease_claimed_total` | counter | buckets won by claims |
 //! | `lease_revoked_total` | counter | revocations, by `reason` (shed, lost, expired, shutdown, resharded) |
-//! | `lease_store_errors_total` | counter | failed or timed-out store calls |
+//! | `lease_store_errors_total` | counter | failed or timed-out store calls (the group's, and the node's heartbeats) |
 //! | `lease_stuck_total` | counter | revocations the application did not acknowledge in time |
 //! | `lease_tick_seconds` | histogram | duration of a tick |
 //! | `lease_clock_steps_total` | counter | steps of the store's clock seen between heartbeats, by `direction` (forward, backward) |
