@@ -28,8 +28,8 @@
 use lease::memory::MemoryLeaseStore;
 use lease::policy;
 use lease::{
-    GroupName, Incarnation, LeaseStore, ManualClock, MemberLoad, MemberMetadata, ShardCount,
-    Takeover, Ttl, WorkerId,
+    GroupBeat, GroupName, Incarnation, LeaseStore, ManualClock, MemberLoad, MemberMetadata,
+    SessionId, ShardCount, StoreError, Takeover, Ttl, WorkerId,
 };
 use std::collections::BTreeSet;
 use uuid::Uuid;
@@ -89,6 +89,31 @@ impl Ours {
         }
     }
 
+    /// `me`'s heartbeat and its view of the group: a node not in the group yet (its first
+    /// tick, or after it left) joins it first, as the runtime does.
+    async fn beat(&self, me: WorkerId) -> Result<(SessionId, GroupBeat), StoreError> {
+        for _ in 0..2 {
+            let beat = self
+                .store
+                .heartbeat(
+                    me,
+                    Incarnation::from_uuid(me.as_uuid()),
+                    self.ttl,
+                    &MemberMetadata::empty(),
+                    &[],
+                )
+                .await?;
+            if let Some(group) = beat.group(&self.group) {
+                return Ok((beat.session, group.clone()));
+            }
+            self.store.join(&self.group, me, beat.session).await?;
+        }
+        Err(StoreError::SessionExpired {
+            group: self.group.clone(),
+            worker: me,
+        })
+    }
+
     fn at(&self, t: u32) {
         self.clock
             .set(self.start + chrono::Duration::seconds(i64::from(t)));
@@ -111,24 +136,9 @@ impl Policy for Ours {
             let me = worker_id(i);
             self.rt
                 .block_on(async {
-                    let beat = self
-                        .store
-                        .heartbeat(
-                            &self.group,
-                            me,
-                            Incarnation::from_uuid(me.as_uuid()),
-                            self.ttl,
-                            &MemberMetadata::empty(),
-                        )
-                        .await?;
+                    let (session, _) = self.beat(me).await?;
                     self.store
-                        .claim(
-                            &self.group,
-                            me,
-                            beat.session,
-                            target.target,
-                            Takeover::Allowed,
-                        )
+                        .claim(&self.group, me, session, target.target, Takeover::Allowed)
                         .await
                 })
                 .expect("setup claim");
@@ -140,28 +150,19 @@ impl Policy for Ours {
         let me = worker_id(index);
         self.rt
             .block_on(async {
-                let beat = self
-                    .store
-                    .heartbeat(
-                        &self.group,
-                        me,
-                        Incarnation::from_uuid(me.as_uuid()),
-                        self.ttl,
-                        &MemberMetadata::empty(),
-                    )
-                    .await?;
+                let (session, beat) = self.beat(me).await?;
                 let plan = policy::plan(&beat.view, me, &beat.owned_buckets());
                 let mut claimed = 0;
                 if plan.claim > 0 {
                     claimed = self
                         .store
-                        .claim(&self.group, me, beat.session, plan.claim, Takeover::Allowed)
+                        .claim(&self.group, me, session, plan.claim, Takeover::Allowed)
                         .await?
                         .len() as u32;
                 }
                 if !plan.shed.is_empty() {
                     self.store
-                        .release(&self.group, me, beat.session, &plan.shed)
+                        .release(&self.group, me, session, &plan.shed)
                         .await?;
                 }
                 Ok::<_, lease::StoreError>(claimed)

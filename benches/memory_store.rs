@@ -32,15 +32,16 @@ async fn settled(n: u32, w: u32) -> (MemoryLeaseStore, GroupName, WorkerId, Sess
         last = WorkerId::new();
         let beat = store
             .heartbeat(
-                &group,
                 last,
                 Incarnation::from_uuid(last.as_uuid()),
                 ttl,
                 &MemberMetadata::empty(),
+                &[],
             )
             .await
             .expect("heartbeat");
         session = beat.session;
+        store.join(&group, last, session).await.expect("join");
         let share = n / w - u32::from(i == w - 1);
         store
             .claim(&group, last, session, share, Takeover::Allowed)
@@ -63,8 +64,9 @@ fn bench(c: &mut Criterion) {
         let (store, name, me, session) = rt.block_on(settled(n, w));
         group.bench_function(BenchmarkId::new("heartbeat", format!("N={n},W={w}")), |b| {
             b.to_async(&rt).iter(|| async {
+                // The full view every time (no stamp handed in): the worst steady tick.
                 store
-                    .heartbeat(&name, me, Incarnation::from_uuid(me.as_uuid()), ttl, &meta)
+                    .heartbeat(me, Incarnation::from_uuid(me.as_uuid()), ttl, &meta, &[])
                     .await
                     .expect("heartbeat")
             });

@@ -50,14 +50,15 @@ async fn member(store: &PgLeaseStore, group: &GroupName, ttl: Ttl, share: u32) -
     let w = WorkerId::new();
     let beat = store
         .heartbeat(
-            group,
             w,
             Incarnation::from_uuid(w.as_uuid()),
             ttl,
             &MemberMetadata::empty(),
+            &[],
         )
         .await
-        .expect("join");
+        .expect("a session");
+    store.join(group, w, beat.session).await.expect("join");
     let won = store
         .claim(group, w, beat.session, share, Takeover::Allowed)
         .await

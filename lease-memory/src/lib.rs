@@ -58,8 +58,8 @@ use lease_core::{
     BackendFailure, Bucket, BucketInfo, BucketState, Change, ChangeFeed, Clock, FencingToken,
     GroupBeat, GroupName, GroupSnapshot, GroupStamp, GroupView, Heartbeat, Incarnation, Lease,
     LeaseStore, MemberInfo, MemberLoad, MemberMetadata, NodeInfo, NodesSnapshot, Operation,
-    SessionId, ShardCount, StoreError, SystemClock, Takeover, Timestamp, Ttl, ViewStamp,
-    WorkerId, store_precision,
+    SessionId, ShardCount, StoreError, SystemClock, Takeover, Timestamp, Ttl, ViewStamp, WorkerId,
+    store_precision,
 };
 use lease_core::{Generation, ResizeOutcome, resize};
 use tokio::sync::broadcast;
@@ -154,9 +154,8 @@ impl GroupState {
 
     /// Owned: recorded under its node's live session, the node a member of the group.
     fn is_owned_live(&self, nodes: &Nodes, row: &BucketRow, now: Timestamp) -> bool {
-        row.owner.is_some_and(|(w, s)| {
-            self.members.contains_key(&w) && session_live(nodes, w, s, now)
-        })
+        row.owner
+            .is_some_and(|(w, s)| self.members.contains_key(&w) && session_live(nodes, w, s, now))
     }
 
     /// Z3: an old bucket is retired once released or once its session is not live; with

@@ -41,7 +41,7 @@ fn the_generator_reaches_the_risky_states() {
         TestRng::deterministic_rng(RngAlgorithm::ChaCha),
     );
     let strategy = ReferenceModel::sequential_strategy(1..40);
-    let mut reached = [0usize; 9];
+    let mut reached = [0usize; 11];
     for _ in 0..SEQUENCES {
         let (mut state, ops, _) = strategy
             .new_tree(&mut runner)
@@ -54,8 +54,11 @@ fn the_generator_reaches_the_risky_states() {
             reached[i] += usize::from(*n > 0);
         }
     }
-    // Floors: about half of what this generator reached when it was written (see the table).
-    let floors = [0.20, 0.15, 0.20, 0.20, 0.25, 0.30, 0.04, 0.15, 0.009];
+    // Floors: about half of what this generator reached when it was last changed (node
+    // sessions: heartbeats per node, joins and listings share the operations), see the table.
+    let floors = [
+        0.10, 0.07, 0.18, 0.19, 0.26, 0.29, 0.03, 0.19, 0.008, 0.037, 0.044,
+    ];
     let mut table = String::from("| state | sequences reaching it | floor |\n|---|---:|---:|\n");
     let mut low = Vec::new();
     for ((name, _), (&n, &floor)) in Reach::default()

@@ -22,7 +22,7 @@ use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, Takeover,
     WorkerId,
 };
-use lease_core::{BucketState, Heartbeat, Lease};
+use lease_core::{BucketState, GroupStamp, GroupView, Heartbeat, Lease};
 use lease_core::{Change, ChangeFeed};
 use lease_core::{Clock, ManualClock, Ttl};
 use lease_core::{ErrorKind, StoreError};
@@ -69,7 +69,7 @@ pub const CASES: &[&str] = &[
     "release_without_live_session_releases_nothing",
     "leave_releases_everything_and_removes_membership",
     "leave_is_idempotent",
-    "heartbeat_after_leave_starts_a_new_session",
+    "leaving_the_last_group_ends_the_session",
     "tokens_strictly_increase_across_owners",
     "is_current_accepts_the_current_owner",
     "is_current_rejects_stale_tokens_and_other_owners",
@@ -77,6 +77,14 @@ pub const CASES: &[&str] = &[
     "snapshot_reports_states_and_expiries",
     "snapshot_lists_every_member",
     "changes_report_joins_releases_and_leaves",
+    "a_node_renews_every_group_in_one_heartbeat",
+    "a_new_session_is_a_member_of_no_group",
+    "join_needs_a_live_session",
+    "join_is_idempotent_and_touches_no_other_group",
+    "claims_and_releases_need_membership",
+    "leaving_one_group_keeps_the_session_and_the_others",
+    "unchanged_is_answered_only_when_nothing_changed",
+    "nodes_lists_every_node_with_its_groups",
 ];
 
 /// The name of every case of the resize contract (Z1-Z5 and what they change in the other
@@ -181,7 +189,7 @@ macro_rules! conformance_suite {
             release_without_live_session_releases_nothing,
             leave_releases_everything_and_removes_membership,
             leave_is_idempotent,
-            heartbeat_after_leave_starts_a_new_session,
+            leaving_the_last_group_ends_the_session,
             tokens_strictly_increase_across_owners,
             is_current_accepts_the_current_owner,
             is_current_rejects_stale_tokens_and_other_owners,
@@ -189,6 +197,14 @@ macro_rules! conformance_suite {
             snapshot_reports_states_and_expiries,
             snapshot_lists_every_member,
             changes_report_joins_releases_and_leaves,
+            a_node_renews_every_group_in_one_heartbeat,
+            a_new_session_is_a_member_of_no_group,
+            join_needs_a_live_session,
+            join_is_idempotent_and_touches_no_other_group,
+            claims_and_releases_need_membership,
+            leaving_one_group_keeps_the_session_and_the_others,
+            unchanged_is_answered_only_when_nothing_changed,
+            nodes_lists_every_node_with_its_groups,
         );
     };
 }
@@ -277,9 +293,69 @@ fn inc(w: WorkerId) -> Incarnation {
     Incarnation::from_uuid(w.as_uuid())
 }
 
-async fn beat<S: LeaseStore>(store: &S, g: &GroupName, w: WorkerId) -> Heartbeat {
-    store
-        .heartbeat(g, w, inc(w), ttl(), &MemberMetadata::empty())
+/// What a node's heartbeat says of one group, as the per-group cases read it.
+#[derive(Clone, Debug)]
+struct Beat {
+    session: SessionId,
+    /// Whether the heartbeat (the first, when it had to join) started the session.
+    new_session: bool,
+    observed_at: lease_core::Timestamp,
+    expires_at: lease_core::Timestamp,
+    view: GroupView,
+    owned: Vec<Lease>,
+}
+
+/// Heartbeat as node `w` (as `incarnation`, with `ttl` and `metadata`), joining `g` first if
+/// the node is not a member (a new session, say), and return what the heartbeat says of `g`.
+async fn beat_as<S: LeaseStore + ?Sized>(
+    store: &S,
+    g: &GroupName,
+    w: WorkerId,
+    incarnation: Incarnation,
+    ttl: Ttl,
+    metadata: &MemberMetadata,
+) -> Result<Beat, StoreError> {
+    let first = store.heartbeat(w, incarnation, ttl, metadata, &[]).await?;
+    let hb: Heartbeat = if first.group(g).is_some() {
+        first.clone()
+    } else {
+        store.join(g, w, first.session).await?;
+        store.heartbeat(w, incarnation, ttl, metadata, &[]).await?
+    };
+    let mine = hb
+        .group(g)
+        .unwrap_or_else(|| panic!("a heartbeat after joining {g:?} gave no view of it"))
+        .clone();
+    Ok(Beat {
+        session: hb.session,
+        new_session: first.new_session || hb.new_session,
+        observed_at: hb.observed_at,
+        expires_at: hb.expires_at,
+        view: mine.view,
+        owned: mine.owned,
+    })
+}
+
+impl Beat {
+    fn owned_buckets(&self) -> Vec<Bucket> {
+        self.owned
+            .iter()
+            .filter(|l| l.shards == self.view.shard_count)
+            .map(|l| l.bucket)
+            .collect()
+    }
+
+    fn draining_buckets(&self) -> Vec<Bucket> {
+        self.owned
+            .iter()
+            .filter(|l| l.shards != self.view.shard_count)
+            .map(|l| l.bucket)
+            .collect()
+    }
+}
+
+async fn beat<S: LeaseStore>(store: &S, g: &GroupName, w: WorkerId) -> Beat {
+    beat_as(store, g, w, inc(w), ttl(), &MemberMetadata::empty())
         .await
         .expect("heartbeat succeeds")
 }
@@ -393,13 +469,11 @@ pub async fn unknown_group_fails_every_operation<S: LeaseStore>(store: S, _clock
     let g = group("unknown");
     let [a] = workers(1)[..] else { unreachable!() };
     let nf = ErrorKind::GroupNotFound;
-    assert_kind(
-        store
-            .heartbeat(&g, a, inc(a), ttl(), &MemberMetadata::empty())
-            .await,
-        nf,
-        "heartbeat",
-    );
+    let hb = store
+        .heartbeat(a, inc(a), ttl(), &MemberMetadata::empty(), &[])
+        .await
+        .expect("a node heartbeat names no group");
+    assert_kind(store.join(&g, a, hb.session).await, nf, "join");
     assert_kind(
         store
             .claim(&g, a, session(&store, &g, a).await, 1, Takeover::Allowed)
@@ -455,11 +529,13 @@ pub async fn groups_are_independent<S: LeaseStore>(store: S, clock: ManualClock)
     assert_eq!(hb.view.shard_count, shards(5));
     assert_eq!(hb.view.claimable, 0);
     assert!(hb.owned.is_empty());
-    // a's session in g1 expires without touching g2.
-    clock.advance(secs(TTL_SECS - 1));
-    beat(&store, &g2, a).await;
-    beat(&store, &g2, b).await;
+    // a leaves g1 without touching g2.
     clock.advance(secs(1));
+    let left = store
+        .leave(&g1, a, Some(session(&store, &g2, a).await))
+        .await
+        .expect("leave");
+    assert_eq!(bucket_nums(&left), vec![0, 1, 2]);
     let hb1 = beat(&store, &g1, b).await;
     assert_eq!(hb1.view.claimable, 3, "a's g1 buckets are free");
     assert_eq!(live_owners(&store, &g2).await.len(), 5, "g2 is untouched");
@@ -486,8 +562,7 @@ pub async fn names_are_plain_data<S: LeaseStore>(store: S, _clock: ManualClock) 
     let metadata = MemberMetadata::new("host='db'; pid=\"7\" -- ☃").expect("valid metadata");
     for (i, name) in names.iter().enumerate() {
         let g = setup(&store, name, i as u32 + 1).await;
-        let hb = store
-            .heartbeat(&g, a, inc(a), ttl(), &metadata)
+        let hb = beat_as(&store, &g, a, inc(a), ttl(), &metadata)
             .await
             .expect("heartbeat");
         assert_eq!(hb.view.shard_count, shards(i as u32 + 1));
@@ -547,8 +622,7 @@ pub async fn heartbeat_extends_a_live_session<S: LeaseStore>(store: S, clock: Ma
     );
     // A shorter ttl shortens the session.
     let short = Ttl::from_secs(1).expect("valid ttl");
-    let third = store
-        .heartbeat(&g, a, inc(a), short, &MemberMetadata::empty())
+    let third = beat_as(&store, &g, a, inc(a), short, &MemberMetadata::empty())
         .await
         .expect("heartbeat");
     assert_eq!(third.session, first.session);
@@ -695,8 +769,7 @@ pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: Manua
     let [a] = workers(1)[..] else { unreachable!() };
     let (first, second) = (Incarnation::new(), Incarnation::new());
     let meta = MemberMetadata::new("first").expect("metadata");
-    let hb = store
-        .heartbeat(&g, a, first, ttl(), &meta)
+    let hb = beat_as(&store, &g, a, first, ttl(), &meta)
         .await
         .expect("first heartbeat");
     let won = store
@@ -708,20 +781,16 @@ pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: Manua
     let before = store.snapshot(&g).await.expect("snapshot");
     let refused = store
         .heartbeat(
-            &g,
             a,
             second,
             ttl(),
             &MemberMetadata::new("second").expect("metadata"),
+            &[],
         )
         .await;
     match refused {
-        Err(StoreError::WorkerIdInUse {
-            group,
-            worker,
-            expires_at,
-        }) => {
-            assert_eq!((group, worker), (g.clone(), a));
+        Err(StoreError::WorkerIdInUse { worker, expires_at }) => {
+            assert_eq!(worker, a);
             assert_eq!(expires_at, hb.expires_at, "the live session's expiry");
         }
         other => panic!("a second incarnation was not refused: {other:?}"),
@@ -730,8 +799,7 @@ pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: Manua
     after.observed_at = before.observed_at;
     assert_eq!(after, before, "a refused heartbeat wrote something");
     // The first incarnation renews as before: same session, its buckets intact.
-    let renewed = store
-        .heartbeat(&g, a, first, ttl(), &meta)
+    let renewed = beat_as(&store, &g, a, first, ttl(), &meta)
         .await
         .expect("renewal");
     assert!(!renewed.new_session);
@@ -739,8 +807,7 @@ pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: Manua
     assert_eq!(renewed.owned.len(), 2);
     // Once that session has expired, the second incarnation starts its own.
     clock.advance(secs(TTL_SECS));
-    let taken = store
-        .heartbeat(&g, a, second, ttl(), &meta)
+    let taken = beat_as(&store, &g, a, second, ttl(), &meta)
         .await
         .expect("the second incarnation after expiry");
     assert!(taken.new_session);
@@ -752,7 +819,7 @@ pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: Manua
     assert_eq!(taken.view.claimable, 4);
     // The first incarnation is refused now, and its old session is void everywhere.
     assert_kind(
-        store.heartbeat(&g, a, first, ttl(), &meta).await,
+        store.heartbeat(a, first, ttl(), &meta, &[]).await,
         ErrorKind::WorkerIdInUse,
         "the first incarnation after the second took over",
     );
@@ -828,13 +895,19 @@ pub async fn operations_act_only_under_the_named_session<S: LeaseStore>(
         2,
         "something was released"
     );
-    // A worker leaving under its own session frees the worker id at once.
+    // A node leaving its last group under its own session frees the node id at once (L3).
     let left = store.leave(&g, a, Some(hb.session)).await.expect("leave");
     assert_eq!(bucket_nums(&left), vec![0, 1]);
-    let next = store
-        .heartbeat(&g, a, Incarnation::new(), ttl(), &MemberMetadata::empty())
-        .await
-        .expect("a new incarnation after a graceful leave");
+    let next = beat_as(
+        &store,
+        &g,
+        a,
+        Incarnation::new(),
+        ttl(),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("a new incarnation after a graceful leave");
     assert!(next.new_session);
 }
 
@@ -1487,10 +1560,7 @@ pub async fn leave_is_idempotent<S: LeaseStore>(store: S, clock: ManualClock) {
 }
 
 /// L3: after leaving, the next heartbeat starts a new session.
-pub async fn heartbeat_after_leave_starts_a_new_session<S: LeaseStore>(
-    store: S,
-    _clock: ManualClock,
-) {
+pub async fn leaving_the_last_group_ends_the_session<S: LeaseStore>(store: S, _clock: ManualClock) {
     let g = setup(&store, "orders", 2).await;
     let [a] = workers(1)[..] else { unreachable!() };
     let first = beat(&store, &g, a).await;
@@ -1689,22 +1759,19 @@ pub async fn snapshot_lists_every_member<S: LeaseStore>(store: S, clock: ManualC
     };
     let meta_a = MemberMetadata::new("host=a pid=1").expect("valid");
     let meta_b = MemberMetadata::new("host=b pid=2").expect("valid");
-    store
-        .heartbeat(&g, a, inc(a), ttl(), &meta_a)
+    beat_as(&store, &g, a, inc(a), ttl(), &meta_a)
         .await
         .expect("heartbeat");
     claim(&store, &g, a, 3).await;
     clock.advance(secs(2));
     let t_b = clock.now();
-    let hb = store
-        .heartbeat(&g, b, inc(b), ttl(), &meta_b)
+    let hb = beat_as(&store, &g, b, inc(b), ttl(), &meta_b)
         .await
         .expect("heartbeat");
     claim(&store, &g, b, 1).await;
     clock.advance(secs(3));
     let renewed_at = clock.now();
-    store
-        .heartbeat(&g, b, inc(b), ttl(), &meta_a)
+    beat_as(&store, &g, b, inc(b), ttl(), &meta_a)
         .await
         .expect("heartbeat");
     clock.advance(secs(TTL_SECS - 2 - 3));
@@ -1776,6 +1843,389 @@ pub async fn changes_report_joins_releases_and_leaves<S: LeaseStore>(
         seen.insert(format!("{extra:?}"));
     }
     assert!(seen.is_empty(), "unexpected changes: {seen:?}");
+}
+
+// ---- nodes ---------------------------------------------------------------------------------
+
+/// One heartbeat of `w` (its own incarnation, the suite's ttl, no metadata) handing in `seen`.
+async fn node_beat<S: LeaseStore>(store: &S, w: WorkerId, seen: &[GroupStamp]) -> Heartbeat {
+    store
+        .heartbeat(w, inc(w), ttl(), &MemberMetadata::empty(), seen)
+        .await
+        .expect("heartbeat succeeds")
+}
+
+/// Every group of a heartbeat, given or unchanged, by name.
+fn names(hb: &Heartbeat) -> (Vec<String>, Vec<String>) {
+    (
+        hb.groups.iter().map(|g| g.group.to_string()).collect(),
+        hb.unchanged.iter().map(|u| u.group.to_string()).collect(),
+    )
+}
+
+/// H1, H4, G7: a node in two groups renews one session with one heartbeat, which gives each
+/// group's view and the node's leases in it, sorted by group name.
+pub async fn a_node_renews_every_group_in_one_heartbeat<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let billing = setup(&store, "billing", 8).await;
+    let orders = setup(&store, "orders", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    let first = beat(&store, &orders, a).await;
+    let second = beat(&store, &billing, a).await;
+    assert_eq!(first.session, second.session, "one session for both groups");
+    assert!(!second.new_session);
+    beat(&store, &orders, b).await;
+    claim(&store, &orders, a, 2).await;
+    claim(&store, &billing, a, 5).await;
+    clock.advance(secs(1));
+    let hb = node_beat(&store, a, &[]).await;
+    assert!(!hb.new_session);
+    assert_eq!(hb.session, first.session);
+    assert_eq!(hb.expires_at, clock.now() + ttl().as_chrono());
+    assert_eq!(
+        names(&hb),
+        (vec!["billing".to_owned(), "orders".to_owned()], vec![])
+    );
+    let (gb, go) = (&hb.groups[0], &hb.groups[1]);
+    assert_eq!(gb.view.shard_count, shards(8));
+    assert_eq!(nums(&gb.owned), vec![0, 1, 2, 3, 4]);
+    assert_eq!(gb.view.claimable, 3);
+    assert_eq!(go.view.shard_count, shards(4));
+    assert_eq!(nums(&go.owned), vec![0, 1]);
+    assert_eq!(
+        go.view
+            .members
+            .iter()
+            .map(|m| (m.worker, m.owned))
+            .collect::<Vec<_>>(),
+        vec![(a, 2), (b, 0)]
+    );
+    assert!(
+        hb.groups
+            .iter()
+            .flat_map(|g| &g.owned)
+            .all(|l| l.expires_at == hb.expires_at),
+        "every lease of the node expires with its session"
+    );
+    // Both groups see the one session, renewed.
+    for g in [&billing, &orders] {
+        let snap = store.snapshot(g).await.expect("snapshot");
+        let me = snap.members.iter().find(|m| m.worker == a).expect("a");
+        assert_eq!((me.session, me.expires_at), (hb.session, hb.expires_at));
+    }
+}
+
+/// H2: a node whose session expired starts a new one that is a member of no group: its old
+/// memberships are gone (each group hears it left), its buckets are claimable, and it claims
+/// again only after joining.
+pub async fn a_new_session_is_a_member_of_no_group<S: LeaseStore>(store: S, clock: ManualClock) {
+    let orders = setup(&store, "orders", 4).await;
+    let billing = setup(&store, "billing", 4).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &orders, a).await;
+    beat(&store, &billing, a).await;
+    claim(&store, &orders, a, 4).await;
+    let mut feed = store
+        .changes(&orders)
+        .await
+        .expect("changes")
+        .expect("this suite expects a store with a change feed");
+    clock.advance(secs(TTL_SECS));
+    let hb = node_beat(&store, a, &[]).await;
+    assert!(hb.new_session);
+    assert!(hb.groups.is_empty() && hb.unchanged.is_empty(), "{hb:?}");
+    assert_eq!(
+        next_change(&mut feed, "a new session").await,
+        Change::Left(a)
+    );
+    for g in [&orders, &billing] {
+        let snap = store.snapshot(g).await.expect("snapshot");
+        assert!(snap.members.is_empty(), "{g:?}: {:?}", snap.members);
+    }
+    assert_kind(
+        store
+            .claim(&orders, a, hb.session, 4, Takeover::Allowed)
+            .await,
+        ErrorKind::SessionExpired,
+        "a claim before joining",
+    );
+    store.join(&orders, a, hb.session).await.expect("join");
+    let won = store
+        .claim(&orders, a, hb.session, 4, Takeover::Allowed)
+        .await
+        .expect("claim");
+    assert_eq!(nums(&won), vec![0, 1, 2, 3]);
+    assert!(won.iter().all(|l| l.token == FencingToken(2)));
+}
+
+/// J1: a join needs the node's live session; an unknown group fails; nothing is written.
+pub async fn join_needs_a_live_session<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 2).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    assert_kind(
+        store.join(&g, a, SessionId::new()).await,
+        ErrorKind::SessionExpired,
+        "a join of a node with no session",
+    );
+    let hb = node_beat(&store, a, &[]).await;
+    assert_kind(
+        store.join(&g, a, SessionId::new()).await,
+        ErrorKind::SessionExpired,
+        "a join under a session the node does not hold",
+    );
+    assert_kind(
+        store.join(&group("unknown"), a, hb.session).await,
+        ErrorKind::GroupNotFound,
+        "a join of an unknown group",
+    );
+    clock.advance(secs(TTL_SECS));
+    assert_kind(
+        store.join(&g, a, hb.session).await,
+        ErrorKind::SessionExpired,
+        "a join under an expired session",
+    );
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert!(snap.members.is_empty(), "a refused join wrote a member");
+}
+
+/// J2, J3: joining twice makes one member (joined at the first) and one wake-up; the node's
+/// other groups do not change.
+pub async fn join_is_idempotent_and_touches_no_other_group<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let orders = setup(&store, "orders", 4).await;
+    let billing = setup(&store, "billing", 4).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &billing, a).await;
+    claim(&store, &billing, a, 2).await;
+    let before = store.snapshot(&billing).await.expect("snapshot");
+    let mut feed = store
+        .changes(&orders)
+        .await
+        .expect("changes")
+        .expect("this suite expects a store with a change feed");
+    let session = session(&store, &billing, a).await;
+    let joined_at = clock.now();
+    store.join(&orders, a, session).await.expect("join");
+    clock.advance(secs(1));
+    store.join(&orders, a, session).await.expect("join again");
+    assert_eq!(next_change(&mut feed, "join").await, Change::Joined(a));
+    assert!(feed.try_recv().is_none(), "a second join sent a change");
+    let snap = store.snapshot(&orders).await.expect("snapshot");
+    assert_eq!(snap.members.len(), 1);
+    assert_eq!(snap.members[0].joined_at, joined_at);
+    let mut after = store.snapshot(&billing).await.expect("snapshot");
+    after.observed_at = before.observed_at;
+    assert_eq!(after, before, "joining orders changed billing");
+}
+
+/// C1, R2: a node with a live session claims and releases only in groups it is a member of.
+pub async fn claims_and_releases_need_membership<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let orders = setup(&store, "orders", 4).await;
+    let billing = setup(&store, "billing", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    let hb = beat(&store, &orders, a).await;
+    claim(&store, &orders, a, 2).await;
+    assert_kind(
+        store
+            .claim(&billing, a, hb.session, 1, Takeover::Allowed)
+            .await,
+        ErrorKind::SessionExpired,
+        "a claim in a group the node is not a member of",
+    );
+    // b, a member of billing only, names buckets of orders that a holds: nothing moves.
+    let sb = beat(&store, &billing, b).await.session;
+    assert!(
+        store
+            .release(&orders, b, sb, &bs(&[0, 1]))
+            .await
+            .expect("release")
+            .is_empty()
+    );
+    assert_eq!(live_owners(&store, &orders).await.len(), 2);
+    assert!(
+        store
+            .snapshot(&billing)
+            .await
+            .expect("snapshot")
+            .live_leases()
+            .is_empty()
+    );
+}
+
+/// L3: leaving one group releases its buckets only; the session lives on, renewed by the next
+/// heartbeat, which no longer lists the group; the node's other group keeps its buckets.
+pub async fn leaving_one_group_keeps_the_session_and_the_others<S: LeaseStore>(
+    store: S,
+    _clock: ManualClock,
+) {
+    let orders = setup(&store, "orders", 4).await;
+    let billing = setup(&store, "billing", 4).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    let hb = beat(&store, &orders, a).await;
+    beat(&store, &billing, a).await;
+    claim(&store, &orders, a, 2).await;
+    let kept = claim(&store, &billing, a, 3).await;
+    let left = store
+        .leave(&orders, a, Some(hb.session))
+        .await
+        .expect("leave");
+    assert_eq!(bucket_nums(&left), vec![0, 1]);
+    let next = node_beat(&store, a, &[]).await;
+    assert!(!next.new_session, "leaving one group ended the session");
+    assert_eq!(next.session, hb.session);
+    assert_eq!(names(&next), (vec!["billing".to_owned()], vec![]));
+    assert_eq!(
+        next.groups[0]
+            .owned
+            .iter()
+            .map(|l| (l.bucket, l.token))
+            .collect::<Vec<_>>(),
+        kept.iter().map(|l| (l.bucket, l.token)).collect::<Vec<_>>()
+    );
+    assert!(
+        store
+            .is_current(&billing, kept[0].bucket, a, kept[0].token)
+            .await
+            .expect("is_current")
+    );
+}
+
+/// H8: a group may be answered unchanged only while nothing a view shows changed since the
+/// stamp handed in; after a claim, a release, a join, a leave, a resize or a member's session
+/// ending, the view is given.
+pub async fn unchanged_is_answered_only_when_nothing_changed<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 8).await;
+    let [a, b, c] = workers(3)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    claim(&store, &g, a, 2).await;
+    // a's last view, and the stamp to hand in.
+    let mut last = node_beat(&store, a, &[]).await.groups.remove(0);
+    // Judge one heartbeat of a's: unchanged only if the view would be the same.
+    async fn judge<S: LeaseStore>(
+        store: &S,
+        a: WorkerId,
+        last: &mut lease_core::GroupBeat,
+        changed: bool,
+        what: &str,
+    ) {
+        let seen = [GroupStamp {
+            group: last.group.clone(),
+            stamp: last.stamp,
+        }];
+        let hb = node_beat(store, a, &seen).await;
+        match (hb.groups.first(), hb.unchanged.first()) {
+            (Some(given), None) => {
+                if !changed {
+                    let mut expected = last.clone();
+                    expected.stamp = given.stamp;
+                    for l in &mut expected.owned {
+                        l.expires_at = hb.expires_at;
+                    }
+                    assert_eq!(given, &expected, "{what}: the view given differs");
+                }
+                *last = given.clone();
+            }
+            (None, Some(u)) => {
+                assert!(!changed, "{what}: answered unchanged after a change");
+                last.stamp = u.stamp;
+            }
+            other => panic!("{what}: not one answer for the group: {other:?}"),
+        }
+    }
+    judge(&store, a, &mut last, false, "a renewal").await;
+    clock.advance(secs(1));
+    judge(&store, a, &mut last, false, "a renewal a second later").await;
+    claim(&store, &g, b, 1).await;
+    judge(&store, a, &mut last, true, "b claimed").await;
+    release(&store, &g, b, &[2]).await;
+    judge(&store, a, &mut last, true, "b released").await;
+    beat(&store, &g, c).await;
+    judge(&store, a, &mut last, true, "c joined").await;
+    store.leave(&g, c, None).await.expect("leave");
+    judge(&store, a, &mut last, true, "c left").await;
+    resize(&store, &g, 8, 16).await;
+    judge(&store, a, &mut last, true, "resized").await;
+    release(&store, &g, a, &[0, 1]).await;
+    judge(&store, a, &mut last, true, "a released (the drain ended)").await;
+    judge(&store, a, &mut last, false, "a renewal after the drain").await;
+    // b (last renewed a second after the start) stops renewing: once its session ends, a's
+    // view changes.
+    clock.advance(secs(TTL_SECS - 2));
+    judge(&store, a, &mut last, false, "just before b's session ends").await;
+    clock.advance(secs(1));
+    judge(&store, a, &mut last, true, "b's session ended").await;
+    assert_eq!(last.view.members.len(), 1, "{:?}", last.view.members);
+}
+
+/// N1, N2, H3: `nodes` lists every node row with its session, liveness, metadata and groups;
+/// a dead node goes once a heartbeat removed its last membership.
+pub async fn nodes_lists_every_node_with_its_groups<S: LeaseStore>(store: S, clock: ManualClock) {
+    let orders = setup(&store, "orders", 4).await;
+    let billing = setup(&store, "billing", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    let meta = MemberMetadata::new("host=a").expect("metadata");
+    let started = clock.now();
+    beat_as(&store, &orders, a, inc(a), ttl(), &meta)
+        .await
+        .expect("heartbeat");
+    beat_as(&store, &billing, a, inc(a), ttl(), &meta)
+        .await
+        .expect("heartbeat");
+    clock.advance(secs(1));
+    let hb_b = beat(&store, &orders, b).await;
+    let listing = store.nodes().await.expect("nodes");
+    assert_eq!(listing.observed_at, clock.now());
+    assert_eq!(
+        listing.nodes.iter().map(|n| n.node).collect::<Vec<_>>(),
+        vec![a, b]
+    );
+    let na = &listing.nodes[0];
+    assert_eq!(na.started_at, started);
+    assert_eq!(na.expires_at, started + ttl().as_chrono());
+    assert!(na.live);
+    assert_eq!(na.metadata, meta);
+    assert_eq!(na.groups, vec![billing.clone(), orders.clone()]);
+    assert_eq!(listing.nodes[1].session, hb_b.session);
+    assert_eq!(listing.nodes[1].groups, vec![orders.clone()]);
+    assert_eq!(
+        store.nodes().await.expect("nodes").nodes,
+        listing.nodes,
+        "listing wrote something"
+    );
+    // a's session ends; b's heartbeat removes a from orders, which is not a's last group.
+    clock.advance(secs(TTL_SECS - 1));
+    beat(&store, &orders, b).await;
+    let listing = store.nodes().await.expect("nodes");
+    let na = listing
+        .nodes
+        .iter()
+        .find(|n| n.node == a)
+        .expect("a is still a member of billing");
+    assert!(!na.live);
+    assert_eq!(na.groups, vec![billing.clone()]);
+    // b joins billing: its heartbeat removes a's last membership, and a's node row with it.
+    beat(&store, &billing, b).await;
+    let listing = store.nodes().await.expect("nodes");
+    assert_eq!(
+        listing.nodes.iter().map(|n| n.node).collect::<Vec<_>>(),
+        vec![b]
+    );
 }
 
 // ---- resize (run by `resize_suite!`) -----------------------------------------------------

@@ -59,7 +59,10 @@ use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, Takeover,
     WorkerId,
 };
-use lease_core::{BucketState, GroupSnapshot, Heartbeat, Lease, ResizeOutcome};
+use lease_core::{
+    BucketState, GroupBeat, GroupSnapshot, GroupStamp, Heartbeat, Lease, NodesSnapshot,
+    ResizeOutcome, ViewStamp,
+};
 use lease_core::{Clock, ManualClock, Timestamp, Ttl};
 
 /// The groups operations pick from: a plain name and one full of quotes and SQL.
@@ -87,6 +90,14 @@ pub fn group(i: usize) -> GroupName {
     GroupName::new(GROUPS[i % GROUPS.len()]).expect("the test group names are valid")
 }
 
+/// The index in [`GROUPS`] of a group's name.
+fn group_index(name: &GroupName) -> usize {
+    GROUPS
+        .iter()
+        .position(|g| *g == name.as_str())
+        .expect("only the test's groups exist")
+}
+
 /// Worker `i` of the test: fixed ids, so runs are repeatable.
 pub fn worker(i: usize) -> WorkerId {
     WorkerId::from_uuid(Uuid::from_u128(0xA000 + i as u128))
@@ -97,9 +108,9 @@ pub fn incarnation(w: usize, p: usize) -> Incarnation {
     Incarnation::from_uuid(Uuid::from_u128(0xB000 + (w * PROCESSES + p) as u128))
 }
 
-/// One operation of a sequence. `process` picks which process of the worker id acts; claims,
-/// releases and leaves name the session that process last got from a heartbeat (a never-used
-/// id if it has none), as a real process would.
+/// One operation of a sequence. `process` picks which process of the node id acts; joins,
+/// claims, releases and leaves name the session that process last got from a heartbeat (a
+/// never-used id if it has none), as a real process would.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
     /// `ensure_group(group, shards)`: both groups exist already, so this checks E2 or E3.
@@ -109,10 +120,9 @@ pub enum Op {
         /// Shard count.
         shards: u32,
     },
-    /// `heartbeat(group, worker, incarnation, ttl)`.
+    /// `heartbeat(worker, incarnation, ttl, seen)`, handing in the stamps of the views the
+    /// process was last given.
     Heartbeat {
-        /// Index into [`GROUPS`].
-        group: usize,
         /// Worker index.
         worker: usize,
         /// Process index.
@@ -120,8 +130,19 @@ pub enum Op {
         /// Ttl in milliseconds.
         ttl_ms: u64,
     },
-    /// A worker's tick: a heartbeat, then, if it succeeded, a claim of `want` under the
-    /// session it returned.
+    /// `join(group, worker, session)`.
+    Join {
+        /// Index into [`GROUPS`].
+        group: usize,
+        /// Worker index.
+        worker: usize,
+        /// Process index.
+        process: usize,
+    },
+    /// `nodes()`.
+    Nodes,
+    /// A node's tick in one group: a heartbeat, a join if the heartbeat does not list the
+    /// group, then, if those succeeded, a claim of `want` under the session.
     Tick {
         /// Index into [`GROUPS`].
         group: usize,
@@ -205,10 +226,13 @@ pub enum Op {
 pub enum Outcome {
     /// The operation succeeded with nothing to report (ensure, advance).
     Done,
-    /// A heartbeat's result.
+    /// A heartbeat's result, every group's view given (stamps cleared: they are the store's).
     Heartbeat(Heartbeat),
-    /// A tick: the heartbeat's outcome and, if it succeeded, the claim's.
-    Tick(Box<Outcome>, Option<Box<Outcome>>),
+    /// A tick: the heartbeat's outcome, the join's if one was made, and the claim's if the
+    /// node got that far.
+    Tick(Box<Outcome>, Option<Box<Outcome>>, Option<Box<Outcome>>),
+    /// A listing of the nodes.
+    Nodes(NodesSnapshot),
     /// A claim's leases.
     Leases(Vec<Lease>),
     /// Released buckets.
@@ -240,10 +264,15 @@ impl SessionNames {
     pub fn normalize(&mut self, outcome: &mut Outcome) {
         match outcome {
             Outcome::Heartbeat(hb) => self.name(&mut hb.session),
-            Outcome::Tick(beat, claim) => {
+            Outcome::Tick(beat, join, claim) => {
                 self.normalize(beat);
-                if let Some(claim) = claim {
-                    self.normalize(claim);
+                for part in [join, claim].into_iter().flatten() {
+                    self.normalize(part);
+                }
+            }
+            Outcome::Nodes(listing) => {
+                for n in &mut listing.nodes {
+                    self.name(&mut n.session);
                 }
             }
             Outcome::Snapshot(snap) => {
@@ -261,22 +290,78 @@ impl SessionNames {
     }
 }
 
-/// The session each process last got from a heartbeat, per group: what it names in claims,
+/// The session each process last got from a heartbeat: what it names in joins, claims,
 /// releases and leaves.
 #[derive(Clone, Debug, Default)]
-pub struct Sessions(BTreeMap<(usize, usize, usize), SessionId>);
+pub struct Sessions(BTreeMap<(usize, usize), SessionId>);
 
 impl Sessions {
-    /// The session of `process` of `worker` in `group`, or a never-used id if it has none.
-    fn of(&self, group: usize, worker: usize, process: usize) -> SessionId {
+    /// The session of `process` of `worker`, or a never-used id if it has none.
+    fn of(&self, worker: usize, process: usize) -> SessionId {
         self.0
-            .get(&(group, worker, process))
+            .get(&(worker, process))
             .copied()
             .unwrap_or_else(|| SessionId::from_uuid(Uuid::nil()))
     }
 
-    fn learn(&mut self, group: usize, worker: usize, process: usize, session: SessionId) {
-        self.0.insert((group, worker, process), session);
+    fn learn(&mut self, worker: usize, process: usize, session: SessionId) {
+        self.0.insert((worker, process), session);
+    }
+}
+
+/// The views each process was last given, per group, with their stamps: handed in with its
+/// next heartbeat, and what an `unchanged` answer stands for.
+#[derive(Clone, Debug, Default)]
+pub struct Views(BTreeMap<(usize, usize), BTreeMap<GroupName, GroupBeat>>);
+
+impl Views {
+    /// The stamps `process` of `worker` hands in.
+    fn seen(&self, worker: usize, process: usize) -> Vec<GroupStamp> {
+        self.0
+            .get(&(worker, process))
+            .map(|views| {
+                views
+                    .values()
+                    .map(|v| GroupStamp {
+                        group: v.group.clone(),
+                        stamp: v.stamp,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Make `hb` whole: each group answered unchanged gets the view last given (its leases
+    /// now expiring with the session); remember every view given. Stamps are then cleared,
+    /// as they are the store's own. Panics on an `unchanged` for a view never given.
+    fn expand(&mut self, worker: usize, process: usize, hb: &mut Heartbeat) {
+        let views = self.0.entry((worker, process)).or_default();
+        if hb.new_session {
+            views.clear();
+        }
+        let mut whole: BTreeMap<GroupName, GroupBeat> = BTreeMap::new();
+        for given in &hb.groups {
+            whole.insert(given.group.clone(), given.clone());
+        }
+        for u in &hb.unchanged {
+            let mut last = views.get(&u.group).cloned().unwrap_or_else(|| {
+                panic!("{:?} answered unchanged but never given before", u.group)
+            });
+            for l in &mut last.owned {
+                l.expires_at = hb.expires_at;
+            }
+            last.stamp = u.stamp;
+            whole.insert(u.group.clone(), last);
+        }
+        *views = whole.clone();
+        hb.groups = whole
+            .into_values()
+            .map(|mut g| {
+                g.stamp = ViewStamp::default();
+                g
+            })
+            .collect();
+        hb.unchanged.clear();
     }
 }
 
@@ -314,24 +399,25 @@ pub fn apply_to_model(
             shards: n,
         } => outcome(model.ensure_group(&group(g), shards(n)), |()| Outcome::Done),
         Op::Heartbeat {
-            group: g,
             worker: w,
             process: p,
             ttl_ms,
         } => {
-            let r = model.heartbeat(
-                &group(g),
-                worker(w),
-                incarnation(w, p),
-                ttl(ttl_ms),
-                &meta,
-                now,
-            );
+            let r = model.heartbeat(worker(w), incarnation(w, p), ttl(ttl_ms), &meta, now);
             if let Ok(hb) = &r {
-                sessions.learn(g, w, p, hb.session);
+                sessions.learn(w, p, hb.session);
             }
             outcome(r, Outcome::Heartbeat)
         }
+        Op::Join {
+            group: g,
+            worker: w,
+            process: p,
+        } => outcome(
+            model.join(&group(g), worker(w), sessions.of(w, p), now),
+            |()| Outcome::Done,
+        ),
+        Op::Nodes => Outcome::Nodes(model.nodes(now)),
         Op::Tick {
             group: g,
             worker: w,
@@ -343,21 +429,37 @@ pub fn apply_to_model(
                 model,
                 sessions,
                 &Op::Heartbeat {
-                    group: g,
                     worker: w,
                     process: p,
                     ttl_ms,
                 },
                 now,
             );
-            let claim = matches!(beat, Outcome::Heartbeat(_)).then(|| {
-                let session = sessions.of(g, w, p);
+            let join = match &beat {
+                Outcome::Heartbeat(hb) if !hb.is_member(&group(g)) => {
+                    Some(Box::new(apply_to_model(
+                        model,
+                        sessions,
+                        &Op::Join {
+                            group: g,
+                            worker: w,
+                            process: p,
+                        },
+                        now,
+                    )))
+                }
+                _ => None,
+            };
+            let joined = matches!(beat, Outcome::Heartbeat(_))
+                && join.as_deref().is_none_or(|j| *j == Outcome::Done);
+            let claim = joined.then(|| {
+                let session = sessions.of(w, p);
                 Box::new(outcome(
                     model.claim(&group(g), worker(w), session, want, Takeover::Allowed, now),
                     Outcome::Leases,
                 ))
             });
-            Outcome::Tick(Box::new(beat), claim)
+            Outcome::Tick(Box::new(beat), join, claim)
         }
         Op::Claim {
             group: g,
@@ -366,14 +468,7 @@ pub fn apply_to_model(
             want,
             takeover,
         } => outcome(
-            model.claim(
-                &group(g),
-                worker(w),
-                sessions.of(g, w, p),
-                want,
-                takeover,
-                now,
-            ),
+            model.claim(&group(g), worker(w), sessions.of(w, p), want, takeover, now),
             Outcome::Leases,
         ),
         Op::Release {
@@ -384,7 +479,7 @@ pub fn apply_to_model(
         } => {
             let bs: Vec<Bucket> = buckets.iter().copied().map(Bucket).collect();
             outcome(
-                model.release(&group(g), worker(w), sessions.of(g, w, p), &bs, now),
+                model.release(&group(g), worker(w), sessions.of(w, p), &bs, now),
                 Outcome::Buckets,
             )
         }
@@ -393,7 +488,7 @@ pub fn apply_to_model(
             worker: w,
             process,
         } => {
-            let session = process.map(|p| sessions.of(g, w, p));
+            let session = process.map(|p| sessions.of(w, p));
             outcome(
                 model.leave(&group(g), worker(w), session, now),
                 Outcome::Buckets,
@@ -420,9 +515,15 @@ pub fn apply_to_model(
     }
 }
 
-/// Apply `op` to a store (clock moves are the caller's business); `sessions` is the processes'
-/// memory of their sessions on this store.
-pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op: &Op) -> Outcome {
+/// Apply `op` to a store (clock moves are the caller's business); `sessions` and `views` are
+/// the processes' memory of their sessions and views on this store. A heartbeat's outcome is
+/// made whole ([`Views::expand`]).
+pub async fn apply_to_store(
+    store: &dyn LeaseStore,
+    sessions: &mut Sessions,
+    views: &mut Views,
+    op: &Op,
+) -> Outcome {
     let meta = MemberMetadata::empty();
     match *op {
         Op::Ensure {
@@ -432,19 +533,29 @@ pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op:
             Outcome::Done
         }),
         Op::Heartbeat {
-            group: g,
             worker: w,
             process: p,
             ttl_ms,
         } => {
-            let r = store
-                .heartbeat(&group(g), worker(w), incarnation(w, p), ttl(ttl_ms), &meta)
+            let seen = views.seen(w, p);
+            let mut r = store
+                .heartbeat(worker(w), incarnation(w, p), ttl(ttl_ms), &meta, &seen)
                 .await;
-            if let Ok(hb) = &r {
-                sessions.learn(g, w, p, hb.session);
+            if let Ok(hb) = &mut r {
+                sessions.learn(w, p, hb.session);
+                views.expand(w, p, hb);
             }
             outcome(r, Outcome::Heartbeat)
         }
+        Op::Join {
+            group: g,
+            worker: w,
+            process: p,
+        } => outcome(
+            store.join(&group(g), worker(w), sessions.of(w, p)).await,
+            |()| Outcome::Done,
+        ),
+        Op::Nodes => outcome(store.nodes().await, Outcome::Nodes),
         Op::Tick {
             group: g,
             worker: w,
@@ -455,16 +566,34 @@ pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op:
             let beat = Box::pin(apply_to_store(
                 store,
                 sessions,
+                views,
                 &Op::Heartbeat {
-                    group: g,
                     worker: w,
                     process: p,
                     ttl_ms,
                 },
             ))
             .await;
-            let claim = if matches!(beat, Outcome::Heartbeat(_)) {
-                let session = sessions.of(g, w, p);
+            let join = match &beat {
+                Outcome::Heartbeat(hb) if !hb.is_member(&group(g)) => Some(Box::new(
+                    Box::pin(apply_to_store(
+                        store,
+                        sessions,
+                        views,
+                        &Op::Join {
+                            group: g,
+                            worker: w,
+                            process: p,
+                        },
+                    ))
+                    .await,
+                )),
+                _ => None,
+            };
+            let joined = matches!(beat, Outcome::Heartbeat(_))
+                && join.as_deref().is_none_or(|j| *j == Outcome::Done);
+            let claim = if joined {
+                let session = sessions.of(w, p);
                 Some(Box::new(outcome(
                     store
                         .claim(&group(g), worker(w), session, want, Takeover::Allowed)
@@ -474,7 +603,7 @@ pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op:
             } else {
                 None
             };
-            Outcome::Tick(Box::new(beat), claim)
+            Outcome::Tick(Box::new(beat), join, claim)
         }
         Op::Claim {
             group: g,
@@ -484,7 +613,7 @@ pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op:
             takeover,
         } => outcome(
             store
-                .claim(&group(g), worker(w), sessions.of(g, w, p), want, takeover)
+                .claim(&group(g), worker(w), sessions.of(w, p), want, takeover)
                 .await,
             Outcome::Leases,
         ),
@@ -497,7 +626,7 @@ pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op:
             let bs: Vec<Bucket> = buckets.iter().copied().map(Bucket).collect();
             outcome(
                 store
-                    .release(&group(g), worker(w), sessions.of(g, w, p), &bs)
+                    .release(&group(g), worker(w), sessions.of(w, p), &bs)
                     .await,
                 Outcome::Buckets,
             )
@@ -507,7 +636,7 @@ pub async fn apply_to_store(store: &dyn LeaseStore, sessions: &mut Sessions, op:
             worker: w,
             process,
         } => {
-            let session = process.map(|p| sessions.of(g, w, p));
+            let session = process.map(|p| sessions.of(w, p));
             outcome(
                 store.leave(&group(g), worker(w), session).await,
                 Outcome::Buckets,
@@ -603,8 +732,11 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
     prop_oneof![
         1 => (g.clone(), prop::sample::select(SHARD_COUNTS.to_vec()))
             .prop_map(|(group, shards)| Op::Ensure { group, shards }),
-        3 => (g.clone(), w.clone(), process(), ttls.clone())
-            .prop_map(|(group, worker, process, ttl_ms)| Op::Heartbeat { group, worker, process, ttl_ms }),
+        3 => (w.clone(), process(), ttls.clone())
+            .prop_map(|(worker, process, ttl_ms)| Op::Heartbeat { worker, process, ttl_ms }),
+        2 => (g.clone(), w.clone(), process())
+            .prop_map(|(group, worker, process)| Op::Join { group, worker, process }),
+        1 => Just(Op::Nodes),
         8 => (prop_oneof![3 => Just(0usize), 1 => Just(1usize)], w.clone(), process(), ttls, 1u32..6)
             .prop_map(|(group, worker, process, ttl_ms, want)| Op::Tick { group, worker, process, ttl_ms, want }),
         2 => (g.clone(), w.clone(), process(), 0u32..6, takeovers())
@@ -612,14 +744,14 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
         1 => (buckets, w.clone(), process())
             .prop_map(|((group, buckets), worker, process)| Op::Release { group, worker, process, buckets }),
         3 => owned_release,
-        1 => (g.clone(), w.clone(), prop_oneof![3 => process().prop_map(Some), 1 => Just(None)])
+        2 => (g.clone(), w.clone(), prop_oneof![3 => process().prop_map(Some), 1 => Just(None)])
             .prop_map(|(group, worker, process)| Op::Leave { group, worker, process }),
         1 => g.clone().prop_map(|group| Op::Snapshot { group }),
         3 => is_current,
         3 => prop::sample::select(vec![1u64, 500, 1_000, 2_999, 3_000, 7_000])
             .prop_map(|ms| Op::Advance { ms }),
         // Mostly from the group's count (a resize that can start), now and then from another.
-        2 => (g.clone(), prop::bool::weighted(0.85), prop::sample::select(RESIZE_COUNTS.to_vec()), prop::sample::select(RESIZE_COUNTS.to_vec()))
+        3 => (g.clone(), prop::bool::weighted(0.85), prop::sample::select(RESIZE_COUNTS.to_vec()), prop::sample::select(RESIZE_COUNTS.to_vec()))
             .prop_map(move |(group, current, other, to)| Op::Resize {
                 group,
                 from: if current { counts[group] } else { other },
@@ -650,11 +782,15 @@ pub struct Reach {
     pub resize: u32,
     /// A claim won a bucket of a generation whose predecessor was still draining.
     pub drain_claim: u32,
+    /// A heartbeat renewed a node that is a member of both groups.
+    pub two_groups: u32,
+    /// A node left one group while staying a member of the other.
+    pub leave_one: u32,
 }
 
 impl Reach {
     /// The names and counts, in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u32); 9] {
+    pub fn fields(&self) -> [(&'static str, u32); 11] {
         [
             (
                 "claim takes over another worker's dead lease",
@@ -668,6 +804,8 @@ impl Reach {
             ("eviction removes a member", self.evicted),
             ("resize with live owners to drain", self.resize),
             ("claim while a drain runs", self.drain_claim),
+            ("heartbeat of a node in both groups", self.two_groups),
+            ("leave one group, keep the other", self.leave_one),
         ]
     }
 
@@ -677,7 +815,7 @@ impl Reach {
                 Op::Tick {
                     group, worker: w, ..
                 },
-                Outcome::Tick(_, Some(claim)),
+                Outcome::Tick(_, _, Some(claim)),
             ) => {
                 self.count_claim(before, *group, *w, claim, now);
             }
@@ -698,6 +836,24 @@ impl Reach {
                 self.resize += 1;
             }
             (Op::IsCurrent { .. }, Outcome::Bool(true)) => self.is_current += 1,
+            (Op::Heartbeat { .. }, Outcome::Heartbeat(hb)) if hb.groups.len() == GROUPS.len() => {
+                self.two_groups += 1;
+            }
+            (Op::Tick { .. }, Outcome::Tick(beat, _, _)) if matches!(&**beat, Outcome::Heartbeat(hb) if hb.groups.len() == GROUPS.len()) =>
+            {
+                self.two_groups += 1;
+            }
+            (Op::Leave { group: g, .. }, Outcome::Buckets(_))
+                if (0..GROUPS.len()).filter(|&i| i != *g).any(|other| {
+                    before
+                        .snapshot(&group(other), now)
+                        .is_ok_and(|s| s.members.iter().any(|m| m.worker == worker(op_worker(op))))
+                }) && before
+                    .snapshot(&group(*g), now)
+                    .is_ok_and(|s| s.members.iter().any(|m| m.worker == worker(op_worker(op)))) =>
+            {
+                self.leave_one += 1;
+            }
             (Op::Leave { process: None, .. }, Outcome::Buckets(_)) => {
                 let member = |m: &Model| {
                     m.snapshot(&group(op_group(op)), now)
@@ -711,7 +867,7 @@ impl Reach {
         }
         let refused = match out {
             Outcome::Failed(e) => Some(e),
-            Outcome::Tick(beat, None) => match &**beat {
+            Outcome::Tick(beat, _, None) => match &**beat {
                 Outcome::Failed(e) => Some(e),
                 _ => None,
             },
@@ -751,7 +907,7 @@ impl Reach {
 fn op_group(op: &Op) -> usize {
     match *op {
         Op::Ensure { group, .. }
-        | Op::Heartbeat { group, .. }
+        | Op::Join { group, .. }
         | Op::Tick { group, .. }
         | Op::Claim { group, .. }
         | Op::Release { group, .. }
@@ -759,13 +915,14 @@ fn op_group(op: &Op) -> usize {
         | Op::Snapshot { group }
         | Op::IsCurrent { group, .. }
         | Op::Resize { group, .. } => group,
-        Op::Advance { .. } => 0,
+        Op::Advance { .. } | Op::Heartbeat { .. } | Op::Nodes => 0,
     }
 }
 
 fn op_worker(op: &Op) -> usize {
     match *op {
         Op::Heartbeat { worker, .. }
+        | Op::Join { worker, .. }
         | Op::Tick { worker, .. }
         | Op::Claim { worker, .. }
         | Op::Release { worker, .. }
@@ -808,7 +965,7 @@ impl fmt::Debug for Reference {
 fn won(out: &Outcome) -> &[Lease] {
     match out {
         Outcome::Leases(won) => won,
-        Outcome::Tick(_, Some(claim)) => won(claim),
+        Outcome::Tick(_, _, Some(claim)) => won(claim),
         _ => &[],
     }
 }
@@ -885,6 +1042,7 @@ pub struct Subject {
     store: Box<dyn LeaseStore>,
     names: SessionNames,
     sessions: Sessions,
+    views: Views,
     /// Per (group, worker, process): the leases its own calls say it holds.
     beliefs: BTreeMap<(usize, usize, usize), BTreeMap<u32, Lease>>,
     /// Per (group, key hash): the highest token seen of a bucket containing the key.
@@ -945,23 +1103,24 @@ impl Subject {
         match (op, out) {
             (
                 Op::Heartbeat {
-                    group,
-                    worker,
-                    process,
-                    ..
+                    worker, process, ..
                 }
                 | Op::Tick {
-                    group,
-                    worker,
-                    process,
-                    ..
+                    worker, process, ..
                 },
                 Outcome::Heartbeat(hb),
             ) => {
-                self.beliefs.insert(
-                    (*group, *worker, *process),
-                    hb.owned.iter().map(|l| (l.bucket.0, *l)).collect(),
-                );
+                // What the node holds is what the heartbeat says, in each group it lists; in
+                // any other group it holds nothing (it left, was evicted, or its session is
+                // new).
+                let (w, p) = (*worker, *process);
+                self.beliefs.retain(|&(_, bw, bp), _| (bw, bp) != (w, p));
+                for g in &hb.groups {
+                    self.beliefs.insert(
+                        (group_index(&g.group), w, p),
+                        g.owned.iter().map(|l| (l.bucket.0, *l)).collect(),
+                    );
+                }
             }
             (
                 Op::Tick {
@@ -970,7 +1129,7 @@ impl Subject {
                     process,
                     ..
                 },
-                Outcome::Tick(beat, claim),
+                Outcome::Tick(beat, _, claim),
             ) => {
                 self.record(op, beat, now);
                 if let Some(claim) = claim {
@@ -1143,6 +1302,7 @@ where
                     store,
                     names: SessionNames::default(),
                     sessions: Sessions::default(),
+                    views: Views::default(),
                     beliefs: BTreeMap::new(),
                     max_token: BTreeMap::new(),
                 }
@@ -1166,9 +1326,12 @@ where
         let now = sut.clock.now();
         assert_eq!(now, ref_state.now, "the clocks drifted apart");
         for s in &mut sut.subjects {
-            let mut got = sut
-                .rt
-                .block_on(apply_to_store(&*s.store, &mut s.sessions, &op));
+            let mut got = sut.rt.block_on(apply_to_store(
+                &*s.store,
+                &mut s.sessions,
+                &mut s.views,
+                &op,
+            ));
             s.names.normalize(&mut got);
             assert_eq!(
                 &got, expected,

@@ -13,7 +13,7 @@ use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
 use lease_core::{Clock, ManualClock, Timestamp, Ttl, store_precision};
-use lease_core::{GroupSnapshot, Heartbeat, Lease};
+use lease_core::{GroupSnapshot, GroupStamp, Heartbeat, Lease, NodesSnapshot};
 
 /// A [`Clock`] that reads tokio's clock, so a store's expiry follows `tokio::time::pause` and
 /// `advance` in tests. Starts at the same instant as [`ManualClock::new`].
@@ -66,6 +66,8 @@ pub struct Faults {
     pub no_feed: AtomicBool,
     /// Calls that failed or hung because of a switch.
     pub injected: AtomicU64,
+    /// Heartbeats passed on to the inner store (one per tick of a node, whatever its groups).
+    pub heartbeats: AtomicU64,
 }
 
 /// A store that delegates to `S` unless a [`Faults`] switch says otherwise.
@@ -131,16 +133,27 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
 
     async fn heartbeat(
         &self,
-        group: &GroupName,
-        worker: WorkerId,
+        node: WorkerId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
+        seen: &[GroupStamp],
     ) -> Result<Heartbeat, StoreError> {
         self.gate(Operation::Heartbeat).await?;
+        self.faults.heartbeats.fetch_add(1, Ordering::SeqCst);
         self.inner
-            .heartbeat(group, worker, incarnation, ttl, metadata)
+            .heartbeat(node, incarnation, ttl, metadata, seen)
             .await
+    }
+
+    async fn join(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+    ) -> Result<(), StoreError> {
+        self.gate(Operation::Join).await?;
+        self.inner.join(group, node, session).await
     }
 
     async fn claim(
@@ -181,6 +194,11 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
         self.gate(Operation::Snapshot).await?;
         self.inner.snapshot(group).await
+    }
+
+    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
+        self.gate(Operation::Nodes).await?;
+        self.inner.nodes().await
     }
 
     async fn is_current(

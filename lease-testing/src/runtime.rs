@@ -1,11 +1,14 @@
 //! The runtime suite: worker-level scenarios (cold start, join, graceful stop, crash, fencing,
-//! errors, misbehaving applications) written once and run on every backend.
+//! errors, misbehaving applications) and node-level ones (a node in several groups, groups
+//! added and removed at run time, a node cut off fencing in every group) written once and run
+//! on every backend.
 //!
 //! Each case gets an [`Env`]: a fresh, empty store, the clock its expiries are on, and whether
-//! tokio's clock is paused. It starts real workers ([`LeaseWorker`]) on that store, each behind
-//! a [`FaultyStore`], records what their applications are told in an [`OwnershipLog`], and
-//! panics on a violation. Every case ends by checking the log: no bucket held by two workers at
-//! once, assignment before revocation, tokens only growing.
+//! tokio's clock is paused. It starts real workers ([`LeaseWorker`], a node of one group) or
+//! nodes ([`LeaseNode`]) on that store, each behind a [`FaultyStore`], records what their
+//! applications are told in an [`OwnershipLog`] per group, and panics on a violation. Every
+//! case ends by checking the logs: no bucket held by two workers at once, assignment before
+//! revocation, tokens only growing.
 //!
 //! Time: every wait polls with a deadline on tokio's clock, so it is exact on the paused clock
 //! (in-memory store on a [`TokioClock`](crate::TokioClock)) and real on a server. Bounds are in
@@ -43,7 +46,8 @@ use lease_core::{
     Operation, OwnershipEvent, RevokeReason, ShardCount, Timestamp, WorkerId,
 };
 use lease_worker::{
-    LeaseWorker, OwnershipHandler, StartError, WorkerError, WorkerFailed, WorkerHandle,
+    GroupHandle, LeaseNode, LeaseWorker, NodeHandle, OwnershipHandler, StartError, WorkerError,
+    WorkerFailed, WorkerHandle,
 };
 
 use crate::{Faults, FaultyStore, RecordingHandler};
@@ -70,6 +74,9 @@ pub const CASES: &[&str] = &[
     "a_resize_is_followed_on_wake_ups_without_restarting",
     "a_worker_configured_before_a_resize_follows_it",
     "an_owner_dead_during_a_resize_holds_back_only_its_keys",
+    "a_node_in_three_groups_shares_each_by_its_own_count",
+    "groups_added_and_removed_at_run_time_leave_the_others_alone",
+    "a_paused_node_fences_in_every_group_before_any_bucket_is_taken",
 ];
 
 /// Run every case against a store built by `$make`, an expression callable as
@@ -117,6 +124,9 @@ macro_rules! __runtime_cases {
             a_resize_is_followed_on_wake_ups_without_restarting,
             a_worker_configured_before_a_resize_follows_it,
             an_owner_dead_during_a_resize_holds_back_only_its_keys,
+            a_node_in_three_groups_shares_each_by_its_own_count,
+            groups_added_and_removed_at_run_time_leave_the_others_alone,
+            a_paused_node_fences_in_every_group_before_any_bucket_is_taken,
         );
     };
 }
@@ -1570,4 +1580,510 @@ pub async fn an_owner_dead_during_a_resize_holds_back_only_its_keys<
     pool.until_resized(RENEW + env.slack(), "the drain over")
         .await;
     pool.shutdown().await;
+}
+
+/// An ownership log the applications of a group record into.
+type Log = Arc<Mutex<OwnershipLog<Timestamp>>>;
+
+/// A running node of a [`Nodes`] pool: its handle, its fault switches, its groups.
+struct NodeRun {
+    handle: NodeHandle,
+    faults: Arc<Faults>,
+    groups: BTreeMap<GroupName, GroupHandle>,
+}
+
+/// Nodes on one store, each behind its own fault switches, in any of a set of groups; each
+/// group's applications record into that group's ownership log (bucket numbers repeat across
+/// groups).
+struct Nodes<S> {
+    store: S,
+    clock: Arc<dyn Clock>,
+    /// Each group's shard count and ownership log.
+    groups: BTreeMap<GroupName, (u32, Log)>,
+    events: Arc<AtomicUsize>,
+    nodes: BTreeMap<WorkerId, NodeRun>,
+}
+
+impl<S: LeaseStore + Clone + 'static> Nodes<S> {
+    /// A pool of nodes ([`RENEW`], [`TTL`], with wake-ups) for groups of these names and
+    /// shard counts.
+    fn new(env: &Env<S>, groups: &[(&str, u32)]) -> Self {
+        Self {
+            store: env.store.clone(),
+            clock: env.clock.clone(),
+            groups: groups
+                .iter()
+                .map(|&(name, shards)| {
+                    (
+                        GroupName::new(name).expect("a group name"),
+                        (shards, Arc::new(Mutex::new(OwnershipLog::new()))),
+                    )
+                })
+                .collect(),
+            events: Arc::new(AtomicUsize::new(0)),
+            nodes: BTreeMap::new(),
+        }
+    }
+
+    fn group(name: &str) -> GroupName {
+        GroupName::new(name).expect("a group name")
+    }
+
+    /// Start a node in these groups (added one after another, as an application would).
+    async fn start(&mut self, groups: &[&str]) -> WorkerId {
+        let store = FaultyStore::new(self.store.clone());
+        let faults = store.faults();
+        let handle = LeaseNode::builder()
+            .ttl(TTL)
+            .renew_interval(RENEW)
+            .build()
+            .expect("a valid configuration")
+            .start(store)
+            .expect("the node starts");
+        let id = handle.node_id();
+        self.nodes.insert(
+            id,
+            NodeRun {
+                handle,
+                faults,
+                groups: BTreeMap::new(),
+            },
+        );
+        for g in groups {
+            self.add(id, g).await;
+        }
+        id
+    }
+
+    /// Add group `name` to node `id`.
+    async fn add(&mut self, id: WorkerId, name: &str) {
+        let group = Self::group(name);
+        let (shards, log) = self.groups[&group].clone();
+        let handler = SlowHandler {
+            inner: RecordingHandler::new(id, log, self.clock.clone()),
+            slow: Slow::default(),
+            assigned: AtomicUsize::new(0),
+            events: self.events.clone(),
+            errors: Reported::default(),
+        };
+        let node = self.nodes.get_mut(&id).expect("a running node");
+        let handle = node
+            .handle
+            .add_group(
+                group.clone(),
+                ShardCount::new(shards).expect("a shard count"),
+                handler,
+            )
+            .await
+            .expect("the group is added");
+        node.groups.insert(group, handle);
+    }
+
+    /// Remove group `name` from node `id`, through the node's handle, and wait for it.
+    async fn remove(&mut self, id: WorkerId, name: &str) {
+        let group = Self::group(name);
+        let node = self.nodes.get_mut(&id).expect("a running node");
+        let handle = node.groups.remove(&group).expect("a group of the node");
+        node.handle
+            .remove_group(&group)
+            .await
+            .expect("the group is removed and left");
+        assert!(
+            handle.owned().borrow().is_empty(),
+            "the removed group's owned set kept buckets"
+        );
+    }
+
+    fn faults(&self, id: WorkerId) -> Arc<Faults> {
+        self.nodes[&id].faults.clone()
+    }
+
+    /// What each node's application of group `name` owns, for the nodes in it.
+    fn owned(&self, name: &str) -> BTreeMap<WorkerId, usize> {
+        let group = Self::group(name);
+        self.nodes
+            .iter()
+            .filter_map(|(&id, n)| n.groups.get(&group).map(|h| (id, h.owned().borrow().len())))
+            .collect()
+    }
+
+    fn balanced(&self, name: &str) -> bool {
+        let shards = self.groups[&Self::group(name)].0;
+        balanced(self.owned(name).into_values(), shards)
+    }
+
+    /// Wait until every group in `names` is balanced among its nodes; how long it took.
+    async fn until_balanced(&self, names: &[&str], limit: Duration, what: &str) -> Duration {
+        until(
+            limit,
+            what,
+            || names.iter().all(|g| self.balanced(g)),
+            || {
+                names
+                    .iter()
+                    .map(|g| (*g, self.owned(g)))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .await
+    }
+
+    /// What node `id`'s application of group `name` heard, when.
+    fn events_of(&self, id: WorkerId, name: &str) -> Vec<(Timestamp, OwnershipEvent)> {
+        lock(&self.groups[&Self::group(name)].1)
+            .entries()
+            .iter()
+            .filter(|e| e.worker == id)
+            .map(|e| (e.at, e.event))
+            .collect()
+    }
+
+    /// The expiry of node `id`'s session as the store lists it now, if it lists the node live.
+    async fn session_expiry(&self, id: WorkerId) -> Option<Timestamp> {
+        self.store
+            .nodes()
+            .await
+            .expect("nodes")
+            .nodes
+            .iter()
+            .find(|n| n.node == id && n.live)
+            .map(|n| n.expires_at)
+    }
+
+    /// Check every group's ownership log.
+    fn check(&self) -> Vec<Summary> {
+        self.groups
+            .iter()
+            .map(|(group, (_, log))| {
+                lock(log)
+                    .check()
+                    .unwrap_or_else(|e| panic!("ownership log of {group}: {e}"))
+            })
+            .collect()
+    }
+
+    /// Stop every node gracefully and check the logs.
+    async fn shutdown(mut self) -> Vec<Summary> {
+        for (_, node) in std::mem::take(&mut self.nodes) {
+            node.handle.shutdown().await.expect("a clean stop");
+        }
+        self.check()
+    }
+}
+
+/// Three nodes, each in three groups of different shard counts (`orders` 16, `billing` 64,
+/// `audit` 5), share each group evenly by its own count, in one heartbeat per node per tick
+/// whatever its groups: exactly one per renew interval on the paused clock, within one of it on
+/// real time. An operator evicting one node from `billing` makes it revoke its `billing`
+/// buckets (lost) and join again, and `billing` is balanced again; its `orders` and `audit`
+/// applications hear nothing of it.
+pub async fn a_node_in_three_groups_shares_each_by_its_own_count<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    const GROUPS: [&str; 3] = ["orders", "billing", "audit"];
+    let mut nodes = Nodes::new(&env, &[("orders", 16), ("billing", 64), ("audit", 5)]);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(nodes.start(&GROUPS).await);
+    }
+    let took = nodes
+        .until_balanced(&GROUPS, 5 * RENEW, "three groups over three nodes")
+        .await;
+    eprintln!("3 nodes x 3 groups (16, 64, 5 buckets): balanced in {took:?}");
+    for (g, loads) in [
+        ("orders", [5, 5, 6]),
+        ("billing", [21, 21, 22]),
+        ("audit", [1, 2, 2]),
+    ] {
+        let mut owned: Vec<usize> = nodes.owned(g).into_values().collect();
+        owned.sort_unstable();
+        assert_eq!(owned, loads, "{g}");
+    }
+    // Steady state: one heartbeat per node per tick, for its three groups.
+    let before: Vec<u64> = ids
+        .iter()
+        .map(|&id| nodes.faults(id).heartbeats.load(Ordering::SeqCst))
+        .collect();
+    tokio::time::sleep(5 * RENEW).await;
+    for (i, &id) in ids.iter().enumerate() {
+        let beats = nodes.faults(id).heartbeats.load(Ordering::SeqCst) - before[i];
+        if env.paused {
+            assert_eq!(
+                beats, 5,
+                "heartbeats of a node in 3 groups in 5 renew intervals"
+            );
+        } else {
+            assert!(
+                (4..=6).contains(&beats),
+                "{beats} heartbeats of a node in 3 groups in 5 renew intervals"
+            );
+        }
+    }
+    // An operator evicts the first node from billing (its other groups keep its session).
+    let evicted = ids[0];
+    let seen: BTreeMap<&str, usize> = GROUPS
+        .iter()
+        .map(|&g| (g, nodes.events_of(evicted, g).len()))
+        .collect();
+    let held = nodes.owned("billing")[&evicted];
+    nodes
+        .store
+        .leave(&Nodes::<S>::group("billing"), evicted, None)
+        .await
+        .expect("evict");
+    until(
+        RENEW + env.slack(),
+        "the evicted node revoking its billing buckets (lost)",
+        || {
+            nodes.events_of(evicted, "billing")[seen["billing"]..]
+                .iter()
+                .filter(|(_, e)| {
+                    matches!(
+                        e,
+                        OwnershipEvent::Revoked {
+                            reason: RevokeReason::Lost,
+                            ..
+                        }
+                    )
+                })
+                .count()
+                == held
+        },
+        || nodes.events_of(evicted, "billing"),
+    )
+    .await;
+    nodes
+        .until_balanced(&GROUPS, 2 * RENEW + env.slack(), "billing again")
+        .await;
+    for g in ["orders", "audit"] {
+        assert_eq!(
+            nodes.events_of(evicted, g).len(),
+            seen[g],
+            "the node's {g} application heard of the eviction from billing"
+        );
+    }
+    nodes.shutdown().await;
+}
+
+/// Groups come and go on running nodes without disturbing the others: two nodes share
+/// `orders` (12); `billing` (8) added to both at run time is shared evenly while `orders`
+/// moves nothing. Removing `orders` from the first node revokes its 6 (shutdown) and the
+/// second owns all 12 at once (the leave wakes it), the first node's `billing` untouched and
+/// its session kept. Removing its last group ends its session (the store lists it no more);
+/// added again, `orders` is shared again under a new session.
+pub async fn groups_added_and_removed_at_run_time_leave_the_others_alone<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    let mut nodes = Nodes::new(&env, &[("orders", 12), ("billing", 8)]);
+    let a = nodes.start(&["orders"]).await;
+    let b = nodes.start(&["orders"]).await;
+    nodes
+        .until_balanced(&["orders"], 5 * RENEW, "orders over two nodes")
+        .await;
+    let orders_events =
+        |nodes: &Nodes<S>| nodes.events_of(a, "orders").len() + nodes.events_of(b, "orders").len();
+    let quiet = orders_events(&nodes);
+    nodes.add(a, "billing").await;
+    nodes.add(b, "billing").await;
+    nodes
+        .until_balanced(&["billing"], 2 * RENEW + env.slack(), "billing added")
+        .await;
+    assert_eq!(orders_events(&nodes), quiet, "orders moved as billing came");
+    assert!(nodes.balanced("orders"));
+
+    // Removing one group of two keeps the node's session and its other group.
+    let billing_seen = nodes.events_of(a, "billing").len();
+    let session = nodes.session_expiry(a).await;
+    assert!(session.is_some(), "a's session is not live");
+    let removed_at = nodes.clock.now();
+    nodes.remove(a, "orders").await;
+    let shutdown = nodes
+        .events_of(a, "orders")
+        .iter()
+        .filter(|(t, e)| {
+            *t >= removed_at
+                && matches!(
+                    e,
+                    OwnershipEvent::Revoked {
+                        reason: RevokeReason::Shutdown,
+                        ..
+                    }
+                )
+        })
+        .count();
+    assert_eq!(shutdown, 6, "a's orders buckets revoked (shutdown)");
+    let took = nodes
+        .until_balanced(
+            &["orders"],
+            WAKE_UP_BOUND + env.slack(),
+            "b taking all of orders",
+        )
+        .await;
+    eprintln!("a group removed from a node: its 6 buckets re-owned in {took:?}");
+    assert_eq!(nodes.owned("orders")[&b], 12);
+    assert_eq!(
+        nodes.events_of(a, "billing").len(),
+        billing_seen,
+        "removing orders touched a's billing"
+    );
+    let listed = nodes.store.nodes().await.expect("nodes");
+    let a_row = listed
+        .nodes
+        .iter()
+        .find(|n| n.node == a)
+        .expect("a is listed");
+    assert!(a_row.live, "removing one of two groups ended a's session");
+    assert_eq!(a_row.groups, vec![Nodes::<S>::group("billing")]);
+
+    // Removing the last group ends the session (contract rule L3).
+    nodes.remove(a, "billing").await;
+    nodes
+        .until_balanced(
+            &["billing"],
+            WAKE_UP_BOUND + env.slack(),
+            "b taking all of billing",
+        )
+        .await;
+    let listed = nodes.store.nodes().await.expect("nodes");
+    assert!(
+        listed.nodes.iter().all(|n| n.node != a),
+        "a node in no group is still listed: {:?}",
+        listed.nodes
+    );
+    // Back in orders, under a new session.
+    nodes.add(a, "orders").await;
+    nodes
+        .until_balanced(
+            &["orders", "billing"],
+            2 * RENEW + env.slack(),
+            "a back in orders",
+        )
+        .await;
+    assert_eq!(nodes.owned("orders")[&a], 6);
+    nodes.shutdown().await;
+}
+
+/// A node cut off from the store (every call hangs, as over a cut network or from a process
+/// that stopped being scheduled) in three groups revokes its buckets of every group (expired)
+/// at its one trust deadline, before its session expires: the other node is assigned none of
+/// them before that, and all of them after the session expired. Healed, the node gets its
+/// share of every group back.
+pub async fn a_paused_node_fences_in_every_group_before_any_bucket_is_taken<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    const GROUPS: [&str; 3] = ["orders", "billing", "audit"];
+    let mut nodes = Nodes::new(&env, &[("orders", 8), ("billing", 12), ("audit", 3)]);
+    let a = nodes.start(&GROUPS).await;
+    let b = nodes.start(&GROUPS).await;
+    nodes.until_balanced(&GROUPS, 5 * RENEW, "cold start").await;
+    let held: BTreeMap<&str, usize> = GROUPS.iter().map(|&g| (g, nodes.owned(g)[&a])).collect();
+    let seen: BTreeMap<&str, usize> = GROUPS
+        .iter()
+        .map(|&g| (g, nodes.events_of(b, g).len()))
+        .collect();
+    let faults = nodes.faults(a);
+    let cut_at = nodes.clock.now();
+    faults.hang.store(true, Ordering::SeqCst);
+    // Follow a's session's expiry: a heartbeat already sent when it was cut off may still
+    // renew it.
+    let start = Instant::now();
+    let limit = TTL + RENEW + env.slack();
+    let mut expiry = None;
+    loop {
+        if let Some(e) = nodes.session_expiry(a).await {
+            expiry = expiry.max(Some(e));
+        }
+        if GROUPS
+            .iter()
+            .all(|g| nodes.owned(g)[&b] == nodes.groups[&Nodes::<S>::group(g)].0 as usize)
+        {
+            break;
+        }
+        let elapsed = start.elapsed();
+        assert!(
+            elapsed < limit,
+            "b taking every group: not within {limit:?}; {:?}",
+            GROUPS
+                .iter()
+                .map(|g| (*g, nodes.owned(g)))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(POLL.min(limit - elapsed)).await;
+    }
+    let expiry = expiry.expect("a's session was seen in the store");
+    let mut last_fence = None;
+    for g in GROUPS {
+        let fenced: Vec<Timestamp> = nodes
+            .events_of(a, g)
+            .into_iter()
+            .filter(|(t, e)| {
+                *t >= cut_at
+                    && matches!(
+                        e,
+                        OwnershipEvent::Revoked {
+                            reason: RevokeReason::Expired,
+                            ..
+                        }
+                    )
+            })
+            .map(|(t, _)| t)
+            .collect();
+        assert_eq!(fenced.len(), held[g], "a did not fence every bucket of {g}");
+        last_fence = last_fence.max(fenced.iter().max().copied());
+    }
+    let last_fence = last_fence.expect("a fenced");
+    assert!(
+        last_fence < expiry,
+        "a fenced its last bucket at {last_fence}, its session expired at {expiry}"
+    );
+    for g in GROUPS {
+        let taken: Vec<Timestamp> = nodes.events_of(b, g)[seen[g]..]
+            .iter()
+            .filter(|(_, e)| matches!(e, OwnershipEvent::Assigned(_)))
+            .map(|(t, _)| *t)
+            .collect();
+        assert_eq!(taken.len(), held[g], "b took a's buckets of {g}");
+        for t in taken {
+            assert!(
+                t >= expiry && t > last_fence,
+                "b was assigned a bucket of {g} at {t}: a fenced its last at {last_fence}, its \
+                 session expired at {expiry}"
+            );
+        }
+    }
+    if env.paused {
+        // One trust deadline for the node: every group fenced at the same instant.
+        let first_fence = GROUPS
+            .iter()
+            .flat_map(|&g| nodes.events_of(a, g))
+            .filter(|(t, e)| {
+                *t >= cut_at
+                    && matches!(
+                        e,
+                        OwnershipEvent::Revoked {
+                            reason: RevokeReason::Expired,
+                            ..
+                        }
+                    )
+            })
+            .map(|(t, _)| t)
+            .min()
+            .expect("a fenced");
+        assert_eq!(
+            first_fence, last_fence,
+            "the groups fenced at different times"
+        );
+    }
+    assert!(faults.injected.load(Ordering::SeqCst) > 0);
+    faults.hang.store(false, Ordering::SeqCst);
+    nodes
+        .until_balanced(&GROUPS, 5 * RENEW, "a's shares back")
+        .await;
+    nodes.shutdown().await;
 }

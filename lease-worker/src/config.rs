@@ -1,4 +1,4 @@
-//! A worker's configuration, validated when it is built.
+//! Node and worker configurations, validated when they are built.
 
 use std::time::Duration;
 
@@ -58,7 +58,8 @@ pub enum ConfigError {
     Ttl(#[from] lease_core::InvalidInput),
 }
 
-/// A validated worker configuration; [`start`](LeaseWorker::start) runs it.
+/// A validated worker configuration: a node ([`LeaseNode`]) of one group, the group fixed;
+/// [`start`](LeaseWorker::start) runs it.
 ///
 /// ```
 /// use std::time::Duration;
@@ -225,44 +226,268 @@ impl LeaseWorkerBuilder {
 
     /// Validate and build.
     pub fn build(self) -> Result<LeaseWorker, ConfigError> {
-        if self.renew_interval.is_zero() {
+        let timing = Timing::validate(
+            self.ttl,
+            self.renew_interval,
+            self.margin,
+            self.wake_debounce,
+            self.ack_limit,
+        )?;
+        Ok(LeaseWorker {
+            group: self.group,
+            shards: self.shards,
+            ttl: timing.ttl,
+            renew_interval: timing.renew_interval,
+            margin: timing.margin,
+            worker: self.worker.unwrap_or_default(),
+            metadata: self.metadata,
+            wake_debounce: timing.wake_debounce,
+            ack_limit: timing.ack_limit,
+            cancel: self.cancel.unwrap_or_default(),
+            running: RunFlag::default(),
+        })
+    }
+}
+
+/// The timing of a node (a worker's included), checked.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    pub(crate) ttl: Ttl,
+    pub(crate) renew_interval: Duration,
+    pub(crate) margin: Duration,
+    pub(crate) wake_debounce: Duration,
+    pub(crate) ack_limit: Option<Duration>,
+}
+
+impl Timing {
+    /// The rules every node's timing follows, each with its error; the margin and the
+    /// acknowledgement limit get their defaults here.
+    fn validate(
+        ttl: Duration,
+        renew_interval: Duration,
+        margin: Option<Duration>,
+        wake_debounce: Duration,
+        ack_limit: Option<Duration>,
+    ) -> Result<Self, ConfigError> {
+        if renew_interval.is_zero() {
             return Err(ConfigError::RenewIntervalZero);
         }
-        let ttl = Ttl::new(self.ttl)?;
+        let ttl = Ttl::new(ttl)?;
         let ttl_d = ttl.as_duration();
-        if ttl_d <= self.renew_interval * 2 {
+        if ttl_d <= renew_interval * 2 {
             return Err(ConfigError::TtlTooShort {
                 ttl: ttl_d,
-                renew_interval: self.renew_interval,
+                renew_interval,
             });
         }
-        let limit = ttl_d - self.renew_interval * 3 / 2;
-        let margin = self.margin.unwrap_or_else(|| (ttl_d / 6).min(limit / 2));
+        let limit = ttl_d - renew_interval * 3 / 2;
+        let margin = margin.unwrap_or_else(|| (ttl_d / 6).min(limit / 2));
         if margin.is_zero() {
             return Err(ConfigError::MarginZero);
         }
         if margin >= limit {
             return Err(ConfigError::MarginTooLarge { margin, limit });
         }
-        if self.wake_debounce >= self.renew_interval {
+        if wake_debounce >= renew_interval {
             return Err(ConfigError::DebounceTooLong {
-                debounce: self.wake_debounce,
-                renew_interval: self.renew_interval,
+                debounce: wake_debounce,
+                renew_interval,
             });
         }
-        Ok(LeaseWorker {
-            group: self.group,
-            shards: self.shards,
+        Ok(Self {
             ttl,
-            renew_interval: self.renew_interval,
+            renew_interval,
             margin,
-            worker: self.worker.unwrap_or_default(),
+            wake_debounce,
+            ack_limit: Some(ack_limit.unwrap_or(ttl_d)),
+        })
+    }
+}
+
+/// A validated node configuration: one process's session, shared by the groups it is added
+/// to at run time. [`start`](LeaseNode::start) runs it; groups are added and removed on the
+/// [`NodeHandle`](crate::NodeHandle) it returns, each with its own shard count and its own
+/// handler (or per-bucket leases).
+///
+/// One heartbeat per renew interval renews the node's session and answers for every group;
+/// the trust deadline is the node's, so a missed renewal fences every group at once, before
+/// any of its buckets can be taken.
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_core::{GroupName, OwnershipEvent, ShardCount};
+/// use lease_worker::{LeaseNode, event_channel};
+/// use lease_memory::MemoryLeaseStore;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let node = LeaseNode::builder()
+///     .ttl(Duration::from_secs(3))
+///     .renew_interval(Duration::from_secs(1))
+///     .build()?
+///     .start(MemoryLeaseStore::new())?;
+/// let (orders, mut orders_events) = event_channel(64);
+/// let (billing, mut billing_events) = event_channel(64);
+/// let o = node.add_group(GroupName::new("orders")?, ShardCount::new(2)?, orders).await?;
+/// let b = node.add_group(GroupName::new("billing")?, ShardCount::new(3)?, billing).await?;
+/// // Alone in both groups, the node is assigned every bucket of each.
+/// for _ in 0..2 {
+///     assert!(matches!(orders_events.recv().await, Some(OwnershipEvent::Assigned(_))));
+/// }
+/// for _ in 0..3 {
+///     assert!(matches!(billing_events.recv().await, Some(OwnershipEvent::Assigned(_))));
+/// }
+/// assert_eq!((o.owned().borrow().len(), b.owned().borrow().len()), (2, 3));
+/// b.remove().await?; // revoke billing's buckets, leave billing; orders goes on
+/// node.shutdown().await?; // revoke everything, leave every group
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct LeaseNode {
+    pub(crate) node: WorkerId,
+    pub(crate) timing: Timing,
+    pub(crate) metadata: MemberMetadata,
+    pub(crate) cancel: CancellationToken,
+    /// Shared with clones: one of them runs at a time.
+    pub(crate) running: RunFlag,
+}
+
+/// Builds a [`LeaseNode`].
+#[derive(Debug, Clone)]
+pub struct LeaseNodeBuilder {
+    ttl: Duration,
+    renew_interval: Duration,
+    margin: Option<Duration>,
+    node: Option<WorkerId>,
+    metadata: MemberMetadata,
+    wake_debounce: Duration,
+    ack_limit: Option<Duration>,
+    cancel: Option<CancellationToken>,
+}
+
+impl LeaseNode {
+    /// A builder of a node, with the defaults of [`LeaseWorker`]'s timing.
+    pub fn builder() -> LeaseNodeBuilder {
+        LeaseNodeBuilder {
+            ttl: LeaseWorker::DEFAULT_TTL,
+            renew_interval: LeaseWorker::DEFAULT_RENEW_INTERVAL,
+            margin: None,
+            node: None,
+            metadata: MemberMetadata::empty(),
+            wake_debounce: LeaseWorker::DEFAULT_WAKE_DEBOUNCE,
+            ack_limit: None,
+            cancel: None,
+        }
+    }
+
+    /// The node's id.
+    pub fn node_id(&self) -> WorkerId {
+        self.node
+    }
+
+    /// The session ttl.
+    pub fn ttl(&self) -> Ttl {
+        self.timing.ttl
+    }
+
+    /// The renew interval.
+    pub fn renew_interval(&self) -> Duration {
+        self.timing.renew_interval
+    }
+
+    /// The safety margin of self-fencing.
+    pub fn safety_margin(&self) -> Duration {
+        self.timing.margin
+    }
+}
+
+impl LeaseNodeBuilder {
+    /// How long the session lives after a heartbeat (default 30 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How often to heartbeat and re-plan (default 10 s).
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.renew_interval = interval;
+        self
+    }
+
+    /// How long before the store could expire a lease the node stops trusting it (default: a
+    /// sixth of the ttl, at most half of `ttl - 1.5 x renew_interval`); see
+    /// [`LeaseWorkerBuilder::safety_margin`].
+    pub fn safety_margin(mut self, margin: Duration) -> Self {
+        self.margin = Some(margin);
+        self
+    }
+
+    /// The node's id (default: a fresh UUID v7). Use a fresh id for every process start, or
+    /// a stable one per process slot (a stateful-set pod's): a second process with the id of
+    /// a live one is refused until that one's session ends.
+    pub fn node_id(mut self, node: WorkerId) -> Self {
+        self.node = Some(node);
+        self
+    }
+
+    /// What to show about this node in `leasectl status` (host, pid, version...).
+    pub fn metadata(mut self, metadata: MemberMetadata) -> Self {
+        self.metadata = metadata;
+        self
+    }
+
+    /// Pause after a wake-up before re-planning, so a burst of changes (in any of the node's
+    /// groups) costs one tick (default 10 ms).
+    pub fn wake_debounce(mut self, debounce: Duration) -> Self {
+        self.wake_debounce = debounce;
+        self
+    }
+
+    /// How long an application may take to stop working on a revoked bucket before the node
+    /// reports the bucket stuck and keeps it (default: the ttl); see
+    /// [`LeaseWorkerBuilder::revoke_ack_limit`].
+    pub fn revoke_ack_limit(mut self, limit: Duration) -> Self {
+        self.ack_limit = Some(limit);
+        self
+    }
+
+    /// Stop gracefully when `token` is cancelled (default: a token of the node's own). Each
+    /// run of the configuration stops on a child token of its own
+    /// ([`NodeHandle::cancellation_token`](crate::NodeHandle::cancellation_token)).
+    pub fn cancellation_token(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    /// Validate and build.
+    pub fn build(self) -> Result<LeaseNode, ConfigError> {
+        let timing = Timing::validate(
+            self.ttl,
+            self.renew_interval,
+            self.margin,
+            self.wake_debounce,
+            self.ack_limit,
+        )?;
+        Ok(LeaseNode {
+            node: self.node.unwrap_or_default(),
+            timing,
             metadata: self.metadata,
-            wake_debounce: self.wake_debounce,
-            ack_limit: Some(self.ack_limit.unwrap_or(ttl_d)),
             cancel: self.cancel.unwrap_or_default(),
             running: RunFlag::default(),
         })
+    }
+}
+
+impl LeaseWorker {
+    /// The node this worker runs as: its timing, id, metadata and token.
+    pub(crate) fn timing(&self) -> Timing {
+        Timing {
+            ttl: self.ttl,
+            renew_interval: self.renew_interval,
+            margin: self.margin,
+            wake_debounce: self.wake_debounce,
+            ack_limit: self.ack_limit,
+        }
     }
 }
 
@@ -335,6 +560,33 @@ mod tests {
                 .safety_margin(Duration::from_millis(14_999))
                 .build()
                 .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_node_follows_the_same_rules() {
+        let node = LeaseNode::builder().build().unwrap();
+        assert_eq!(node.safety_margin(), Duration::from_secs(5));
+        assert_eq!(
+            LeaseNode::builder()
+                .ttl(Duration::from_secs(20))
+                .renew_interval(Duration::from_secs(10))
+                .build()
+                .unwrap_err(),
+            ConfigError::TtlTooShort {
+                ttl: Duration::from_secs(20),
+                renew_interval: Duration::from_secs(10)
+            }
+        );
+        assert_eq!(
+            LeaseNode::builder()
+                .wake_debounce(Duration::from_secs(10))
+                .build()
+                .unwrap_err(),
+            ConfigError::DebounceTooLong {
+                debounce: Duration::from_secs(10),
+                renew_interval: Duration::from_secs(10)
+            }
         );
     }
 

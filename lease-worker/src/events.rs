@@ -6,7 +6,8 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 use lease_core::{
-    Assignment, Bucket, FencingToken, Operation, OwnershipEvent, RevokeReason, StoreError,
+    Assignment, Bucket, FencingToken, GroupName, Operation, OwnershipEvent, RevokeReason,
+    StoreError,
 };
 
 /// A failure the worker survived; it keeps running and retries with backoff.
@@ -32,7 +33,8 @@ pub enum WorkerError {
     },
 }
 
-/// Why a worker task ended without being asked to.
+/// Why a worker, a node or one of a node's groups ended without being asked to (or, asked to
+/// stop, could not leave).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkerFailed {
@@ -59,14 +61,40 @@ pub enum WorkerFailed {
         /// Why the leave failed.
         source: WorkerError,
     },
+    /// The node this group ran on failed (the node's own result says why,
+    /// [`NodeHandle::wait`](crate::NodeHandle::wait)): the group's buckets were revoked and the
+    /// group left, as far as the store allowed.
+    #[error("the node running this group failed")]
+    NodeFailed,
+    /// Asked to stop, the node revoked everything but could not leave these groups (the store
+    /// failed or did not answer): the node's leases in them stay in the store until its
+    /// session expires, and only then can other nodes take those buckets. Each group's
+    /// [`GroupHandle`](crate::GroupHandle) says why.
+    #[error("stopped, but could not leave group(s) {}", names(groups))]
+    GroupsNotLeft {
+        /// The groups, in the order they ended.
+        groups: Vec<GroupName>,
+    },
 }
 
-/// The application side of a worker. Calls are awaited one at a time, in order; for each
+fn names(groups: &[GroupName]) -> String {
+    groups
+        .iter()
+        .map(|g| format!("{:?}", g.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The application side of a group: one handler per group of a node (a worker is a node of one
+/// group). Calls are awaited one at a time, in order, on a task of the group's own; for each
 /// bucket an assignment always comes before its revocation, and a shed bucket is released
-/// only after `on_revoked` returns. Keep them short: the worker cannot renew while waiting,
-/// and a handler call that outlasts the trust deadline (`ttl - margin` after the last
-/// heartbeat was sent) makes the worker revoke everything once it returns. A panicking
-/// handler stops the worker ([`WorkerHandle::wait`](crate::WorkerHandle::wait) reports it).
+/// only after `on_revoked` returns. The node renews its session while a handler works (a slow
+/// handler delays its own group's events, never the renewals nor the other groups'), but a
+/// handler call that outlasts the trust deadline (`ttl - margin` after the last heartbeat was
+/// sent) holds a bucket the node no longer trusts: the node revokes it once the call
+/// returns. A panicking handler stops the whole node at once, as a crash would: no group is
+/// revoked or left, and its leases expire ([`WorkerHandle::wait`](crate::WorkerHandle::wait)
+/// and [`NodeHandle::wait`](crate::NodeHandle::wait) report it).
 #[async_trait]
 pub trait OwnershipHandler: Send + Sync + 'static {
     /// The worker now owns a bucket with a token: start working on it. After a resize the

@@ -1,67 +1,88 @@
-//! The worker's rules as a sans-IO state machine: time is an argument, nothing is awaited,
-//! no clock is read.
+//! The node's rules as a sans-IO state machine: time is an argument, nothing is awaited, no
+//! clock is read.
 //!
-//! The machine decides; a driver (the tokio task started by [`LeaseWorker::start`](crate::LeaseWorker::start), or a test)
+//! A node is one process's membership in any number of groups under **one session**: one
+//! heartbeat per tick renews it and answers for every group ([`Heartbeat`]), and each group
+//! has its own buckets, its own application and its own share. The machine decides; a driver
+//! (the tokio task started by [`LeaseNode::start`](crate::LeaseNode::start), or a test)
 //! performs. The driver feeds it what happened ([`Machine::handle`]: a store call's result, an
-//! event delivered to the application, a revocation acknowledged, a wake-up, a stop request),
-//! wakes it when [`Machine::poll_timeout`] says ([`Machine::handle_timeout`]), and performs
-//! what [`Machine::poll`] returns: the next store call ([`Output::Call`]), the next event to
-//! deliver ([`Output::Deliver`]), a report ([`Output::Report`]), and finally how the worker
-//! ended ([`Output::Finished`]). At most one store call is in flight and one delivery is
-//! pending at a time (contract rule G8, and the handler's one-at-a-time promise).
+//! event delivered to a group's application, a revocation acknowledged, a wake-up, a stop
+//! request), adds and removes groups ([`Machine::add_group`], [`Machine::remove_group`]), wakes
+//! it when [`Machine::poll_timeout`] says ([`Machine::handle_timeout`]), and performs what
+//! [`Machine::poll`] returns: the next store call ([`Output::Call`]), the next event to deliver
+//! to a group ([`Output::Deliver`]), a report ([`Output::Report`]), the end of a group
+//! ([`Output::GroupFinished`]) and finally how the node ended ([`Output::Finished`]). At most
+//! one store call is in flight for the whole node (contract rule G8: heartbeats and the calls
+//! of its groups are one caller's), and at most one delivery is pending per group (each
+//! group's application hears its events one at a time, in order; groups do not wait for each
+//! other).
 //!
 //! The rules it owns:
 //!
-//! - **Ticks.** A tick is a heartbeat, then the work the answer calls for: revoke what the
-//!   store says is not ours any more, assign what it says is ours and the application was not
-//!   told of, retry releases, then the policy's plan: shed (revoke, then release) or claim
-//!   (at most [`CLAIM_BATCH`] at a time, ticking again at once while more is wanted). The next
-//!   tick is due one renew interval after the last heartbeat was *sent* (a slow tick does not
-//!   push renewals past the trust deadline), at once after a full claim batch, a wake-up's
-//!   debounce after a wake-up, or after a backoff (100 ms doubling, at most the renew
-//!   interval) after a failure.
-//! - **Trust.** Leases are trusted until `sent + ttl - margin`, `sent` being when the last
-//!   successful heartbeat was sent. Nothing is assigned at or past that deadline, nor once a
-//!   renewal is due (a slow application must not starve the heartbeat); at the deadline
-//!   everything the application holds is revoked ([`RevokeReason::Expired`]), even while a
-//!   store call is in flight.
+//! - **Ticks.** A tick is a heartbeat for the whole node (handing in, per group, the stamp of
+//!   the last view it was given, so that the store may answer "unchanged"; the machine keeps
+//!   that view), then for each group the work the answer calls for: revoke what the store
+//!   says is not ours any more, assign what it says is ours and the application was not told
+//!   of, retry releases, then the policy's plan: shed (revoke, then release) or claim (at most
+//!   [`CLAIM_BATCH`] at a time, ticking again at once while more is wanted). The next tick is
+//!   due one renew interval after the last heartbeat was *sent* (a slow tick does not push
+//!   renewals past the trust deadline), at once after a full claim batch or a join, a wake-up's
+//!   debounce after a wake-up, or after a backoff (100 ms doubling, at most the renew interval)
+//!   after a failure. A renewal never waits for an application: once it is due the heartbeat
+//!   goes out as soon as no store call is in flight, even while a group's handler is still
+//!   working on a delivery; the answer re-plans every group.
+//! - **Trust, per node.** Leases are trusted until `sent + ttl - margin`, `sent` being when the
+//!   last successful heartbeat was sent. Nothing is assigned at or past that deadline, nor once
+//!   a renewal is due; at the deadline everything every group's application holds is revoked
+//!   ([`RevokeReason::Expired`]), even while a store call is in flight: one missed renewal
+//!   fences every group.
+//! - **Membership.** A new session is a member of no group: after one, every group is joined
+//!   again (one [`StoreCall::Join`] each) and claims nothing before the next heartbeat gives
+//!   its view. A group missing from a heartbeat of the same session was left behind the
+//!   node's back (an operator evicted the node from it): its buckets are revoked
+//!   ([`RevokeReason::Lost`]) and it is joined again.
 //! - **Revoke before release.** A shed bucket is released only after its revocation was
 //!   acknowledged by the application ([`Input::Acked`]); an acknowledgement that does not come
 //!   within the configured limit makes the bucket *stuck*: reported, never released, kept out
 //!   of the store's hands until the session ends.
 //! - **A new session revokes everything first.** A heartbeat answering with a session other
 //!   than the one the machine knew (a new one, or one whose start it never heard of) means
-//!   nothing held before is ours: every bucket is revoked before anything else.
-//! - **Reconciliation.** Once a tick completes, what the application holds is what the store
-//!   says the worker owns, less what is being released.
-//! - **Resizes.** A heartbeat whose group has another shard count than the machine's is a
-//!   resize the worker follows when the group was resized from the machine's count (one the
-//!   worker was configured with, or followed before): it adopts the new count (reported once),
-//!   shares the new generation's buckets by the policy, and revokes every bucket of the old
-//!   generation it holds ([`RevokeReason::Resharded`]), releasing each once acknowledged, as a
-//!   shed bucket. Old buckets are never assigned. Any other count is the typed mismatch error.
-//! - **Errors.** A transient store error is reported and the tick retried after a backoff; a
-//!   permanent one (or a group found with another shard count) revokes everything, leaves the
-//!   group and finishes with the failure. A call that does not answer within the call timeout
-//!   is abandoned and counts as a transient failure.
-//! - **Stopping.** A stop abandons the call in flight, revokes everything
+//!   nothing held before is ours, in any group: every bucket is revoked before anything else,
+//!   and each group's join waits for its revocations.
+//! - **Reconciliation.** Once a tick completes, what each application holds is what the store
+//!   says the node owns in its group, less what is being released.
+//! - **Resizes.** A heartbeat whose group has another shard count than the group's is a
+//!   resize the group follows when the group was resized from that count (the one it was
+//!   added with, or followed before): it adopts the new count (reported once), shares the new
+//!   generation's buckets by the policy, and revokes every bucket of the old generation it
+//!   holds ([`RevokeReason::Resharded`]), releasing each once acknowledged, as a shed bucket.
+//!   Old buckets are never assigned. Any other count is the typed mismatch error, for that
+//!   group.
+//! - **Errors.** A transient store error is reported and the tick retried after a backoff. A
+//!   permanent one ends what it concerns: a group's call (or a group found with another shard
+//!   count) revokes that group's buckets, leaves it and ends it ([`Output::GroupFinished`]); a
+//!   heartbeat's ends the node (every group revoked and left). A call that does not answer
+//!   within the call timeout is abandoned and counts as a transient failure.
+//! - **Removing a group, stopping.** Removing a group revokes everything its application holds
 //!   ([`RevokeReason::Shutdown`]), waits for the acknowledgements (within the limit), leaves
-//!   the group under the worker's own session, and finishes.
+//!   that group under the node's session, and ends the group; the node's other groups go on. A
+//!   stop removes every group that way (without renewing meanwhile, and letting the call in
+//!   flight answer: it may be starting the session to leave), then finishes.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use chrono::TimeDelta;
 use lease_core::{
-    Assignment, Bucket, FencingToken, Generation, GroupName, Heartbeat, Incarnation, Lease,
-    Operation, RevokeReason, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId,
-    policy,
+    Assignment, Bucket, FencingToken, Generation, GroupBeat, GroupName, GroupStamp, Heartbeat,
+    Incarnation, Lease, Operation, RevokeReason, SessionId, ShardCount, StoreError, Takeover,
+    Timestamp, Ttl, ViewStamp, WorkerId, policy,
 };
 
 use crate::events::{WorkerError, WorkerFailed};
 
-/// The most buckets one claim asks for. A worker that needs more claims in batches, each after
-/// a fresh heartbeat: a worker alone in a big group while the others are starting stops at its
+/// The most buckets one claim asks for. A group that needs more claims in batches, each after
+/// a fresh heartbeat: a node alone in a big group while the others are starting stops at its
 /// share as soon as they show up, instead of taking (and then shedding) the whole group, and
 /// no statement holds thousands of row locks at a time.
 pub const CLAIM_BATCH: u32 = 512;
@@ -77,29 +98,24 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// The buckets the application owns, with their tokens.
 pub type Owned = BTreeMap<Bucket, FencingToken>;
 
-/// What the machine needs to know about its worker.
+/// What the machine needs to know about its node.
 #[derive(Clone, Debug)]
 pub struct Rules {
-    /// The group.
-    pub group: GroupName,
-    /// The group's shard count the worker was configured with; it follows a resize from it
-    /// ([`Machine::shards`]).
-    pub shards: ShardCount,
-    /// The worker.
-    pub worker: WorkerId,
-    /// This start of the worker.
+    /// The node (the process's id in the store).
+    pub node: WorkerId,
+    /// This start of the node.
     pub incarnation: Incarnation,
     /// How long a session lives after a heartbeat.
     pub ttl: Ttl,
     /// How often to heartbeat.
     pub renew_interval: Duration,
-    /// How long before the store could expire a lease the worker stops trusting it.
+    /// How long before the store could expire a lease the node stops trusting it.
     pub safety_margin: Duration,
     /// The pause after a wake-up before ticking, so a burst of changes costs one tick.
     pub wake_debounce: Duration,
     /// How long a store call may take before it is abandoned.
     pub call_timeout: Duration,
-    /// How long the application may take to acknowledge a revocation before the bucket is
+    /// How long an application may take to acknowledge a revocation before the bucket is
     /// reported stuck; `None`: no limit.
     pub ack_limit: Option<Duration>,
 }
@@ -109,22 +125,24 @@ pub struct Rules {
 pub enum Input {
     /// The answer to [`StoreCall::Heartbeat`].
     Heartbeat(Result<Heartbeat, StoreError>),
-    /// The answer to [`StoreCall::Claim`].
-    Claimed(Result<Vec<Lease>, StoreError>),
-    /// The answer to [`StoreCall::Release`].
-    Released(Result<Vec<Bucket>, StoreError>),
-    /// The answer to [`StoreCall::Leave`].
-    Left(Result<Vec<Bucket>, StoreError>),
-    /// The pending [`Output::Deliver`] reached the application (for an assignment: the
+    /// The answer to [`StoreCall::Join`] of the group.
+    Joined(GroupName, Result<(), StoreError>),
+    /// The answer to [`StoreCall::Claim`] of the group.
+    Claimed(GroupName, Result<Vec<Lease>, StoreError>),
+    /// The answer to [`StoreCall::Release`] of the group.
+    Released(GroupName, Result<Vec<Bucket>, StoreError>),
+    /// The answer to [`StoreCall::Leave`] of the group.
+    Left(GroupName, Result<Vec<Bucket>, StoreError>),
+    /// The group's pending [`Output::Deliver`] reached its application (for an assignment: the
     /// application has it; for a revocation: it has been told, the acknowledgement may follow
     /// later with [`Input::Acked`]).
-    Delivered,
-    /// The application stopped working on a revoked bucket. Also counts as
+    Delivered(GroupName),
+    /// The group's application stopped working on a revoked bucket. Also counts as
     /// [`Input::Delivered`] for a pending revocation of that bucket.
-    Acked(Bucket),
-    /// The store's change feed reported a change in the group.
+    Acked(GroupName, Bucket),
+    /// A change feed reported a change in one of the node's groups: re-plan soon.
     Wake,
-    /// Stop gracefully.
+    /// Stop gracefully: remove every group, then finish.
     Stop,
 }
 
@@ -133,40 +151,60 @@ pub enum Input {
 pub enum Output {
     /// Make this store call and hand its result back; only one is in flight at a time.
     Call(StoreCall),
-    /// Deliver this event to the application, then hand back [`Input::Delivered`] (or
-    /// [`Input::Acked`]); only one is pending at a time.
-    Deliver(Delivery),
-    /// Report this (log it, count it, tell the application's error hook).
+    /// Deliver this event to the group's application, then hand back [`Input::Delivered`] (or
+    /// [`Input::Acked`]); only one is pending per group at a time.
+    Deliver(GroupName, Delivery),
+    /// Report this (log it, count it, tell the applications' error hooks).
     Report(Report),
-    /// The worker is done; nothing more will come.
+    /// The group is done (removed, or failed): nothing more will come for it. `Ok` when it was
+    /// removed (or the node stopped) and it left the store's group.
+    GroupFinished(GroupName, Result<(), WorkerFailed>),
+    /// The node is done; nothing more will come. `Ok` when it was asked to stop.
     Finished(Result<(), WorkerFailed>),
 }
 
-/// A store call the machine needs made, for its group and worker.
+/// A store call the machine needs made, for its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreCall {
-    /// [`LeaseStore::heartbeat`](lease_core::LeaseStore::heartbeat) with the worker's
+    /// [`LeaseStore::heartbeat`](lease_core::LeaseStore::heartbeat) with the node's
     /// incarnation, ttl and metadata.
-    Heartbeat,
+    Heartbeat {
+        /// The stamp of the last view of each group the node was given, for the store to
+        /// answer "unchanged" if nothing changed since.
+        seen: Vec<GroupStamp>,
+    },
+    /// [`LeaseStore::join`](lease_core::LeaseStore::join).
+    Join {
+        /// The group.
+        group: GroupName,
+        /// The node's session.
+        session: SessionId,
+    },
     /// [`LeaseStore::claim`](lease_core::LeaseStore::claim).
     Claim {
+        /// The group.
+        group: GroupName,
         /// The session to claim under.
         session: SessionId,
         /// How many.
         want: u32,
-        /// Whether dead sessions' buckets may be taken: only once the worker has watched the
+        /// Whether dead sessions' buckets may be taken: only once the node has watched the
         /// store's clock advance steadily for a ttl (see [`Machine`]).
         takeover: Takeover,
     },
     /// [`LeaseStore::release`](lease_core::LeaseStore::release).
     Release {
+        /// The group.
+        group: GroupName,
         /// The session the buckets are held under.
         session: SessionId,
         /// The buckets.
         buckets: Vec<Bucket>,
     },
-    /// [`LeaseStore::leave`](lease_core::LeaseStore::leave) under the worker's own session.
+    /// [`LeaseStore::leave`](lease_core::LeaseStore::leave) under the node's own session.
     Leave {
+        /// The group.
+        group: GroupName,
         /// The session.
         session: SessionId,
     },
@@ -176,15 +214,27 @@ impl StoreCall {
     /// The operation this call is.
     pub fn operation(&self) -> Operation {
         match self {
-            Self::Heartbeat => Operation::Heartbeat,
+            Self::Heartbeat { .. } => Operation::Heartbeat,
+            Self::Join { .. } => Operation::Join,
             Self::Claim { .. } => Operation::Claim,
             Self::Release { .. } => Operation::Release,
             Self::Leave { .. } => Operation::Leave,
         }
     }
+
+    /// The group the call is for; `None` for the heartbeat, which is the node's.
+    pub fn group(&self) -> Option<&GroupName> {
+        match self {
+            Self::Heartbeat { .. } => None,
+            Self::Join { group, .. }
+            | Self::Claim { group, .. }
+            | Self::Release { group, .. }
+            | Self::Leave { group, .. } => Some(group),
+        }
+    }
 }
 
-/// An event for the application.
+/// An event for a group's application.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Delivery {
     /// Start working on `bucket`, fencing writes with `token`.
@@ -208,19 +258,32 @@ pub enum Delivery {
 /// Something worth logging or counting.
 #[derive(Debug)]
 pub enum Report {
-    /// A transient failure; the tick is retried after a backoff.
-    Error(WorkerError),
+    /// A transient failure; the tick is retried after a backoff. `group` is the group whose
+    /// call failed, `None` for the node's heartbeat (every group's application hears it).
+    Error {
+        /// The group, or `None` for the node.
+        group: Option<GroupName>,
+        /// What failed.
+        error: WorkerError,
+    },
     /// A claim won these many buckets.
-    Claimed(usize),
+    Claimed {
+        /// The group.
+        group: GroupName,
+        /// How many.
+        won: usize,
+    },
     /// The application did not acknowledge the revocation of `bucket` within the limit: the
-    /// bucket is kept (never released) until the worker's session ends.
+    /// bucket is kept (never released) until the node's session ends.
     Stuck {
+        /// The group.
+        group: GroupName,
         /// The bucket.
         bucket: Bucket,
     },
-    /// The trust deadline passed with buckets held: they are being revoked.
+    /// The trust deadline passed with buckets held: they are being revoked, in every group.
     Fenced {
-        /// How many.
+        /// How many, all groups together.
         owned: usize,
     },
     /// A tick completed.
@@ -228,18 +291,27 @@ pub enum Report {
         /// How long it took, from its heartbeat's send time.
         took: Duration,
     },
-    /// The store's clock moved between two heartbeats by more than the worker's own clock
+    /// The store's clock moved between two heartbeats by more than the node's own clock
     /// allows (beyond half the safety margin): a step of the server's wall clock.
     ClockStep(ClockStep),
-    /// The group was resized from the worker's shard count: the worker follows it, revoking
-    /// and releasing its buckets of the old generation and sharing the new one's.
+    /// The group was resized from the group's shard count: the node follows it, revoking and
+    /// releasing its buckets of the old generation and sharing the new one's.
     Resized {
-        /// The count the worker had.
+        /// The group.
+        group: GroupName,
+        /// The count the group had.
         from: ShardCount,
         /// The group's count now.
         to: ShardCount,
         /// The group's generation now.
         generation: Generation,
+    },
+    /// The group was missing from a heartbeat of the node's session: the node was made to
+    /// leave it behind its back (an operator's forced release). Its buckets are revoked and
+    /// the group joined again.
+    Evicted {
+        /// The group.
+        group: GroupName,
     },
 }
 
@@ -247,7 +319,7 @@ pub enum Report {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClockStep {
     /// The store's clock jumped ahead by at least this much: sessions aged at once, so a
-    /// session the store calls dead may still be trusted by its holder. The worker takes no
+    /// session the store calls dead may still be trusted by its holder. The node takes no
     /// dead session's bucket for a ttl from now.
     Forward(Duration),
     /// The store's clock went back by at least this much: leases live longer by as much in
@@ -262,23 +334,37 @@ fn error_is_transient(e: &WorkerError) -> bool {
     }
 }
 
-/// One step of the current tick (or of stopping), done in order.
+/// One step of a group's part of the current tick (or of its removal), done in order.
 #[derive(Debug)]
 enum Step {
-    /// Send the tick's heartbeat.
-    Heartbeat,
     Deliver(Delivery),
+    /// Join the group under the node's session.
+    Join,
     /// Release what is shed and acknowledged (and what earlier releases skipped).
     Release,
     Claim(u32),
-    /// Wait until every revocation was acknowledged or given up on (stopping).
+    /// Wait until every revocation was acknowledged or given up on (removing).
     AwaitAcks,
-    /// Leave the group (stopping).
+    /// Leave the group (removing).
     Leave,
-    /// The end of a tick: schedule the next one.
+    /// The end of the group's part of a tick.
     EndTick,
-    /// The end of the worker.
+    /// The end of the group.
     Finish,
+}
+
+impl Step {
+    /// Whether the step is a store call (they wait for the node's one call slot).
+    fn is_call(&self) -> bool {
+        matches!(
+            self,
+            Step::Join | Step::Release | Step::Claim(_) | Step::Leave
+        )
+    }
+
+    fn is_revoke(&self) -> bool {
+        matches!(self, Step::Deliver(Delivery::Revoke { .. }))
+    }
 }
 
 /// A revocation not acknowledged (yet, or in time).
@@ -286,7 +372,7 @@ enum Step {
 struct Revoking {
     reason: RevokeReason,
     /// The session the bucket was held under when it was revoked: once acknowledged, a shed
-    /// bucket is released only if that session is still the worker's.
+    /// bucket is released only if that session is still the node's.
     session: Option<SessionId>,
     /// When the application must have acknowledged it.
     deadline: Option<Instant>,
@@ -299,22 +385,27 @@ struct InFlight {
     deadline: Instant,
 }
 
-/// The worker's state machine; see the module documentation.
+/// One group of the node: its count, what its application holds, what the store says.
 #[derive(Debug)]
-pub struct Machine {
-    rules: Rules,
-    /// The group's shard count as the worker follows it: the configured one, then each count
-    /// the group was resized to.
+struct Group {
+    name: GroupName,
+    /// The group's shard count as the node follows it: the one it was added with, then each
+    /// count the group was resized to.
     shards: ShardCount,
-    /// The count the group's current generation was resized from, as of the last heartbeat.
+    /// The count the group's current generation was resized from, as of the last view.
     resized_from: Option<ShardCount>,
     /// Buckets of `held` that belong to a draining generation: revoked, released, never
     /// assigned.
     draining: BTreeSet<Bucket>,
-    session: Option<SessionId>,
+    /// Whether the node is a member under its current session, as far as the machine knows.
+    member: bool,
+    /// The last full view of the group the store gave, kept for "unchanged" answers, and the
+    /// stamp to hand in with the next heartbeat.
+    last: Option<GroupBeat>,
+    stamp: Option<ViewStamp>,
     /// What the application has been told it owns.
     owned: Owned,
-    /// What the store says the worker owns under its session: the last heartbeat's word,
+    /// What the store says the node owns under its session: the last heartbeat's word,
     /// updated by the claims and releases since.
     held: Owned,
     /// Revoked, not acknowledged yet.
@@ -324,80 +415,225 @@ pub struct Machine {
     /// Acknowledgements that never came in time: kept (never released, never assigned again)
     /// until the application acknowledges after all.
     stuck: BTreeMap<Bucket, Revoking>,
-    trusted_until: Option<Instant>,
-    last_sent: Option<Instant>,
-    /// When the next tick starts, while idle.
-    next_tick: Option<Instant>,
+    /// The rest of the group's part of the tick (or of its removal).
+    steps: VecDeque<Step>,
+    /// An emitted delivery not yet handed back.
+    pending: Option<Delivery>,
     /// A retry of a release that left buckets behind, and how many were made in this tick.
     release_retry: Option<Instant>,
     release_retries: u32,
-    /// Consecutive failures, for the backoff.
-    failures: u32,
-    /// A wake-up arrived during a tick: tick again soon after it.
-    woken: bool,
-    /// The tick could not do all it wanted (a full claim batch, assignments held back for a
-    /// due renewal): tick again at once.
-    again: bool,
     /// The size of the claim batch in flight when the plan wanted more than a batch.
     batch_of_more: Option<u32>,
-    /// The rest of the current tick.
-    steps: VecDeque<Step>,
-    in_flight: Option<InFlight>,
-    /// An emitted delivery not yet handed back.
-    pending: Option<Delivery>,
-    /// Whether the trust deadline's revocations were queued already.
-    fenced: bool,
-    /// Since when the store's clock has been seen advancing with the worker's own, without a
-    /// forward step: from the first heartbeat's answer, or the last step's detection.
-    steady_since: Option<Instant>,
-    /// The last successful heartbeat: when it was answered, and the store's time in it.
-    last_beat: Option<(Instant, Timestamp)>,
-    /// How far the store's clock was ahead of the worker's at each answer over the last ttl,
-    /// relative to a reading of the worker's: forward steps show as a rise above the least.
-    ahead: VecDeque<(Instant, TimeDelta)>,
     /// A claim this tick was restricted to unowned buckets and asked for this many: if it won
     /// fewer, it may have left wanted buckets of dead sessions, so tick when takeovers open.
     deferred_short: Option<u32>,
-    reports: VecDeque<Report>,
-    /// Why the worker is stopping (`Ok`: it was asked to), once it is.
-    stopping: Option<Result<(), WorkerFailed>>,
-    finished: bool,
+    /// Set once the group is being removed, with how it will end.
+    removing: Option<Result<(), WorkerFailed>>,
+    /// Why the application is told to stop, once the group is being removed.
+    removal_reason: RevokeReason,
 }
 
-impl Machine {
-    /// A machine whose first tick is due at `now`.
-    pub fn new(rules: Rules, now: Instant) -> Self {
+impl Group {
+    fn new(name: GroupName, shards: ShardCount) -> Self {
         Self {
-            shards: rules.shards,
+            name,
+            shards,
             resized_from: None,
             draining: BTreeSet::new(),
-            rules,
-            session: None,
+            member: false,
+            last: None,
+            stamp: None,
             owned: Owned::new(),
             held: Owned::new(),
             revoking: BTreeMap::new(),
             unreleased: BTreeSet::new(),
             stuck: BTreeMap::new(),
+            steps: VecDeque::new(),
+            pending: None,
+            release_retry: None,
+            release_retries: 0,
+            batch_of_more: None,
+            deferred_short: None,
+            removing: None,
+            removal_reason: RevokeReason::Shutdown,
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.steps.is_empty() && self.pending.is_none()
+    }
+
+    /// Steps revoking everything the application holds.
+    fn revocations(&self, reason: RevokeReason) -> Vec<Step> {
+        self.owned
+            .iter()
+            .map(|(&bucket, &token)| {
+                Step::Deliver(Delivery::Revoke {
+                    bucket,
+                    token,
+                    reason,
+                })
+            })
+            .collect()
+    }
+
+    /// Buckets whose revocation is queued, not delivered yet: on their way out.
+    fn queued_out(&self) -> BTreeSet<Bucket> {
+        self.steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Deliver(Delivery::Revoke { bucket, .. }) => Some(*bucket),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn drop_assignments_and_claims(&mut self) {
+        self.steps
+            .retain(|s| !matches!(s, Step::Deliver(Delivery::Assign { .. }) | Step::Claim(_)));
+    }
+
+    /// Drop the rest of the group's tick, keeping the revocations still to deliver (a fence's,
+    /// a new session's). A group being removed keeps its whole removal.
+    fn drop_tick(&mut self) {
+        if self.removing.is_none() {
+            self.steps.retain(Step::is_revoke);
+        }
+        self.release_retry = None;
+    }
+
+    /// Add `step` to the group's current work, before its end; start a small run when idle.
+    /// Whether a run was started.
+    fn insert_step(&mut self, step: Step) -> bool {
+        if self.is_idle() {
+            self.steps.push_back(step);
+            self.steps.push_back(Step::EndTick);
+            true
+        } else {
+            let end = self
+                .steps
+                .iter()
+                .position(|s| matches!(s, Step::EndTick | Step::AwaitAcks | Step::Finish))
+                .unwrap_or(self.steps.len());
+            self.steps.insert(end, step);
+            false
+        }
+    }
+
+    /// Begin removing the group: revoke everything (`reason`), wait for the acknowledgements,
+    /// leave, finish with `ended`.
+    fn begin_removal(&mut self, ended: Result<(), WorkerFailed>, reason: RevokeReason) {
+        self.removing = Some(ended);
+        self.removal_reason = reason;
+        // Revocations already queued (a fence) go first; nothing else of the tick.
+        self.steps.retain(Step::is_revoke);
+        self.release_retry = None;
+        let revokes = self.revocations(reason);
+        self.steps.extend(revokes);
+        self.steps.push_back(Step::AwaitAcks);
+        self.steps.push_back(Step::Leave);
+        self.steps.push_back(Step::Finish);
+    }
+
+    /// The node's session is not the one the group's state was held under: nothing held is
+    /// ours any more, nor to be released, and the group must be joined again.
+    fn lose_session(&mut self) {
+        let revokes = self.revocations(RevokeReason::Expired);
+        let queued = self.queued_out();
+        for step in revokes.into_iter().rev() {
+            if let Step::Deliver(Delivery::Revoke { bucket, .. }) = step
+                && queued.contains(&bucket)
+            {
+                continue;
+            }
+            self.steps.push_front(step);
+        }
+        self.unreleased.clear();
+        self.held.clear();
+        self.draining.clear();
+        self.member = false;
+        self.last = None;
+        self.stamp = None;
+    }
+}
+
+/// What a group's steps need to know of the node.
+#[derive(Clone, Copy)]
+struct NodeState {
+    session: Option<SessionId>,
+    trusted: bool,
+    renewal_due: bool,
+    ack_limit: Option<Duration>,
+}
+
+/// The node's state machine; see the module documentation.
+#[derive(Debug)]
+pub struct Machine {
+    rules: Rules,
+    /// The node's groups, in the order they were added.
+    groups: Vec<Group>,
+    session: Option<SessionId>,
+    trusted_until: Option<Instant>,
+    last_sent: Option<Instant>,
+    /// When the next tick starts, once the node is idle.
+    next_tick: Option<Instant>,
+    /// A heartbeat is to be sent as soon as no call is in flight.
+    heartbeat_wanted: bool,
+    /// Consecutive failures, for the backoff.
+    failures: u32,
+    /// A wake-up arrived during a tick: tick again soon after it.
+    woken: bool,
+    /// The tick could not do all it wanted (a full claim batch, a join waiting for its view,
+    /// assignments held back): tick again at once.
+    again: bool,
+    /// Work started (a tick, or a group's small run) whose end is still to be marked.
+    open: bool,
+    in_flight: Option<InFlight>,
+    /// Whether the trust deadline's revocations were queued already.
+    fenced: bool,
+    /// Since when the store's clock has been seen advancing with the node's own, without a
+    /// forward step: from the first heartbeat's answer, or the last step's detection.
+    steady_since: Option<Instant>,
+    /// The last successful heartbeat: when it was answered, and the store's time in it.
+    last_beat: Option<(Instant, Timestamp)>,
+    /// How far the store's clock was ahead of the node's at each answer over the last ttl,
+    /// relative to a reading of the node's: forward steps show as a rise above the least.
+    ahead: VecDeque<(Instant, TimeDelta)>,
+    reports: VecDeque<Report>,
+    /// Groups finished, to hand out.
+    ended: VecDeque<(GroupName, Result<(), WorkerFailed>)>,
+    /// Why the node is stopping (`Ok`: it was asked to), once it is.
+    stopping: Option<Result<(), WorkerFailed>>,
+    finished: bool,
+    /// Where the search for the next group call starts, so that groups take turns.
+    cursor: usize,
+}
+
+impl Machine {
+    /// A machine of no group yet; its first tick is due at `now`, once it has one.
+    pub fn new(rules: Rules, now: Instant) -> Self {
+        Self {
+            rules,
+            groups: Vec::new(),
+            session: None,
             trusted_until: None,
             last_sent: None,
             next_tick: Some(now),
-            release_retry: None,
-            release_retries: 0,
+            heartbeat_wanted: false,
             failures: 0,
             woken: false,
             again: false,
-            batch_of_more: None,
-            steps: VecDeque::new(),
+            open: false,
             in_flight: None,
-            pending: None,
             fenced: false,
             steady_since: None,
             last_beat: None,
             ahead: VecDeque::new(),
-            deferred_short: None,
             reports: VecDeque::new(),
+            ended: VecDeque::new(),
             stopping: None,
             finished: false,
+            cursor: 0,
         }
     }
 
@@ -406,29 +642,94 @@ impl Machine {
         &self.rules
     }
 
-    /// What the application owns now.
-    pub fn owned(&self) -> &Owned {
-        &self.owned
+    /// Add `group`, split into `shards` buckets, at `now`: it is joined at once (or at the
+    /// next tick, due at once, when the node has no session yet) and shared from the
+    /// heartbeat after. False (nothing changes) if the node has the group
+    /// already (being removed included) or is stopping.
+    pub fn add_group(&mut self, now: Instant, group: GroupName, shards: ShardCount) -> bool {
+        if self.finished || self.stopping.is_some() || self.index(&group).is_some() {
+            return false;
+        }
+        let mut added = Group::new(group, shards);
+        if self.session.is_some() {
+            // The node has a session: join at once; the next heartbeat, at once after,
+            // gives the view.
+            added.steps.push_back(Step::Join);
+            added.steps.push_back(Step::EndTick);
+            self.open = true;
+            self.groups.push(added);
+        } else {
+            // The next tick starts a session and joins.
+            let idle = self.is_idle();
+            self.groups.push(added);
+            if idle {
+                self.next_tick = Some(self.next_tick.map_or(now, |t| t.min(now)));
+            } else {
+                self.again = true;
+            }
+        }
+        true
     }
 
-    /// The group's shard count the worker follows: the configured one until a heartbeat shows
-    /// the group resized from it.
-    pub fn shards(&self) -> ShardCount {
-        self.shards
-    }
-
-    /// What the application is told with an assignment of `bucket` with `token`: a bucket of
-    /// the current generation (old ones are never assigned).
-    pub fn assignment(&self, bucket: Bucket, token: FencingToken) -> Assignment {
-        Assignment {
-            bucket,
-            token,
-            shards: self.shards,
-            resized_from: self.resized_from,
+    /// Remove `group`: revoke everything its application holds (shutdown), wait for the
+    /// acknowledgements, leave it, then [`Output::GroupFinished`]. False if the node has no
+    /// such group, or is removing it already.
+    pub fn remove_group(&mut self, group: &GroupName) -> bool {
+        match self.index(group) {
+            Some(i) if self.groups[i].removing.is_none() => {
+                self.groups[i].begin_removal(Ok(()), RevokeReason::Shutdown);
+                true
+            }
+            _ => false,
         }
     }
 
-    /// The session the worker holds, as of its last successful heartbeat.
+    /// The node's groups, in the order they were added (those being removed included).
+    pub fn groups(&self) -> impl Iterator<Item = &GroupName> {
+        self.groups.iter().map(|g| &g.name)
+    }
+
+    fn index(&self, group: &GroupName) -> Option<usize> {
+        self.groups.iter().position(|g| &g.name == group)
+    }
+
+    fn group(&self, group: &GroupName) -> Option<&Group> {
+        self.groups.iter().find(|g| &g.name == group)
+    }
+
+    /// What `group`'s application owns now.
+    pub fn owned(&self, group: &GroupName) -> Option<&Owned> {
+        self.group(group).map(|g| &g.owned)
+    }
+
+    /// How many buckets the applications of all groups own now.
+    pub fn owned_total(&self) -> usize {
+        self.groups.iter().map(|g| g.owned.len()).sum()
+    }
+
+    /// `group`'s shard count as the node follows it: the one it was added with until a
+    /// heartbeat shows the group resized from it.
+    pub fn shards(&self, group: &GroupName) -> Option<ShardCount> {
+        self.group(group).map(|g| g.shards)
+    }
+
+    /// What `group`'s application is told with an assignment of `bucket` with `token`: a
+    /// bucket of the current generation (old ones are never assigned).
+    pub fn assignment(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        token: FencingToken,
+    ) -> Option<Assignment> {
+        self.group(group).map(|g| Assignment {
+            bucket,
+            token,
+            shards: g.shards,
+            resized_from: g.resized_from,
+        })
+    }
+
+    /// The session the node holds, as of its last successful heartbeat.
     pub fn session(&self) -> Option<SessionId> {
         self.session
     }
@@ -439,20 +740,24 @@ impl Machine {
     }
 
     /// The store call the machine waits for, if any. A driver drops a call the machine no
-    /// longer waits for (it timed out, or the worker is stopping).
+    /// longer waits for (it timed out, or the node is stopping).
     pub fn awaits(&self) -> Option<&StoreCall> {
         self.in_flight.as_ref().map(|f| &f.call)
     }
 
-    /// Buckets shed and acknowledged, waiting to be released.
-    pub fn releasing(&self) -> &BTreeSet<Bucket> {
-        &self.unreleased
+    /// `group`'s buckets shed and acknowledged, waiting to be released.
+    pub fn releasing(&self, group: &GroupName) -> BTreeSet<Bucket> {
+        self.group(group)
+            .map(|g| g.unreleased.clone())
+            .unwrap_or_default()
     }
 
-    /// Buckets whose revocation the application did not acknowledge in time: the worker
-    /// neither releases them nor assigns them again until it does.
-    pub fn stuck(&self) -> BTreeSet<Bucket> {
-        self.stuck.keys().copied().collect()
+    /// `group`'s buckets whose revocation the application did not acknowledge in time: the
+    /// node neither releases them nor assigns them again until it does.
+    pub fn stuck(&self, group: &GroupName) -> BTreeSet<Bucket> {
+        self.group(group)
+            .map(|g| g.stuck.keys().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Whether the machine finished.
@@ -460,22 +765,61 @@ impl Machine {
         self.finished
     }
 
-    /// Whether a tick is under way (or the worker is stopping), as opposed to waiting for the
+    /// Whether the node is stopping (or stopped).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.is_some() || self.finished
+    }
+
+    /// Whether a tick is under way (or the node is stopping), as opposed to waiting for the
     /// next one.
     pub fn is_busy(&self) -> bool {
-        !self.steps.is_empty()
-            || self.in_flight.is_some()
-            || self.pending.is_some()
-            || self.stopping.is_some()
+        !self.is_idle() || self.stopping.is_some()
+    }
+
+    fn is_idle(&self) -> bool {
+        self.in_flight.is_none() && !self.heartbeat_wanted && self.groups.iter().all(Group::is_idle)
+    }
+
+    /// Whether some group is shared (not being removed): only then does the node tick.
+    fn has_active_groups(&self) -> bool {
+        self.groups.iter().any(|g| g.removing.is_none())
     }
 
     fn trusted(&self, now: Instant) -> bool {
         self.trusted_until.is_some_and(|t| now < t)
     }
 
+    fn renewal_at(&self) -> Option<Instant> {
+        self.last_sent.map(|sent| sent + self.rules.renew_interval)
+    }
+
     fn renewal_due(&self, now: Instant) -> bool {
-        self.last_sent
-            .is_some_and(|sent| now >= sent + self.rules.renew_interval)
+        self.renewal_at().is_some_and(|t| now >= t)
+    }
+
+    /// A renewal that must not wait for the groups' work: due, the node healthy (after a
+    /// failure the backoff decides), some group shared, and the node busy (idle, the next
+    /// tick covers it).
+    fn busy_renewal_at(&self) -> Option<Instant> {
+        if self.stopping.is_some()
+            || self.failures > 0
+            || self.heartbeat_wanted
+            || self.in_flight.is_some()
+            || !self.has_active_groups()
+            || self.is_idle()
+        {
+            return None;
+        }
+        self.renewal_at()
+    }
+
+    fn node_state(&self, now: Instant) -> NodeState {
+        NodeState {
+            session: self.session,
+            trusted: self.trusted(now),
+            renewal_due: self.renewal_due(now),
+            ack_limit: self.rules.ack_limit,
+        }
     }
 
     /// 100 ms, doubling per consecutive failure, capped at the renew interval.
@@ -491,16 +835,29 @@ impl Machine {
         if self.finished {
             return None;
         }
-        let fence = (!self.owned.is_empty() && !self.fenced)
+        let fence = (self.owned_total() > 0 && !self.fenced)
             .then_some(self.trusted_until)
             .flatten();
-        let idle = !self.is_busy();
+        let idle = self.is_idle();
+        let ticking = idle && self.stopping.is_none() && self.has_active_groups();
+        let revoking = self
+            .groups
+            .iter()
+            .flat_map(|g| g.revoking.values().filter_map(|r| r.deadline))
+            .min();
+        let release_retry = self
+            .groups
+            .iter()
+            .filter(|g| g.removing.is_none())
+            .filter_map(|g| g.release_retry)
+            .min();
         [
             fence,
             self.in_flight.as_ref().map(|f| f.deadline),
-            self.revoking.values().filter_map(|r| r.deadline).min(),
-            self.next_tick.filter(|_| idle),
-            self.release_retry.filter(|_| idle),
+            revoking,
+            self.next_tick.filter(|_| ticking),
+            release_retry.filter(|_| idle && self.stopping.is_none()),
+            self.busy_renewal_at(),
         ]
         .into_iter()
         .flatten()
@@ -514,31 +871,52 @@ impl Machine {
         }
         match input {
             Input::Heartbeat(result) => {
-                if let Some(sent) = self.take_call(Operation::Heartbeat) {
+                if let Some(sent) = self.take_call(Operation::Heartbeat, None) {
                     self.on_heartbeat(now, sent, result);
                 }
             }
-            Input::Claimed(result) => {
-                if self.take_call(Operation::Claim).is_some() {
-                    self.on_claimed(now, result);
+            Input::Joined(group, result) => {
+                if self.take_call(Operation::Join, Some(&group)).is_some()
+                    && let Some(i) = self.index(&group)
+                {
+                    self.on_joined(now, i, result);
                 }
             }
-            Input::Released(result) => {
-                if self.take_call(Operation::Release).is_some() {
-                    self.on_released(now, result);
+            Input::Claimed(group, result) => {
+                if self.take_call(Operation::Claim, Some(&group)).is_some()
+                    && let Some(i) = self.index(&group)
+                {
+                    self.on_claimed(now, i, result);
                 }
             }
-            Input::Left(result) => {
-                if self.take_call(Operation::Leave).is_some() {
-                    self.on_left(result);
+            Input::Released(group, result) => {
+                if self.take_call(Operation::Release, Some(&group)).is_some()
+                    && let Some(i) = self.index(&group)
+                {
+                    self.on_released(now, i, result);
                 }
             }
-            Input::Delivered => self.on_delivered(now),
-            Input::Acked(bucket) => {
-                if matches!(self.pending, Some(Delivery::Revoke { bucket: b, .. }) if b == bucket) {
-                    self.pending = None;
+            Input::Left(group, result) => {
+                if self.take_call(Operation::Leave, Some(&group)).is_some()
+                    && let Some(i) = self.index(&group)
+                {
+                    self.on_left(i, result);
                 }
-                self.on_acked(bucket);
+            }
+            Input::Delivered(group) => {
+                if let Some(i) = self.index(&group) {
+                    self.on_delivered(now, i);
+                }
+            }
+            Input::Acked(group, bucket) => {
+                if let Some(i) = self.index(&group) {
+                    let g = &mut self.groups[i];
+                    if matches!(g.pending, Some(Delivery::Revoke { bucket: b, .. }) if b == bucket)
+                    {
+                        g.pending = None;
+                    }
+                    self.on_acked(i, bucket);
+                }
             }
             Input::Wake => {
                 if self.is_busy() {
@@ -561,43 +939,53 @@ impl Machine {
         if self.finished {
             return;
         }
-        // The trust deadline first: nothing held may be trusted past it.
-        if !self.owned.is_empty() && !self.fenced && self.trusted_until.is_none_or(|t| now >= t) {
+        // The trust deadline first: nothing held may be trusted past it, in any group.
+        if self.owned_total() > 0 && !self.fenced && self.trusted_until.is_none_or(|t| now >= t) {
             self.fence();
         }
         if let Some(f) = &self.in_flight
             && now >= f.deadline
         {
             let (operation, after) = (f.call.operation(), self.rules.call_timeout);
+            let group = f.call.group().and_then(|g| self.index(g));
             self.in_flight = None;
-            self.on_failure(now, WorkerError::Timeout { operation, after });
+            self.on_failure(now, group, WorkerError::Timeout { operation, after });
         }
-        let late: Vec<Bucket> = self
-            .revoking
-            .iter()
-            .filter(|(_, r)| r.deadline.is_some_and(|d| now >= d))
-            .map(|(&b, _)| b)
-            .collect();
-        for bucket in late {
-            if let Some(r) = self.revoking.remove(&bucket) {
-                self.stuck.insert(bucket, r);
+        for g in &mut self.groups {
+            let late: Vec<Bucket> = g
+                .revoking
+                .iter()
+                .filter(|(_, r)| r.deadline.is_some_and(|d| now >= d))
+                .map(|(&b, _)| b)
+                .collect();
+            for bucket in late {
+                if let Some(r) = g.revoking.remove(&bucket) {
+                    g.stuck.insert(bucket, r);
+                }
+                if matches!(g.pending, Some(Delivery::Revoke { bucket: b, .. }) if b == bucket) {
+                    g.pending = None;
+                }
+                self.reports.push_back(Report::Stuck {
+                    group: g.name.clone(),
+                    bucket,
+                });
             }
-            if matches!(self.pending, Some(Delivery::Revoke { bucket: b, .. }) if b == bucket) {
-                self.pending = None;
-            }
-            self.reports.push_back(Report::Stuck { bucket });
         }
-        if !self.is_busy() {
-            if self.release_retry.is_some_and(|t| now >= t) {
-                self.release_retry = None;
-                self.steps.push_back(Step::Release);
-                self.steps.push_back(Step::EndTick);
-            } else if self.next_tick.is_some_and(|t| now >= t) {
-                self.next_tick = None;
-                self.woken = false;
-                self.again = false;
-                self.release_retries = 0;
-                self.steps.push_back(Step::Heartbeat);
+        if self.is_idle() && self.stopping.is_none() {
+            if let Some(g) = self
+                .groups
+                .iter_mut()
+                .find(|g| g.removing.is_none() && g.release_retry.is_some_and(|t| now >= t))
+            {
+                g.release_retry = None;
+                g.steps.push_back(Step::Release);
+                g.steps.push_back(Step::EndTick);
+                self.open = true;
+            } else if self.next_tick.is_some_and(|t| now >= t) && self.has_active_groups() {
+                for g in &mut self.groups {
+                    g.release_retries = 0;
+                }
+                self.heartbeat_wanted = true;
             }
         }
     }
@@ -608,76 +996,213 @@ impl Machine {
         if let Some(report) = self.reports.pop_front() {
             return Some(Output::Report(report));
         }
-        if self.finished || self.pending.is_some() {
+        if let Some((group, ended)) = self.ended.pop_front() {
+            return Some(Output::GroupFinished(group, ended));
+        }
+        if self.finished {
             return None;
         }
-        // Revocations at the front (the trust deadline's) go out even while a call is in flight.
-        if matches!(
-            self.steps.front(),
-            Some(Step::Deliver(Delivery::Revoke { .. }))
-        ) {
-            while let Some(Step::Deliver(d)) = self.steps.front() {
-                let d = *d;
-                self.steps.pop_front();
-                if let Some(out) = self.emit(now, d) {
+        loop {
+            // Each group's deliveries and the steps that need no store call.
+            for i in 0..self.groups.len() {
+                if let Some(out) = self.advance(now, i) {
                     return Some(out);
                 }
             }
-        }
-        if self.in_flight.is_some() {
-            return None;
-        }
-        while let Some(step) = self.steps.pop_front() {
-            let out = match step {
-                Step::Heartbeat => Some(self.call(now, StoreCall::Heartbeat)),
-                Step::Deliver(d) => self.emit(now, d),
-                Step::Release => self.release_step(now),
-                Step::Claim(want) => self.claim_step(now, want),
-                Step::Leave => self
-                    .session
-                    .map(|session| self.call(now, StoreCall::Leave { session })),
-                Step::EndTick => {
-                    self.end_tick(now);
-                    None
-                }
-                Step::AwaitAcks => {
-                    if !self.revoking.is_empty() {
-                        // Leave only once every revocation was acknowledged or given up on.
-                        self.steps.push_front(Step::AwaitAcks);
-                        return None;
-                    }
-                    None
-                }
-                Step::Finish => {
-                    self.finished = true;
-                    let ended = self.stopping.take().unwrap_or(Ok(()));
-                    return Some(Output::Finished(ended));
-                }
-            };
-            if out.is_some() {
-                return out;
+            if self.in_flight.is_some() {
+                break;
             }
+            // The heartbeat before any group's call: the groups' calls act on its answer.
+            if self.heartbeat_wanted || self.busy_renewal_at().is_some_and(|t| now >= t) {
+                return Some(self.heartbeat_call(now));
+            }
+            // One group's call, the groups taking turns.
+            let n = self.groups.len();
+            let mut skipped = false;
+            for k in 0..n {
+                let i = (self.cursor + k) % n;
+                let g = &self.groups[i];
+                if g.pending.is_some() || !g.steps.front().is_some_and(Step::is_call) {
+                    continue;
+                }
+                match self.call_step(now, i) {
+                    Some(out) => {
+                        self.cursor = (i + 1) % n;
+                        return Some(out);
+                    }
+                    None => {
+                        // The step had nothing to do: the group's next steps may go on.
+                        skipped = true;
+                        break;
+                    }
+                }
+            }
+            if !skipped {
+                break;
+            }
+        }
+        if self.stopping.is_some() && self.groups.is_empty() && self.in_flight.is_none() {
+            self.finished = true;
+            let ended = self.stopping.take().unwrap_or(Ok(()));
+            return Some(Output::Finished(ended));
+        }
+        if self.open && self.is_idle() {
+            self.open = false;
+            self.end_tick(now);
+            return self.reports.pop_front().map(Output::Report);
         }
         None
     }
 
-    /// Emit a delivery if it still applies; `None` when it was dropped.
-    fn emit(&mut self, now: Instant, d: Delivery) -> Option<Output> {
+    /// Work through group `i`'s steps that need no store call: its next delivery (one pending
+    /// at a time), the end of its tick, the wait for acknowledgements, its end.
+    fn advance(&mut self, now: Instant, i: usize) -> Option<Output> {
+        let own_call = self
+            .in_flight
+            .as_ref()
+            .and_then(|f| f.call.group())
+            .is_some_and(|g| g == &self.groups[i].name);
+        loop {
+            let node = self.node_state(now);
+            let g = &mut self.groups[i];
+            if g.pending.is_some() {
+                return None;
+            }
+            match g.steps.front() {
+                None => return None,
+                Some(Step::Deliver(d)) => {
+                    let d = *d;
+                    // A revocation goes out even while the group's call is in flight (the
+                    // trust deadline's must); an assignment waits for the call's answer.
+                    if own_call && matches!(d, Delivery::Assign { .. }) {
+                        return None;
+                    }
+                    g.steps.pop_front();
+                    if let Some(out) = self.emit(now, node, i, d) {
+                        return Some(out);
+                    }
+                }
+                Some(Step::EndTick) => {
+                    g.steps.pop_front();
+                }
+                Some(Step::AwaitAcks) => {
+                    if !g.revoking.is_empty() {
+                        // Leave only once every revocation was acknowledged or given up on.
+                        return None;
+                    }
+                    g.steps.pop_front();
+                }
+                Some(Step::Finish) => {
+                    if own_call {
+                        return None;
+                    }
+                    let g = self.groups.remove(i);
+                    if self.cursor > i {
+                        self.cursor -= 1;
+                    }
+                    let ended = g.removing.unwrap_or(Ok(()));
+                    return Some(Output::GroupFinished(g.name, ended));
+                }
+                Some(_) => return None,
+            }
+        }
+    }
+
+    /// Make group `i`'s next step, a store call, if there is one to make; `None` when the step
+    /// had nothing to do (it is dropped).
+    fn call_step(&mut self, now: Instant, i: usize) -> Option<Output> {
+        let step = self.groups[i].steps.pop_front()?;
+        let group = self.groups[i].name.clone();
+        let session = self.session?;
+        let call = match step {
+            Step::Join => StoreCall::Join { group, session },
+            Step::Release => {
+                let g = &self.groups[i];
+                if g.unreleased.is_empty() {
+                    return None;
+                }
+                let buckets: Vec<Bucket> = g.unreleased.iter().copied().collect();
+                StoreCall::Release {
+                    group,
+                    session,
+                    buckets,
+                }
+            }
+            Step::Claim(want) => {
+                if !self.trusted(now) || self.renewal_due(now) {
+                    // The next heartbeat (due, or at once) plans again.
+                    self.again = true;
+                    return None;
+                }
+                let batch = want.min(CLAIM_BATCH);
+                let takeover = match self.last_sent {
+                    // The store's clock was watched up to the heartbeat sent at `sent`: from
+                    // there to the claim, the store checks that its clock moved no more than
+                    // ours did (give or take the tolerance), so a step in between defers the
+                    // takeover.
+                    Some(sent) if self.takeover_opens().is_some_and(|t| now >= t) => {
+                        Takeover::AllowedWithin(
+                            now.saturating_duration_since(sent) + self.rules.safety_margin / 2,
+                        )
+                    }
+                    _ => Takeover::Deferred,
+                };
+                let g = &mut self.groups[i];
+                g.batch_of_more = (batch < want).then_some(batch);
+                g.deferred_short = (takeover == Takeover::Deferred).then_some(batch);
+                StoreCall::Claim {
+                    group,
+                    session,
+                    want: batch,
+                    takeover,
+                }
+            }
+            Step::Leave => StoreCall::Leave { group, session },
+            _ => return None,
+        };
+        Some(self.call(now, call))
+    }
+
+    fn heartbeat_call(&mut self, now: Instant) -> Output {
+        self.heartbeat_wanted = false;
+        self.next_tick = None;
+        self.woken = false;
+        self.again = false;
+        self.open = true;
+        let seen = self
+            .groups
+            .iter()
+            .filter(|g| g.removing.is_none() && g.member && g.last.is_some())
+            .filter_map(|g| {
+                g.stamp.map(|stamp| GroupStamp {
+                    group: g.name.clone(),
+                    stamp,
+                })
+            })
+            .collect();
+        self.call(now, StoreCall::Heartbeat { seen })
+    }
+
+    /// Emit a delivery of group `i` at `now` if it still applies; `None` when it was dropped.
+    fn emit(&mut self, now: Instant, node: NodeState, i: usize, d: Delivery) -> Option<Output> {
+        let stopping = self.stopping.is_some();
+        let g = &mut self.groups[i];
         match d {
             Delivery::Assign { bucket, token } => {
                 // Assign only what the store (as of the latest answer) says is ours with that
                 // token, and what the application does not hold already.
-                if self.stopping.is_some()
-                    || self.held.get(&bucket) != Some(&token)
-                    || self.draining.contains(&bucket)
-                    || self.owned.contains_key(&bucket)
+                if g.removing.is_some()
+                    || stopping
+                    || g.held.get(&bucket) != Some(&token)
+                    || g.draining.contains(&bucket)
+                    || g.owned.contains_key(&bucket)
                 {
                     return None;
                 }
-                if !self.trusted(now) || self.renewal_due(now) {
+                if !node.trusted || node.renewal_due {
                     // Past the trust deadline, or a renewal is due: assign nothing more now.
-                    // The next tick renews, at once, and assigns what is still ours.
-                    self.drop_assignments_and_claims();
+                    // The heartbeat due renews, and the group assigns what is still ours.
+                    g.drop_assignments_and_claims();
                     self.again = true;
                     return None;
                 }
@@ -688,39 +1213,42 @@ impl Machine {
                 reason,
             } => {
                 // Revoke only what the application holds, with the token it holds.
-                if self.owned.get(&bucket) != Some(&token) {
+                if g.owned.get(&bucket) != Some(&token) {
                     return None;
                 }
-                self.owned.remove(&bucket);
-                let deadline = self.rules.ack_limit.map(|limit| now + limit);
-                let session = self.session;
-                self.revoking.insert(
+                g.owned.remove(&bucket);
+                g.revoking.insert(
                     bucket,
                     Revoking {
                         reason,
-                        session,
-                        deadline,
+                        session: node.session,
+                        deadline: node.ack_limit.map(|limit| now + limit),
                     },
                 );
             }
         }
-        self.pending = Some(d);
-        Some(Output::Deliver(d))
+        g.pending = Some(d);
+        Some(Output::Deliver(g.name.clone(), d))
     }
 
-    fn drop_assignments_and_claims(&mut self) {
-        self.steps
-            .retain(|s| !matches!(s, Step::Deliver(Delivery::Assign { .. }) | Step::Claim(_)));
-    }
-
-    fn on_delivered(&mut self, now: Instant) {
-        if let Some(Delivery::Assign { bucket, token }) = self.pending.take() {
-            self.owned.insert(bucket, token);
-            if !self.trusted(now) {
+    fn on_delivered(&mut self, now: Instant, i: usize) {
+        let trusted = self.trusted(now);
+        let g = &mut self.groups[i];
+        if let Some(Delivery::Assign { bucket, token }) = g.pending.take() {
+            g.owned.insert(bucket, token);
+            if g.removing.is_some() {
+                // Told while the group's removal began: it is revoked with the rest, before the
+                // group is left.
+                g.steps.push_front(Step::Deliver(Delivery::Revoke {
+                    bucket,
+                    token,
+                    reason: g.removal_reason,
+                }));
+            } else if !trusted {
                 // The application took its time past the trust deadline: nothing held can be
                 // trusted now, this bucket included.
                 if self.fenced {
-                    self.steps.push_front(Step::Deliver(Delivery::Revoke {
+                    g.steps.push_front(Step::Deliver(Delivery::Revoke {
                         bucket,
                         token,
                         reason: RevokeReason::Expired,
@@ -728,86 +1256,82 @@ impl Machine {
                 } else {
                     self.fence();
                 }
+            } else if g.held.get(&bucket) != Some(&token) && !g.queued_out().contains(&bucket) {
+                // A heartbeat answered while the application was being told, and the store
+                // no longer says the bucket is ours: take it back at once.
+                g.steps.push_front(Step::Deliver(Delivery::Revoke {
+                    bucket,
+                    token,
+                    reason: RevokeReason::Lost,
+                }));
             }
         }
     }
 
-    fn on_acked(&mut self, bucket: Bucket) {
+    fn on_acked(&mut self, i: usize, bucket: Bucket) {
+        let stopping = self.stopping.is_some();
+        let session = self.session;
+        let g = &mut self.groups[i];
         // A late acknowledgement frees a stuck bucket too.
-        let revoked = self
+        let revoked = g
             .revoking
             .remove(&bucket)
-            .or_else(|| self.stuck.remove(&bucket));
-        // A shed (or resharded) bucket is released once acknowledged, if it is still held under
-        // the session it was let go from, and so is a bucket of a draining generation however
-        // it was revoked; any other acknowledged bucket the store says is ours is assigned
-        // again.
+            .or_else(|| g.stuck.remove(&bucket));
+        let leaving = stopping || g.removing.is_some();
+        // A shed (or resharded) bucket is released once acknowledged, if it is still held
+        // under the session it was let go from, and so is a bucket of a draining generation
+        // however it was revoked; any other acknowledged bucket the store says is ours is
+        // assigned again.
         let release = revoked.is_some_and(|r| {
-            matches!(r.reason, RevokeReason::Shed | RevokeReason::Resharded)
-                && r.session == self.session
-        }) || (self.draining.contains(&bucket) && self.held.contains_key(&bucket));
-        if !release && self.stopping.is_none() {
-            // Revoked for another reason (a fence, say) and still ours in the store: the
-            // application gets it back in this tick rather than at the next.
-            if let Some(&token) = self.held.get(&bucket)
-                && !self.owned.contains_key(&bucket)
-                && !self.unreleased.contains(&bucket)
-            {
-                self.insert_step(Step::Deliver(Delivery::Assign { bucket, token }));
-            }
+            matches!(r.reason, RevokeReason::Shed | RevokeReason::Resharded) && r.session == session
+        }) || (g.draining.contains(&bucket) && g.held.contains_key(&bucket));
+        if leaving {
             return;
         }
-        if release && self.stopping.is_none() {
-            self.unreleased.insert(bucket);
-            if !self.steps.iter().any(|s| matches!(s, Step::Release)) {
+        let started = if release {
+            g.unreleased.insert(bucket);
+            if g.steps.iter().any(|s| matches!(s, Step::Release)) {
+                false
+            } else {
                 // Acknowledged after this tick's release went out (or between ticks): release
                 // it now rather than a renew interval later.
-                self.insert_step(Step::Release);
+                g.insert_step(Step::Release)
             }
-        }
-    }
-
-    /// Add `step` to the current tick, before its end; start a small one when idle.
-    fn insert_step(&mut self, step: Step) {
-        if self.is_busy() {
-            let end = self
-                .steps
-                .iter()
-                .position(|s| matches!(s, Step::EndTick))
-                .unwrap_or(self.steps.len());
-            self.steps.insert(end, step);
         } else {
-            self.steps.push_back(step);
-            self.steps.push_back(Step::EndTick);
-        }
+            // Revoked for another reason (a fence, say) and still ours in the store: the
+            // application gets it back in this tick rather than at the next.
+            match g.held.get(&bucket) {
+                Some(&token)
+                    if !g.owned.contains_key(&bucket) && !g.unreleased.contains(&bucket) =>
+                {
+                    g.insert_step(Step::Deliver(Delivery::Assign { bucket, token }))
+                }
+                _ => false,
+            }
+        };
+        self.open |= started;
     }
 
-    /// Revoke everything the application holds: the leases are not trusted any more.
+    /// Revoke everything every group's application holds: the leases are not trusted any more.
     fn fence(&mut self) {
         self.fenced = true;
         self.reports.push_back(Report::Fenced {
-            owned: self.owned.len(),
+            owned: self.owned_total(),
         });
-        // No assignment may follow untrusted leases in this tick.
-        self.drop_assignments_and_claims();
-        let revokes = self.revocations(RevokeReason::Expired);
-        for step in revokes.into_iter().rev() {
-            self.steps.push_front(step);
+        for g in &mut self.groups {
+            // No assignment may follow untrusted leases in this tick.
+            g.drop_assignments_and_claims();
+            let queued = g.queued_out();
+            let revokes = g.revocations(RevokeReason::Expired);
+            for step in revokes.into_iter().rev() {
+                if let Step::Deliver(Delivery::Revoke { bucket, .. }) = step
+                    && queued.contains(&bucket)
+                {
+                    continue;
+                }
+                g.steps.push_front(step);
+            }
         }
-    }
-
-    /// Steps revoking everything the application holds.
-    fn revocations(&self, reason: RevokeReason) -> Vec<Step> {
-        self.owned
-            .iter()
-            .map(|(&bucket, &token)| {
-                Step::Deliver(Delivery::Revoke {
-                    bucket,
-                    token,
-                    reason,
-                })
-            })
-            .collect()
     }
 
     fn call(&mut self, now: Instant, call: StoreCall) -> Output {
@@ -819,11 +1343,11 @@ impl Machine {
         Output::Call(call)
     }
 
-    /// The send time of the call in flight, if it is `op`'s; an answer nobody waits for any
-    /// more is dropped.
-    fn take_call(&mut self, op: Operation) -> Option<Instant> {
+    /// The send time of the call in flight, if it is `op`'s for `group`; an answer nobody
+    /// waits for any more is dropped.
+    fn take_call(&mut self, op: Operation, group: Option<&GroupName>) -> Option<Instant> {
         match &self.in_flight {
-            Some(f) if f.call.operation() == op => {
+            Some(f) if f.call.operation() == op && f.call.group() == group => {
                 let sent = f.sent;
                 self.in_flight = None;
                 Some(sent)
@@ -835,11 +1359,17 @@ impl Machine {
     fn on_heartbeat(&mut self, now: Instant, sent: Instant, result: Result<Heartbeat, StoreError>) {
         let beat = match result {
             Ok(beat) => beat,
-            Err(e) => return self.on_store_error(now, Operation::Heartbeat, e),
+            Err(e) => return self.on_store_error(now, None, Operation::Heartbeat, e),
         };
         if self.stopping.is_some() {
             // Stopping: only the session matters now, to leave it.
-            self.session = Some(beat.session);
+            if self.session != Some(beat.session) {
+                self.session = Some(beat.session);
+                for g in &mut self.groups {
+                    g.held.clear();
+                    g.unreleased.clear();
+                }
+            }
             return;
         }
         self.failures = 0;
@@ -847,48 +1377,142 @@ impl Machine {
         self.last_sent = Some(sent);
         self.trusted_until = Some(sent + self.rules.ttl.as_duration() - self.rules.safety_margin);
         self.fenced = false;
-        let mut steps: Vec<Step> = Vec::new();
         if self.session != Some(beat.session) {
-            // A new session (or one whose start this worker never heard of): nothing held
-            // before is ours any more, nor to be released.
-            steps.extend(self.revocations(RevokeReason::Expired));
-            self.unreleased.clear();
-            self.held.clear();
+            // A new session (or one whose start this node never heard of): nothing held
+            // before is ours any more, in any group, nor to be released; and it is a member of
+            // no group.
             self.session = Some(beat.session);
+            for g in &mut self.groups {
+                g.lose_session();
+            }
         }
-        if beat.view.shard_count != self.shards {
-            if beat.view.previous == Some(self.shards) {
-                // Resized from the count the worker routes by: follow it.
+        for i in 0..self.groups.len() {
+            if self.groups[i].removing.is_some() {
+                continue;
+            }
+            let name = self.groups[i].name.clone();
+            let given = beat.group(&name).cloned();
+            let unchanged = beat
+                .unchanged
+                .iter()
+                .find(|u| u.group == name)
+                .map(|u| u.stamp);
+            let g = &mut self.groups[i];
+            let view = match (given, unchanged) {
+                (Some(given), _) => {
+                    g.stamp = Some(given.stamp);
+                    g.last = Some(given.clone());
+                    Some(given)
+                }
+                (None, Some(stamp)) => match g.last.clone() {
+                    // Unchanged since the view it was last given (contract rule H8); its
+                    // leases now expire with the renewed session.
+                    Some(mut last) => {
+                        g.stamp = Some(stamp);
+                        for lease in &mut last.owned {
+                            lease.expires_at = beat.expires_at;
+                        }
+                        g.last = Some(last.clone());
+                        Some(last)
+                    }
+                    None => {
+                        // Unchanged since a view this node no longer has: ask for it.
+                        g.stamp = None;
+                        g.drop_tick();
+                        g.steps.push_back(Step::EndTick);
+                        self.again = true;
+                        continue;
+                    }
+                },
+                (None, None) => None,
+            };
+            match view {
+                Some(view) => {
+                    g.member = true;
+                    self.reconcile(i, &view);
+                }
+                None => {
+                    if g.member {
+                        // Left behind the node's back (an operator evicted it): what it held
+                        // there was released with the membership.
+                        self.reports.push_back(Report::Evicted {
+                            group: name.clone(),
+                        });
+                        let queued = g.queued_out();
+                        let revokes: Vec<Step> = g
+                            .revocations(RevokeReason::Lost)
+                            .into_iter()
+                            .filter(|s| match s {
+                                Step::Deliver(Delivery::Revoke { bucket, .. }) => {
+                                    !queued.contains(bucket)
+                                }
+                                _ => true,
+                            })
+                            .collect();
+                        g.drop_tick();
+                        g.steps.extend(revokes);
+                        g.held.clear();
+                        g.unreleased.clear();
+                        g.draining.clear();
+                    } else {
+                        g.drop_tick();
+                    }
+                    g.member = false;
+                    g.last = None;
+                    g.stamp = None;
+                    // Join once the revocations are out; claim once a heartbeat gives the
+                    // view.
+                    g.steps.push_back(Step::Join);
+                    g.steps.push_back(Step::EndTick);
+                }
+            }
+        }
+    }
+
+    /// Plan group `i` on the store's word about it: its view and the node's leases in it.
+    fn reconcile(&mut self, i: usize, beat: &GroupBeat) {
+        let node = self.rules.node;
+        let g = &mut self.groups[i];
+        if beat.view.shard_count != g.shards {
+            if beat.view.previous == Some(g.shards) {
+                // Resized from the count the group routes by: follow it.
                 self.reports.push_back(Report::Resized {
-                    from: self.shards,
+                    group: g.name.clone(),
+                    from: g.shards,
                     to: beat.view.shard_count,
                     generation: beat.view.generation,
                 });
-                self.shards = beat.view.shard_count;
+                g.shards = beat.view.shard_count;
             } else {
                 // The group was deleted and created again with another count (or resized
-                // from one the worker never had): the buckets this worker routes by are not
-                // the group's. Retrying cannot help.
+                // from one the group never had): the buckets this group routes by are not
+                // the store's. Retrying cannot help.
                 let mismatch = StoreError::ShardCountMismatch {
-                    group: self.rules.group.clone(),
-                    configured: self.shards,
+                    group: g.name.clone(),
+                    configured: g.shards,
                     found: beat.view.shard_count,
                 };
-                self.steps.extend(steps);
-                return self.stop(Err(WorkerFailed::Store(mismatch)), RevokeReason::Lost);
+                g.held = beat.owned.iter().map(|l| (l.bucket, l.token)).collect();
+                return self.fail_group(i, Err(WorkerFailed::Store(mismatch)), RevokeReason::Lost);
             }
         }
-        self.resized_from = beat.view.previous;
-        self.draining = beat.draining_buckets().into_iter().collect();
+        g.resized_from = beat.view.previous;
+        g.draining = beat.draining_buckets().into_iter().collect();
         let held: Owned = beat.owned.iter().map(|l| (l.bucket, l.token)).collect();
-        self.held.clone_from(&held);
-        let revoked_first: BTreeSet<Bucket> = if steps.is_empty() {
-            BTreeSet::new()
-        } else {
-            self.owned.keys().copied().collect()
-        };
-        for (&bucket, &token) in &self.owned {
-            if held.get(&bucket) != Some(&token) && !revoked_first.contains(&bucket) {
+        g.held.clone_from(&held);
+        // Revocations still queued (a fence's, a new session's) stay first; their buckets are
+        // on their way out, neither kept nor assigned again in this tick.
+        g.steps.retain(Step::is_revoke);
+        let out = g.queued_out();
+        // What the application was told it owns: an assignment still being delivered counts
+        // (the heartbeat went out while a handler worked), so it is never released unrevoked.
+        let mut told = g.owned.clone();
+        if let Some(Delivery::Assign { bucket, token }) = g.pending {
+            told.insert(bucket, token);
+        }
+        let mut steps: Vec<Step> = Vec::new();
+        for (&bucket, &token) in &g.owned {
+            if held.get(&bucket) != Some(&token) && !out.contains(&bucket) {
                 steps.push(Step::Deliver(Delivery::Revoke {
                     bucket,
                     token,
@@ -897,7 +1521,7 @@ impl Machine {
             }
         }
         // What is not held any more needs no release.
-        self.unreleased.retain(|b| held.contains_key(b));
+        g.unreleased.retain(|b| held.contains_key(b));
         // The application is told of what the store says is ours and it does not hold (a
         // claim whose answer was lost, leases kept alive that it fenced), unless it is on its
         // way out.
@@ -906,12 +1530,12 @@ impl Machine {
         // holds them, released at once if it does not.
         let mut resharded: Vec<Step> = Vec::new();
         for (&bucket, &token) in &held {
-            let holds_it =
-                !revoked_first.contains(&bucket) && self.owned.get(&bucket) == Some(&token);
-            let busy = self.unreleased.contains(&bucket)
-                || self.revoking.contains_key(&bucket)
-                || self.stuck.contains_key(&bucket);
-            if self.draining.contains(&bucket) {
+            let holds_it = !out.contains(&bucket) && told.get(&bucket) == Some(&token);
+            let busy = g.unreleased.contains(&bucket)
+                || g.revoking.contains_key(&bucket)
+                || g.stuck.contains_key(&bucket)
+                || out.contains(&bucket);
+            if g.draining.contains(&bucket) {
                 if holds_it {
                     resharded.push(Step::Deliver(Delivery::Revoke {
                         bucket,
@@ -919,31 +1543,32 @@ impl Machine {
                         reason: RevokeReason::Resharded,
                     }));
                 } else if !busy {
-                    self.unreleased.insert(bucket);
+                    g.unreleased.insert(bucket);
                 }
             } else if !holds_it && !busy {
                 assigning.insert(bucket, token);
             }
         }
-        // The plan counts what the worker will hold once this tick's revocations and
+        // The plan counts what the group will hold once this tick's revocations and
         // assignments are done: what the store says, less what is on its way out.
         let keeping: Vec<Bucket> = held
             .keys()
             .copied()
             .filter(|b| {
-                !self.draining.contains(b)
-                    && !self.unreleased.contains(b)
-                    && !self.revoking.contains_key(b)
-                    && !self.stuck.contains_key(b)
+                !g.draining.contains(b)
+                    && !g.unreleased.contains(b)
+                    && !g.revoking.contains_key(b)
+                    && !g.stuck.contains_key(b)
+                    && !out.contains(b)
             })
             .collect();
-        let plan = policy::plan(&beat.view, self.rules.worker, &keeping);
+        let plan = policy::plan(&beat.view, node, &keeping);
         let mut shed_now: Vec<Step> = resharded;
         for bucket in &plan.shed {
             if assigning.remove(bucket).is_some() {
                 // Never handed to the application: it can go at once.
-                self.unreleased.insert(*bucket);
-            } else if let Some(&token) = self.owned.get(bucket) {
+                g.unreleased.insert(*bucket);
+            } else if let Some(&token) = told.get(bucket) {
                 shed_now.push(Step::Deliver(Delivery::Revoke {
                     bucket: *bucket,
                     token,
@@ -956,7 +1581,7 @@ impl Machine {
                 .into_iter()
                 .map(|(bucket, token)| Step::Deliver(Delivery::Assign { bucket, token })),
         );
-        if !self.unreleased.is_empty() {
+        if !g.unreleased.is_empty() {
             steps.push(Step::Release);
         }
         if !shed_now.is_empty() {
@@ -969,91 +1594,69 @@ impl Machine {
             steps.push(Step::Claim(plan.claim));
         }
         steps.push(Step::EndTick);
-        self.steps.extend(steps);
+        g.steps.extend(steps);
     }
 
-    fn release_step(&mut self, now: Instant) -> Option<Output> {
-        let session = self.session?;
-        if self.unreleased.is_empty() {
-            return None;
+    fn on_joined(&mut self, now: Instant, i: usize, result: Result<(), StoreError>) {
+        if self.stopping.is_some() || self.groups[i].removing.is_some() {
+            // Its leave follows.
+            return;
         }
-        let buckets: Vec<Bucket> = self.unreleased.iter().copied().collect();
-        Some(self.call(now, StoreCall::Release { session, buckets }))
+        match result {
+            Ok(()) => {
+                let g = &mut self.groups[i];
+                g.member = true;
+                g.last = None;
+                g.stamp = None;
+                // The next heartbeat gives the group's view: tick again at once.
+                self.again = true;
+            }
+            Err(e) => self.on_store_error(now, Some(i), Operation::Join, e),
+        }
     }
 
-    fn on_released(&mut self, now: Instant, result: Result<Vec<Bucket>, StoreError>) {
-        if self.stopping.is_some() {
+    fn on_released(&mut self, now: Instant, i: usize, result: Result<Vec<Bucket>, StoreError>) {
+        if self.stopping.is_some() || self.groups[i].removing.is_some() {
             return;
         }
         match result {
             Ok(released) => {
+                let g = &mut self.groups[i];
                 for bucket in &released {
-                    self.unreleased.remove(bucket);
-                    self.held.remove(bucket);
+                    g.unreleased.remove(bucket);
+                    g.held.remove(bucket);
                 }
                 // The store may skip a row another transaction holds for an instant (a claim
                 // re-checking it): a few quick retries release it. An application's fencing
                 // transaction may hold it longer: then the next tick retries.
-                if !self.unreleased.is_empty() && self.release_retries < RELEASE_RETRIES {
-                    self.release_retries += 1;
-                    self.release_retry = Some(now + RELEASE_RETRY);
+                if !g.unreleased.is_empty() && g.release_retries < RELEASE_RETRIES {
+                    g.release_retries += 1;
+                    g.release_retry = Some(now + RELEASE_RETRY);
                 }
             }
-            Err(e) => self.on_store_error(now, Operation::Release, e),
+            Err(e) => self.on_store_error(now, Some(i), Operation::Release, e),
         }
     }
 
-    fn claim_step(&mut self, now: Instant, want: u32) -> Option<Output> {
-        let session = self.session?;
-        if !self.trusted(now) || self.renewal_due(now) {
-            self.again = true;
-            return None;
-        }
-        let batch = want.min(CLAIM_BATCH);
-        self.batch_of_more = (batch < want).then_some(batch);
-        let takeover = match self.last_sent {
-            // The store's clock was watched up to the heartbeat sent at `sent`: from there to
-            // the claim, the store checks that its clock moved no more than ours did (give or
-            // take the tolerance), so a step in between defers the takeover.
-            Some(sent) if self.takeover_opens().is_some_and(|t| now >= t) => {
-                Takeover::AllowedWithin(
-                    now.saturating_duration_since(sent) + self.rules.safety_margin / 2,
-                )
-            }
-            _ => Takeover::Deferred,
-        };
-        self.deferred_short = (takeover == Takeover::Deferred).then_some(batch);
-        Some(self.call(
-            now,
-            StoreCall::Claim {
-                session,
-                want: batch,
-                takeover,
-            },
-        ))
-    }
-
-    fn on_claimed(&mut self, now: Instant, result: Result<Vec<Lease>, StoreError>) {
-        if self.stopping.is_some() {
+    fn on_claimed(&mut self, now: Instant, i: usize, result: Result<Vec<Lease>, StoreError>) {
+        if self.stopping.is_some() || self.groups[i].removing.is_some() {
             // What was won goes with the leave.
             return;
         }
         match result {
             Ok(won) => {
-                self.reports.push_back(Report::Claimed(won.len()));
-                if self
-                    .deferred_short
-                    .is_some_and(|asked| u32::try_from(won.len()).is_ok_and(|n| n >= asked))
-                {
+                let g = &mut self.groups[i];
+                self.reports.push_back(Report::Claimed {
+                    group: g.name.clone(),
+                    won: won.len(),
+                });
+                let all = |asked: u32| u32::try_from(won.len()).is_ok_and(|n| n >= asked);
+                if g.deferred_short.is_some_and(all) {
                     // It won all it asked for: nothing wanted was left behind.
-                    self.deferred_short = None;
+                    g.deferred_short = None;
                 }
-                self.held.extend(won.iter().map(|l| (l.bucket, l.token)));
-                if self
-                    .batch_of_more
-                    .take()
-                    .is_some_and(|batch| u32::try_from(won.len()).is_ok_and(|n| n == batch))
-                {
+                g.held.extend(won.iter().map(|l| (l.bucket, l.token)));
+                if g.batch_of_more.take().is_some_and(all) {
                     // A full batch and more wanted: tick again at once, on a fresh view.
                     self.again = true;
                 }
@@ -1062,8 +1665,7 @@ impl Machine {
                 let assigns: Vec<Step> = won
                     .iter()
                     .filter(|l| {
-                        !self.revoking.contains_key(&l.bucket)
-                            && !self.stuck.contains_key(&l.bucket)
+                        !g.revoking.contains_key(&l.bucket) && !g.stuck.contains_key(&l.bucket)
                     })
                     .map(|l| {
                         Step::Deliver(Delivery::Assign {
@@ -1073,101 +1675,139 @@ impl Machine {
                     })
                     .collect();
                 for step in assigns.into_iter().rev() {
-                    self.steps.push_front(step);
+                    g.steps.push_front(step);
                 }
             }
-            Err(e) => self.on_store_error(now, Operation::Claim, e),
+            Err(e) => self.on_store_error(now, Some(i), Operation::Claim, e),
         }
     }
 
-    fn on_left(&mut self, result: Result<Vec<Bucket>, StoreError>) {
+    fn on_left(&mut self, i: usize, result: Result<Vec<Bucket>, StoreError>) {
         if let Err(e) = result {
             let source = WorkerError::Store {
                 operation: Operation::Leave,
                 source: e,
             };
-            if matches!(self.stopping, Some(Ok(()))) {
-                self.stopping = Some(Err(WorkerFailed::LeaveFailed { source }));
-            } else {
-                self.reports.push_back(Report::Error(source));
-            }
+            self.on_leave_failed(i, source);
         }
     }
 
-    fn on_store_error(&mut self, now: Instant, operation: Operation, e: StoreError) {
+    /// A leave that failed or did not answer: a group removed on request ends with the
+    /// failure; one ending for another reason keeps that reason, and the failure is reported.
+    fn on_leave_failed(&mut self, i: usize, source: WorkerError) {
+        let g = &mut self.groups[i];
+        if matches!(g.removing, Some(Ok(()))) {
+            g.removing = Some(Err(WorkerFailed::LeaveFailed { source }));
+        } else {
+            self.reports.push_back(Report::Error {
+                group: Some(g.name.clone()),
+                error: source,
+            });
+        }
+    }
+
+    fn on_store_error(
+        &mut self,
+        now: Instant,
+        i: Option<usize>,
+        operation: Operation,
+        e: StoreError,
+    ) {
         let error = WorkerError::Store {
             operation,
             source: e,
         };
-        if self.stopping.is_some() {
-            self.reports.push_back(Report::Error(error));
+        let removing = i.is_some_and(|i| self.groups[i].removing.is_some());
+        if self.stopping.is_some() || removing {
+            self.reports.push_back(Report::Error {
+                group: i.map(|i| self.groups[i].name.clone()),
+                error,
+            });
         } else if error_is_transient(&error) {
-            self.on_failure(now, error);
+            self.on_failure(now, i, error);
         } else {
             let WorkerError::Store { source, .. } = error else {
                 return;
             };
-            self.stop(Err(WorkerFailed::Store(source)), RevokeReason::Lost);
+            match i {
+                // A group's call: that group ends; the node's other groups go on.
+                Some(i) => self.fail_group(i, Err(WorkerFailed::Store(source)), RevokeReason::Lost),
+                None => self.stop(Err(WorkerFailed::Store(source)), RevokeReason::Lost),
+            }
         }
     }
 
     /// A transient failure, or a call that did not answer: report it, drop the rest of the
-    /// tick, and tick again after a backoff. While stopping, a leave that did not answer ends
-    /// the stop with the failure.
-    fn on_failure(&mut self, now: Instant, error: WorkerError) {
-        if self.stopping.is_some() {
-            if matches!(
-                error,
-                WorkerError::Timeout {
-                    operation: Operation::Leave,
-                    ..
-                }
-            ) {
-                self.on_left_timeout(error);
-            } else {
-                self.reports.push_back(Report::Error(error));
+    /// tick (the group's, for a group's call; every group's, for the heartbeat), and tick
+    /// again after a backoff. A leave that did not answer ends its group's removal with the
+    /// failure.
+    fn on_failure(&mut self, now: Instant, i: Option<usize>, error: WorkerError) {
+        let removing = i.is_some_and(|i| self.groups[i].removing.is_some());
+        if self.stopping.is_some() || removing {
+            match (i, &error) {
+                (
+                    Some(i),
+                    WorkerError::Timeout {
+                        operation: Operation::Leave,
+                        ..
+                    },
+                ) => self.on_leave_failed(i, error),
+                _ => self.reports.push_back(Report::Error {
+                    group: i.map(|i| self.groups[i].name.clone()),
+                    error,
+                }),
             }
             return;
         }
-        self.reports.push_back(Report::Error(error));
+        self.reports.push_back(Report::Error {
+            group: i.map(|i| self.groups[i].name.clone()),
+            error,
+        });
         self.failures = self.failures.saturating_add(1);
-        // Revocations still to deliver (a fence, a new session's) stay; the rest goes.
-        self.steps
-            .retain(|s| matches!(s, Step::Deliver(Delivery::Revoke { .. })));
-        self.release_retry = None;
+        match i {
+            Some(i) => self.groups[i].drop_tick(),
+            None => {
+                for g in &mut self.groups {
+                    g.drop_tick();
+                }
+            }
+        }
+        // The tick is abandoned: the next one, after the backoff, does it again.
+        self.open = false;
+        self.heartbeat_wanted = false;
         self.next_tick = Some(now + self.backoff());
     }
 
-    fn on_left_timeout(&mut self, error: WorkerError) {
-        if matches!(self.stopping, Some(Ok(()))) {
-            self.stopping = Some(Err(WorkerFailed::LeaveFailed { source: error }));
-        } else {
-            self.reports.push_back(Report::Error(error));
+    /// End group `i` for `ended`: revoke what its application holds (`reason`), leave, finish.
+    fn fail_group(&mut self, i: usize, ended: Result<(), WorkerFailed>, reason: RevokeReason) {
+        self.groups[i].begin_removal(ended, reason);
+    }
+
+    /// Stop the node: let the call in flight answer (a heartbeat may be starting the session
+    /// the node must leave), remove every group (revoke, wait for the acknowledgements, leave
+    /// under the node's own session), then finish with `ended`.
+    fn stop(&mut self, ended: Result<(), WorkerFailed>, reason: RevokeReason) {
+        let failed = ended.is_err();
+        self.stopping = Some(ended);
+        self.next_tick = None;
+        self.heartbeat_wanted = false;
+        for g in &mut self.groups {
+            if g.removing.is_none() {
+                let group_ended = if failed {
+                    Err(WorkerFailed::NodeFailed)
+                } else {
+                    Ok(())
+                };
+                g.begin_removal(group_ended, reason);
+            }
         }
     }
 
-    /// Stop: let the call in flight answer (a heartbeat may be starting the session the
-    /// worker must leave), revoke everything, wait for the acknowledgements, leave under the
-    /// worker's own session, finish with `ended`.
-    fn stop(&mut self, ended: Result<(), WorkerFailed>, reason: RevokeReason) {
-        self.stopping = Some(ended);
-        self.next_tick = None;
-        self.release_retry = None;
-        // Revocations already queued (a fence) go first; nothing else of the tick.
-        self.steps
-            .retain(|s| matches!(s, Step::Deliver(Delivery::Revoke { .. })));
-        let revokes = self.revocations(reason);
-        self.steps.extend(revokes);
-        self.steps.push_back(Step::AwaitAcks);
-        self.steps.push_back(Step::Leave);
-        self.steps.push_back(Step::Finish);
-    }
-
-    /// When this worker may take dead sessions' buckets: a ttl after it began watching the
+    /// When this node may take dead sessions' buckets: a ttl after it began watching the
     /// store's clock advance steadily. Until then a session the store calls dead may be one
-    /// whose holder still trusts it: the store's clock stepped forward (before this worker
+    /// whose holder still trusts it: the store's clock stepped forward (before this node
     /// started, or since), and the holder fences by its own clock, up to a ttl after its last
-    /// renewal. The worker's own ttl stands for the group's: workers of a group share one.
+    /// renewal. The node's own ttl stands for the group's: members of a group share one.
     pub fn takeover_opens(&self) -> Option<Instant> {
         self.steady_since.map(|t| t + self.rules.ttl.as_duration())
     }
@@ -1189,7 +1829,7 @@ impl Machine {
             self.ahead.push_back((received, TimeDelta::zero()));
             return;
         };
-        // How far the store's clock is ahead of the worker's, relative to the last answer's
+        // How far the store's clock is ahead of the node's, relative to the last answer's
         // reading, accumulated in `ahead`.
         let elapsed = TimeDelta::from_std(received.saturating_duration_since(received_before))
             .unwrap_or(TimeDelta::MAX);
@@ -1228,6 +1868,7 @@ impl Machine {
         self.last_beat = Some((received, observed));
     }
 
+    /// The node went idle after a tick (or a group's small run): schedule the next tick.
     fn end_tick(&mut self, now: Instant) {
         if self.stopping.is_some() {
             return;
@@ -1241,9 +1882,12 @@ impl Machine {
             // trust is counted from.
             self.last_sent.unwrap_or(now) + self.rules.renew_interval
         };
-        if self.deferred_short.take().is_some()
-            && let Some(opens) = self.takeover_opens().filter(|&t| t > now)
-        {
+        // Every group's mark is cleared (not only up to the first): the tick is over.
+        let mut short = false;
+        for g in &mut self.groups {
+            short |= g.deferred_short.take().is_some();
+        }
+        if short && let Some(opens) = self.takeover_opens().filter(|&t| t > now) {
             // Dead sessions' buckets were left for later: claim them as soon as that is safe.
             next = next.min(opens);
         }

@@ -1,6 +1,6 @@
-//! A worker configuration runs as one task at a time: a clone of a running configuration
-//! started again is refused, as two tasks of one worker would break contract rule G8 (one
-//! caller per incarnation) and compete for its session.
+//! A node (or worker) configuration runs as one task at a time: a clone of a running
+//! configuration started again is refused, as two tasks of one node would break contract rule
+//! G8 (one caller per incarnation) and compete for its session.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +29,18 @@ impl RunFlag {
                 group: group.clone(),
                 worker,
             });
+        }
+        Ok(Running(self.0.clone()))
+    }
+
+    /// Mark a node configuration running, or say it runs already.
+    pub(crate) fn claim_node(&self, node: WorkerId) -> Result<Running, StartError> {
+        if self
+            .0
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return Err(StartError::NodeAlreadyRunning { node });
         }
         Ok(Running(self.0.clone()))
     }

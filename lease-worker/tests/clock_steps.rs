@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use chrono::TimeDelta;
 use lease_core::{
-    Clock, GroupName, GroupView, Heartbeat, Incarnation, ManualClock, MemberLoad, SessionId,
-    ShardCount, Takeover, Timestamp, Ttl, WorkerId, store_precision,
+    Clock, GroupBeat, GroupName, GroupView, Heartbeat, Incarnation, ManualClock, MemberLoad,
+    SessionId, ShardCount, Takeover, Timestamp, Ttl, ViewStamp, WorkerId, store_precision,
 };
 use lease_worker::machine::{ClockStep, Input, Machine, Output, Report, Rules, StoreCall};
 
@@ -22,11 +22,13 @@ const MARGIN: Duration = Duration::from_secs(1);
 /// The store's answer takes this long to come back.
 const ROUND_TRIP: Duration = Duration::from_millis(4);
 
-fn rules(worker: WorkerId) -> Rules {
+fn group() -> GroupName {
+    GroupName::new("steps").expect("name")
+}
+
+fn rules(node: WorkerId) -> Rules {
     Rules {
-        group: GroupName::new("steps").expect("name"),
-        shards: ShardCount::new(8).expect("count"),
-        worker,
+        node,
         incarnation: Incarnation::new(),
         ttl: Ttl::new(TTL).expect("ttl"),
         renew_interval: RENEW,
@@ -51,14 +53,18 @@ struct Run {
     steps: Vec<ClockStep>,
     /// When the last heartbeat was sent.
     sent: Instant,
+    /// Whether the node joined the group.
+    joined: bool,
 }
 
 impl Run {
     fn new() -> Self {
         let worker = WorkerId::new();
         let now = Instant::now();
+        let mut m = Machine::new(rules(worker), now);
+        assert!(m.add_group(now, group(), ShardCount::new(8).expect("count")));
         Self {
-            m: Machine::new(rules(worker), now),
+            m,
             worker,
             session: SessionId::new(),
             start: now,
@@ -67,6 +73,7 @@ impl Run {
             offset: TimeDelta::zero(),
             steps: Vec::new(),
             sent: now,
+            joined: false,
         }
     }
 
@@ -75,15 +82,23 @@ impl Run {
         store_precision(self.base + local + self.offset)
     }
 
-    /// Run the machine until it makes a store call; reports are collected, deliveries done.
+    /// Run the machine until it makes a store call other than a join (answered at once);
+    /// reports are collected, deliveries done.
     fn next_call(&mut self) -> StoreCall {
         for _ in 0..10_000 {
             self.m.handle_timeout(self.now);
             match self.m.poll(self.now) {
+                Some(Output::Call(StoreCall::Join { group, .. })) => {
+                    self.joined = true;
+                    self.m.handle(self.now, Input::Joined(group, Ok(())));
+                }
                 Some(Output::Call(call)) => return call,
                 Some(Output::Report(Report::ClockStep(step))) => self.steps.push(step),
                 Some(Output::Report(_)) => {}
-                Some(Output::Deliver(_)) => self.m.handle(self.now, Input::Delivered),
+                Some(Output::Deliver(group, _)) => {
+                    self.m.handle(self.now, Input::Delivered(group));
+                }
+                Some(Output::GroupFinished(g, r)) => panic!("group {g} finished: {r:?}"),
                 Some(Output::Finished(r)) => panic!("the machine finished: {r:?}"),
                 None => {
                     let t = self.m.poll_timeout().expect("something to wait for");
@@ -99,23 +114,33 @@ impl Run {
     fn answer_heartbeat_after(&mut self, round_trip: Duration) {
         self.now += round_trip;
         let at = self.store_at();
+        let groups = if self.joined {
+            vec![GroupBeat {
+                group: group(),
+                view: GroupView {
+                    shard_count: ShardCount::new(8).expect("count"),
+                    members: vec![MemberLoad {
+                        worker: self.worker,
+                        owned: 0,
+                    }],
+                    claimable: 8,
+                    generation: Default::default(),
+                    previous: None,
+                    draining: 0,
+                },
+                owned: Vec::new(),
+                stamp: ViewStamp::default(),
+            }]
+        } else {
+            Vec::new()
+        };
         let beat = Heartbeat {
             session: self.session,
             new_session: false,
             observed_at: at,
             expires_at: at + TimeDelta::from_std(TTL).expect("ttl"),
-            view: GroupView {
-                shard_count: ShardCount::new(8).expect("count"),
-                members: vec![MemberLoad {
-                    worker: self.worker,
-                    owned: 0,
-                }],
-                claimable: 8,
-                generation: Default::default(),
-                previous: None,
-                draining: 0,
-            },
-            owned: Vec::new(),
+            groups,
+            unchanged: Vec::new(),
         };
         self.m.handle(self.now, Input::Heartbeat(Ok(beat)));
     }
@@ -126,10 +151,16 @@ impl Run {
         self.tick_after(ROUND_TRIP)
     }
 
-    /// [`tick`](Self::tick) with a heartbeat that takes `round_trip`.
+    /// [`tick`](Self::tick) with a heartbeat that takes `round_trip`. The node's first tick
+    /// joins the group: its heartbeat is answered with no view, the join at once, and the
+    /// heartbeat that follows at once gives the view.
     fn tick_after(&mut self, round_trip: Duration) -> (Instant, Takeover) {
+        if !self.joined {
+            assert!(matches!(self.next_call(), StoreCall::Heartbeat { .. }));
+            self.answer_heartbeat_after(ROUND_TRIP);
+        }
         let call = self.next_call();
-        assert_eq!(call, StoreCall::Heartbeat);
+        assert!(matches!(call, StoreCall::Heartbeat { .. }), "{call:?}");
         self.sent = self.now;
         self.answer_heartbeat_after(round_trip);
         let answered = self.now;
@@ -145,7 +176,8 @@ impl Run {
                     other => other,
                 };
                 self.now += ROUND_TRIP;
-                self.m.handle(self.now, Input::Claimed(Ok(Vec::new())));
+                self.m
+                    .handle(self.now, Input::Claimed(group(), Ok(Vec::new())));
                 (answered, takeover)
             }
             other => panic!("a claim was due, got {other:?}"),

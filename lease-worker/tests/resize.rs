@@ -28,11 +28,9 @@ fn group() -> GroupName {
     GroupName::new("resized").expect("a valid name")
 }
 
-fn rules(worker: WorkerId, shards: u32) -> Rules {
+fn rules(node: WorkerId) -> Rules {
     Rules {
-        group: group(),
-        shards: n(shards),
-        worker,
+        node,
         incarnation: Incarnation::new(),
         ttl: Ttl::new(TTL).expect("ttl"),
         renew_interval: RENEW,
@@ -91,8 +89,10 @@ impl Pool {
 
     fn add(&mut self, shards: u32) -> usize {
         let id = WorkerId::new();
+        let mut m = Machine::new(rules(id), self.now);
+        assert!(m.add_group(self.now, group(), n(shards)));
         self.workers.push(Worker {
-            m: Machine::new(rules(id, shards), self.now),
+            m,
             id,
             app: BTreeMap::new(),
             unacked: BTreeSet::new(),
@@ -112,41 +112,50 @@ impl Pool {
     }
 
     fn call(&self, w: &Worker, call: StoreCall) -> (Input, bool) {
-        let (g, id) = (group(), w.id);
+        let id = w.id;
         let rules = w.m.rules();
         self.rt.block_on(async {
             match call {
-                StoreCall::Heartbeat => {
+                StoreCall::Heartbeat { seen } => {
                     let r = self
                         .store
                         .heartbeat(
-                            &g,
                             id,
                             rules.incarnation,
                             rules.ttl,
                             &MemberMetadata::empty(),
+                            &seen,
                         )
                         .await;
-                    let joined = r.as_ref().is_ok_and(|b| b.new_session);
-                    (Input::Heartbeat(r), joined)
+                    (Input::Heartbeat(r), false)
+                }
+                StoreCall::Join { group, session } => {
+                    let r = self.store.join(&group, id, session).await;
+                    let joined = r.is_ok();
+                    (Input::Joined(group, r), joined)
                 }
                 StoreCall::Claim {
+                    group,
                     session,
                     want,
                     takeover,
-                } => (
-                    Input::Claimed(self.store.claim(&g, id, session, want, takeover).await),
-                    false,
-                ),
-                StoreCall::Release { session, buckets } => {
-                    let r = self.store.release(&g, id, session, &buckets).await;
-                    let changed = r.as_ref().is_ok_and(|b| !b.is_empty());
-                    (Input::Released(r), changed)
+                } => {
+                    let r = self.store.claim(&group, id, session, want, takeover).await;
+                    (Input::Claimed(group, r), false)
                 }
-                StoreCall::Leave { session } => (
-                    Input::Left(self.store.leave(&g, id, Some(session)).await),
-                    true,
-                ),
+                StoreCall::Release {
+                    group,
+                    session,
+                    buckets,
+                } => {
+                    let r = self.store.release(&group, id, session, &buckets).await;
+                    let changed = r.as_ref().is_ok_and(|b| !b.is_empty());
+                    (Input::Released(group, r), changed)
+                }
+                StoreCall::Leave { group, session } => {
+                    let r = self.store.leave(&group, id, Some(session)).await;
+                    (Input::Left(group, r), true)
+                }
             }
         })
     }
@@ -167,12 +176,17 @@ impl Pool {
                             changed |= woke;
                             self.workers[i].m.handle(now, input);
                         }
-                        Output::Deliver(d) => self.deliver(i, d),
+                        Output::Deliver(_, d) => self.deliver(i, d),
                         Output::Report(Report::Resized { from, to, .. }) => {
                             self.workers[i].resized.push((from, to));
                         }
                         Output::Report(_) => {}
-                        Output::Finished(r) => self.workers[i].finished = Some(r),
+                        // A worker's group ending ends it.
+                        Output::GroupFinished(_, r) | Output::Finished(r) => {
+                            if self.workers[i].finished.is_none() {
+                                self.workers[i].finished = Some(r);
+                            }
+                        }
                     }
                 }
             }
@@ -191,11 +205,11 @@ impl Pool {
         let w = &mut self.workers[i];
         match d {
             Delivery::Assign { bucket, token } => {
-                let a = w.m.assignment(bucket, token);
+                let a = w.m.assignment(&group(), bucket, token).expect("the group");
                 w.app.insert(bucket, (token, a.shards));
                 w.assigned.push((a, a.parents()));
                 self.log.record(w.id, OwnershipEvent::Assigned(a), now);
-                w.m.handle(now, Input::Delivered);
+                w.m.handle(now, Input::Delivered(group()));
             }
             Delivery::Revoke {
                 bucket,
@@ -215,9 +229,9 @@ impl Pool {
                 );
                 if w.hold_back.contains(&bucket) {
                     w.unacked.insert(bucket);
-                    w.m.handle(now, Input::Delivered);
+                    w.m.handle(now, Input::Delivered(group()));
                 } else {
-                    w.m.handle(now, Input::Acked(bucket));
+                    w.m.handle(now, Input::Acked(group(), bucket));
                 }
             }
         }
@@ -243,7 +257,7 @@ impl Pool {
             "bucket {bucket} was not held back"
         );
         w.hold_back.remove(&bucket);
-        w.m.handle(now, Input::Acked(bucket));
+        w.m.handle(now, Input::Acked(group(), bucket));
     }
 
     fn resize(&mut self, from: u32, to: u32) {
@@ -311,7 +325,7 @@ fn a_split_is_followed_within_a_renew_interval() {
     assert!(pool.holders(n(8)).is_empty(), "old buckets still held");
     for w in &pool.workers {
         assert_eq!(w.resized, vec![(n(8), n(16))]);
-        assert_eq!(w.m.shards(), n(16));
+        assert_eq!(w.m.shards(&group()), Some(n(16)));
         assert!(w.finished.is_none());
         let resharded = w
             .revoked

@@ -1,9 +1,14 @@
 //! `leasectl status`: who owns which bucket of a group, the members, and the balance; while
 //! a resize drains, the old buckets not retired yet and the new buckets waiting for them.
+//! Without `--group` (or with `--nodes`): every node (process) the store knows, its session
+//! and the groups it is in.
 
 use clap::Args;
 use lease::resize as keys;
-use lease::{Bucket, BucketInfo, BucketState, GroupSnapshot, LeaseStore, ShardCount, Timestamp};
+use lease::{
+    Bucket, BucketInfo, BucketState, GroupSnapshot, LeaseStore, NodeInfo, NodesSnapshot,
+    ShardCount, Timestamp,
+};
 use serde_json::{Value, json};
 
 use crate::common::{DbArgs, Failure, group_arg, rfc3339, store_failure};
@@ -18,17 +23,31 @@ const WAITING_SHOWN: usize = 32;
 pub struct StatusArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// The group to show.
+    /// The group to show; without it, the nodes.
+    #[arg(long, conflicts_with = "nodes")]
+    group: Option<String>,
+    /// Show every node (process) the store knows: its session, when it expires, its metadata
+    /// and its groups (the default without --group).
     #[arg(long)]
-    group: String,
+    nodes: bool,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
 }
 
-/// Print the group's snapshot.
+/// Print the group's snapshot, or the nodes.
 pub async fn run(args: StatusArgs) -> Result<(), Failure> {
-    let group = group_arg(&args.group)?;
+    let Some(group) = &args.group else {
+        let store = args.db.open().await?;
+        let nodes = store.nodes().await.map_err(store_failure)?;
+        if args.json {
+            output::line(nodes_json(&nodes))?;
+        } else {
+            output::text(nodes_table(&nodes))?;
+        }
+        return Ok(());
+    };
+    let group = group_arg(group)?;
     let store = args.db.open().await?;
     let snap = store.snapshot(&group).await.map_err(store_failure)?;
     if args.json {
@@ -40,10 +59,15 @@ pub async fn run(args: StatusArgs) -> Result<(), Failure> {
 }
 
 fn expires_in(snap: &GroupSnapshot, t: Option<Timestamp>) -> String {
+    left(snap.observed_at, t)
+}
+
+/// How long from `observed` until `t`, in seconds with one decimal (negative once past).
+fn left(observed: Timestamp, t: Option<Timestamp>) -> String {
     match t {
         None => "-".into(),
         Some(t) => {
-            let left = t - snap.observed_at;
+            let left = t - observed;
             if left.num_milliseconds() >= 0 {
                 format!("{:.1}s", left.num_milliseconds() as f64 / 1_000.0)
             } else {
@@ -266,4 +290,155 @@ fn status_table(snap: &GroupSnapshot) -> String {
     lines.push(balance_line(snap));
     lines.push(String::new());
     lines.join("\n")
+}
+
+fn node_json(n: &NodeInfo) -> Value {
+    json!({
+        "node": n.node.to_string(),
+        "session": n.session.to_string(),
+        "started_at": rfc3339(n.started_at),
+        "heartbeat_at": rfc3339(n.heartbeat_at),
+        "expires_at": rfc3339(n.expires_at),
+        "live": n.live,
+        "metadata": n.metadata.as_str(),
+        "groups": n.groups.iter().map(|g| g.as_str()).collect::<Vec<_>>(),
+    })
+}
+
+fn nodes_json(nodes: &NodesSnapshot) -> Value {
+    json!({
+        "observed_at": rfc3339(nodes.observed_at),
+        "nodes": nodes.nodes.iter().map(node_json).collect::<Vec<_>>(),
+    })
+}
+
+/// The groups a node is in, for a table: names as written, comma-separated, `-` for none.
+fn group_list(n: &NodeInfo) -> String {
+    if n.groups.is_empty() {
+        return "-".to_owned();
+    }
+    n.groups
+        .iter()
+        .map(|g| g.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn nodes_table(nodes: &NodesSnapshot) -> String {
+    let mut lines = vec![
+        format!(
+            "nodes, observed {} (store clock)",
+            rfc3339(nodes.observed_at)
+        ),
+        String::new(),
+    ];
+    let width = nodes
+        .nodes
+        .iter()
+        .map(|n| group_list(n).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("groups".len());
+    lines.push(format!(
+        "{:<36}  {:<7}  {:>10}  {:<width$}  metadata",
+        "node", "state", "expires in", "groups"
+    ));
+    for n in &nodes.nodes {
+        lines.push(format!(
+            "{:<36}  {:<7}  {:>10}  {:<width$}  {}",
+            n.node,
+            if n.live { "live" } else { "expired" },
+            left(nodes.observed_at, Some(n.expires_at)),
+            group_list(n),
+            n.metadata
+        ));
+    }
+    let live = nodes.nodes.iter().filter(|n| n.live).count();
+    let memberships: usize = nodes
+        .nodes
+        .iter()
+        .filter(|n| n.live)
+        .map(|n| n.groups.len())
+        .sum();
+    lines.push(String::new());
+    lines.push(format!(
+        "{} node(s), {live} live, in {memberships} group membership(s); `leasectl status --group \
+         NAME` shows a group's buckets",
+        nodes.nodes.len()
+    ));
+    lines.push(String::new());
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lease::{Clock, GroupName, MemberMetadata, SessionId, SystemClock, WorkerId};
+
+    fn nodes() -> NodesSnapshot {
+        let now = SystemClock.now();
+        let node = |groups: &[&str], live: bool| NodeInfo {
+            node: WorkerId::new(),
+            session: SessionId::new(),
+            started_at: now,
+            heartbeat_at: now,
+            expires_at: now + chrono::TimeDelta::milliseconds(if live { 2_500 } else { -500 }),
+            live,
+            metadata: MemberMetadata::new("host=vm pid=7").expect("metadata"),
+            groups: groups
+                .iter()
+                .map(|g| GroupName::new(*g).expect("a name"))
+                .collect(),
+        };
+        NodesSnapshot {
+            observed_at: now,
+            nodes: vec![node(&["billing", "orders"], true), node(&[], false)],
+        }
+    }
+
+    #[test]
+    fn the_nodes_table_lists_each_node_with_its_groups() {
+        let nodes = nodes();
+        let table = nodes_table(&nodes);
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&nodes.nodes[0].node.to_string()))
+            .expect("the first node's row");
+        assert!(row.contains("live") && row.contains("2.5s"), "{row}");
+        assert!(
+            row.contains("billing, orders") && row.ends_with("host=vm pid=7"),
+            "{row}"
+        );
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&nodes.nodes[1].node.to_string()))
+            .expect("the second node's row");
+        assert!(row.contains("expired") && row.contains("-0.5s"), "{row}");
+        assert!(
+            table.contains("2 node(s), 1 live, in 2 group membership(s)"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn the_nodes_json_has_the_documented_fields() {
+        let json = nodes_json(&nodes());
+        let node = json["nodes"][0].as_object().expect("a node");
+        let keys: Vec<&str> = node.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "node",
+                "session",
+                "started_at",
+                "heartbeat_at",
+                "expires_at",
+                "live",
+                "metadata",
+                "groups"
+            ]
+        );
+        assert_eq!(json["nodes"][0]["groups"], json!(["billing", "orders"]));
+        assert_eq!(json["nodes"][1]["groups"], json!([]));
+    }
 }

@@ -1,12 +1,15 @@
-//! `leasectl worker`: one worker on Postgres until SIGTERM or SIGINT.
+//! `leasectl worker`: one process (a node, one session) in one or several groups on Postgres
+//! until SIGTERM or SIGINT.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use clap::Args;
 use lease::{
-    Assignment, Bucket, Chain, ConfigError, FencingToken, LeaseStore, LeaseWorker, MemberMetadata,
-    OwnershipHandler, RevokeReason, ShardCount, WorkerError, WorkerFailed, WorkerId,
+    Assignment, Bucket, Chain, ConfigError, FencingToken, GroupError, GroupName, LeaseNode,
+    LeaseStore, MemberMetadata, OwnershipHandler, RevokeReason, ShardCount, StoreError,
+    WorkerError, WorkerFailed, WorkerId,
 };
 use serde_json::{Value, json};
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -21,15 +24,19 @@ use crate::output::{self, SharedOutput};
 pub struct WorkerArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// The group (subscription, consumer group) to share.
+    /// A group (subscription, consumer group) to share: `NAME` with `--shards N`, or
+    /// `NAME:SHARDS`, repeatable (`--group orders:16 --group billing:64`): one process, one
+    /// session, in every group given.
+    #[arg(long, required = true, value_name = "GROUP[:SHARDS]")]
+    group: Vec<String>,
+    /// How many buckets the group has, with one plain `--group NAME`; must match the stored
+    /// group if it exists.
     #[arg(long)]
-    group: String,
-    /// How many buckets the group has; must match the stored group if it exists.
-    #[arg(long)]
-    shards: u32,
+    shards: Option<u32>,
     /// A stable worker id (a UUID), e.g. a stateful-set pod's, instead of a fresh one per
-    /// start. While another process holds this id's live session, this one waits for that
-    /// session to end (printing an error each time it is refused) and never shares it.
+    /// start: the process's id in every group. While another process holds this id's live
+    /// session, this one waits for that session to end (printing an error each time it is
+    /// refused) and never shares it.
     #[arg(long, value_name = "UUID")]
     worker_id: Option<String>,
     /// How long the worker's session lives after a heartbeat (e.g. 500ms, 3s, 1m).
@@ -198,18 +205,111 @@ impl Signals {
     }
 }
 
-/// Run the worker until a signal stops it, stdout fails, or the worker fails.
+/// A group of the command line: its name, its shard count, and how the user wrote it (for
+/// messages that name the flag).
+struct GroupArg {
+    group: GroupName,
+    shards: ShardCount,
+    /// `--shards` for the plain form, `--group NAME:SHARDS` for the other.
+    flag: String,
+}
+
+/// The groups of `--group` (and `--shards`). A value is `NAME:SHARDS` when it ends with a colon
+/// and digits (a name may contain colons: `ns:orders:16` is group `ns:orders`); otherwise it
+/// is a plain name, which needs `--shards` and must be the only `--group`.
+fn group_args(args: &WorkerArgs) -> Result<Vec<GroupArg>, Failure> {
+    let counted = args.group.iter().filter(|g| split(g).is_some()).count();
+    let groups = match (args.group.as_slice(), args.shards) {
+        ([plain], Some(shards)) if counted == 0 => {
+            let group = group_arg(plain)?;
+            let shards =
+                ShardCount::new(shards).map_err(|e| Failure::Usage(format!("--shards: {e}")))?;
+            vec![GroupArg {
+                group,
+                shards,
+                flag: "--shards".to_owned(),
+            }]
+        }
+        (_, None) if counted == args.group.len() => args
+            .group
+            .iter()
+            .map(|value| {
+                let (name, n) = split(value).unwrap_or((value.as_str(), ""));
+                let flag = format!("--group {value}");
+                let group =
+                    GroupName::new(name).map_err(|e| Failure::Usage(format!("{flag}: {e}")))?;
+                let shards = n
+                    .parse::<u32>()
+                    .map_err(|e| e.to_string())
+                    .and_then(|n| ShardCount::new(n).map_err(|e| e.to_string()))
+                    .map_err(|e| Failure::Usage(format!("{flag}: the shard count: {e}")))?;
+                Ok(GroupArg {
+                    group,
+                    shards,
+                    flag,
+                })
+            })
+            .collect::<Result<Vec<_>, Failure>>()?,
+        ([plain], None) => {
+            return Err(Failure::Usage(format!(
+                "--shards: group {plain:?} needs its shard count: --group {plain} --shards N, \
+                 or --group {plain}:N"
+            )));
+        }
+        _ => {
+            return Err(Failure::Usage(
+                "--group: give either one --group NAME with --shards N, or every group as \
+                 --group NAME:SHARDS (repeatable, e.g. --group orders:16 --group billing:64), \
+                 not a mix"
+                    .to_owned(),
+            ));
+        }
+    };
+    let mut seen = BTreeSet::new();
+    for g in &groups {
+        if !seen.insert(g.group.clone()) {
+            return Err(Failure::Usage(format!(
+                "--group: group {:?} is given twice",
+                g.group.as_str()
+            )));
+        }
+    }
+    Ok(groups)
+}
+
+/// `NAME:SHARDS` split, when `value` ends with a colon and digits.
+fn split(value: &str) -> Option<(&str, &str)> {
+    value
+        .rsplit_once(':')
+        .filter(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A store's refusal of group `g` at start, or while it runs, naming the flag.
+fn group_failure(g: &GroupArg, e: &StoreError) -> Failure {
+    match e {
+        StoreError::ShardCountMismatch {
+            group,
+            configured,
+            found,
+        } => Failure::Usage(format!(
+            "{}: group {group:?} exists with {found} shards, not {configured}; a group's shard \
+             count changes only with leasectl resize",
+            g.flag
+        )),
+        other => Failure::Runtime(format!("group {:?}: {}", g.group.as_str(), Chain(other))),
+    }
+}
+
+/// Run the node until a signal stops it, stdout fails, or the node or one of its groups fails.
 pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
-    let group = group_arg(&args.group)?;
-    let shards =
-        ShardCount::new(args.shards).map_err(|e| Failure::Usage(format!("--shards: {e}")))?;
+    let groups = group_args(&args)?;
     let cancel = CancellationToken::new();
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "unknown".into());
     let metadata = MemberMetadata::new(format!("host={host} pid={}", std::process::id()))
         .map_err(|e| Failure::Runtime(format!("worker metadata: {e}")))?;
-    let mut builder = LeaseWorker::builder(group.clone(), shards)
+    let mut builder = LeaseNode::builder()
         .ttl(args.ttl)
         .renew_interval(args.renew)
         .metadata(metadata)
@@ -221,10 +321,10 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
         let id: WorkerId = id
             .parse()
             .map_err(|e| Failure::Usage(format!("--worker-id: {e}")))?;
-        builder = builder.worker_id(id);
+        builder = builder.node_id(id);
     }
     let config = builder.build().map_err(|e| config_failure(e, &args))?;
-    let worker = config.worker_id();
+    let worker = config.node_id();
     if let Some(addr) = args.metrics_addr {
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
@@ -232,58 +332,99 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::Usage(format!("--metrics-addr {addr}: {e}")))?;
     }
     let store = args.db.open().await?;
-    // Refuse a shard-count mismatch before announcing anything (start checks it again).
-    store
-        .ensure_group(&group, shards)
-        .await
-        .map_err(store_failure)?;
+    // Refuse a shard-count mismatch before announcing anything (adding a group checks it
+    // again).
+    for g in &groups {
+        store
+            .ensure_group(&g.group, g.shards)
+            .await
+            .map_err(|e| match e {
+                StoreError::ShardCountMismatch { .. } => group_failure(g, &e),
+                other => store_failure(other),
+            })?;
+    }
     // From here on a signal stops the worker instead of killing the process; until here,
     // nothing is held that a kill could leave behind.
     let mut signals = Signals::listen();
-    let printer = Printer {
-        json: args.json,
-        group: group.as_str().to_owned(),
-        worker,
-        out: SharedOutput::new(cancel.clone()),
-    };
-    let out = printer.out.clone();
-    let announce = printer.clone();
-    // Announced before the task starts, so "started" precedes the first assignment.
-    let announced = announce.emit(
-        "started",
-        json!({}),
-        format!(
-            "worker {worker} started in group {:?} ({shards} shards, ttl {}, renew {})",
-            group.as_str(),
-            show(args.ttl),
-            show(args.renew)
-        ),
-    );
-    if !announced {
-        return out.check();
+    let out = SharedOutput::new(cancel.clone());
+    let printers: Vec<Printer> = groups
+        .iter()
+        .map(|g| Printer {
+            json: args.json,
+            group: g.group.as_str().to_owned(),
+            worker,
+            out: out.clone(),
+        })
+        .collect();
+    // Announced before the node starts, so "started" precedes the first assignment.
+    for (g, printer) in groups.iter().zip(&printers) {
+        let announced = printer.emit(
+            "started",
+            json!({}),
+            format!(
+                "worker {worker} started in group {:?} ({} shards, ttl {}, renew {})",
+                g.group.as_str(),
+                g.shards,
+                show(args.ttl),
+                show(args.renew)
+            ),
+        );
+        if !announced {
+            return out.check();
+        }
     }
-    let mut handle = config.start(store, printer).await.map_err(|e| match e {
-        lease::StartError::Store(e) => store_failure(e),
-        other => Failure::Runtime(Chain(&other).to_string()),
-    })?;
+    let mut node = config
+        .start(store)
+        .map_err(|e| Failure::Runtime(Chain(&e).to_string()))?;
+    // Each group's end, as it comes: one that ends without being asked stops the process.
+    let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel();
+    for (i, (g, printer)) in groups.iter().zip(&printers).enumerate() {
+        let mut handle = match node
+            .add_group(g.group.clone(), g.shards, printer.clone())
+            .await
+        {
+            Ok(handle) => handle,
+            Err(e) => {
+                cancel.cancel();
+                node.wait().await.ok();
+                return Err(match &e {
+                    GroupError::Store(e) => group_failure(g, e),
+                    other => Failure::Runtime(Chain(other).to_string()),
+                });
+            }
+        };
+        let ended = ended_tx.clone();
+        tokio::spawn(async move {
+            let result = handle.wait().await;
+            ended.send((i, result)).ok();
+        });
+    }
+    drop(ended_tx);
+    let mut group_failed: Option<(usize, GroupError)> = None;
     let ended = tokio::select! {
         () = signals.recv() => {
             output::error_line(
-                "leasectl: stopping: revoking every bucket and leaving the group (send SIGTERM \
-                 or SIGINT again to stop at once, without leaving)",
+                "leasectl: stopping: revoking every bucket and leaving every group (send \
+                 SIGTERM or SIGINT again to stop at once, without leaving)",
             );
             None
         }
-        // Stdout failed: the printer cancelled the worker.
+        // Stdout failed: the printer cancelled the node.
         () = cancel.cancelled() => None,
-        ended = handle.wait() => Some(ended),
+        ended = node.wait() => Some(ended),
+        Some((i, result)) = ended_rx.recv() => {
+            if let Err(e) = result {
+                group_failed = Some((i, e));
+            }
+            None
+        }
     };
     let ended = match ended {
         Some(ended) => ended,
         None => {
             cancel.cancel();
             tokio::select! {
-                ended = handle.wait() => ended,
+                ended = node.wait() => ended,
                 () = signals.recv() => {
                     // The graceful stop may wait on a database that does not answer for as
                     // long as a call's timeout; the operator chose not to.
@@ -293,29 +434,79 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
                          other workers take its buckets",
                         show(args.ttl)
                     );
-                    announce.error(&message);
+                    for printer in &printers {
+                        printer.error(&message);
+                    }
                     return Err(Failure::Runtime(message));
                 }
             }
         }
     };
+    // How each group ended, now that the node has.
+    let mut not_left = Vec::new();
+    while let Some((i, result)) = ended_rx.recv().await {
+        if let Err(e) = result
+            && group_failed.as_ref().is_none_or(|(f, _)| *f != i)
+        {
+            not_left.push((i, e));
+        }
+    }
+    if let Some((i, e)) = group_failed {
+        // A group ended without being asked to: the process stopped the others and says why.
+        return Err(group_ended(&printers[i], &groups[i], &e, &args));
+    }
     match ended {
         Ok(()) if cancel.is_cancelled() => {
             out.check()?;
-            announce.emit("stopped", json!({}), format!("worker {worker} stopped"));
+            for printer in &printers {
+                printer.emit("stopped", json!({}), format!("worker {worker} stopped"));
+            }
             out.check()
         }
         // The task ended without being asked to: say so and exit, rather than wait for a
         // signal with nothing running.
-        Ok(()) => Err(worker_failure(&announce, WorkerFailed::Cancelled, &args)),
-        Err(e) => Err(worker_failure(&announce, e, &args)),
+        Ok(()) => Err(worker_failure(&printers, WorkerFailed::Cancelled, &args)),
+        Err(WorkerFailed::GroupsNotLeft { .. }) if !not_left.is_empty() => {
+            let mut first = None;
+            for (i, e) in &not_left {
+                let failure = group_ended(&printers[*i], &groups[*i], e, &args);
+                first.get_or_insert(failure);
+            }
+            Err(first.unwrap_or_else(|| Failure::Runtime("could not leave the group".into())))
+        }
+        Err(e) => Err(worker_failure(&printers, e, &args)),
     }
 }
 
-/// How a worker task that failed ends the command, said on stdout as an `error` event too.
-fn worker_failure(announce: &Printer, failed: WorkerFailed, args: &WorkerArgs) -> Failure {
+/// How a group that ended on its own (or could not be left) ends the command, said on stdout
+/// as an `error` event of the group too.
+fn group_ended(printer: &Printer, g: &GroupArg, e: &GroupError, args: &WorkerArgs) -> Failure {
+    let failed = match e {
+        GroupError::Failed(failed) => Some(failed.as_ref()),
+        _ => None,
+    };
+    let message = match failed {
+        Some(failed @ WorkerFailed::LeaveFailed { .. }) => format!(
+            "group {:?}: {}; its leases stay in the store until they expire (ttl {}), and only \
+             then do other workers take its buckets",
+            g.group.as_str(),
+            Chain(failed),
+            show(args.ttl)
+        ),
+        _ => format!("group {:?}: {}", g.group.as_str(), Chain(e)),
+    };
+    printer.error(&message);
+    match failed {
+        Some(WorkerFailed::Store(e)) => group_failure(g, e),
+        _ => Failure::Runtime(message),
+    }
+}
+
+/// How a node that failed ends the command, said on stdout as an `error` event (of every
+/// group) too.
+fn worker_failure(printers: &[Printer], failed: WorkerFailed, args: &WorkerArgs) -> Failure {
     let message = match &failed {
-        WorkerFailed::LeaveFailed { .. } => format!(
+        WorkerFailed::LeaveFailed { .. } | WorkerFailed::GroupsNotLeft { .. } => format!(
             "{}; its leases stay in the store until they expire (ttl {}), and only then \
              do other workers take its buckets",
             Chain(&failed),
@@ -323,9 +514,101 @@ fn worker_failure(announce: &Printer, failed: WorkerFailed, args: &WorkerArgs) -
         ),
         other => Chain(other).to_string(),
     };
-    announce.error(&message);
+    for printer in printers {
+        printer.error(&message);
+    }
     match failed {
         WorkerFailed::Store(e) => store_failure(e),
         _ => Failure::Runtime(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: WorkerArgs,
+    }
+
+    /// The groups `leasectl worker` would run for these flags, or the usage error's message.
+    fn groups(flags: &[&str]) -> Result<Vec<(String, u32)>, String> {
+        let cli = Cli::try_parse_from(std::iter::once("worker").chain(flags.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        match group_args(&cli.args) {
+            Ok(groups) => Ok(groups
+                .into_iter()
+                .map(|g| (g.group.as_str().to_owned(), g.shards.get()))
+                .collect()),
+            Err(Failure::Usage(message)) => Err(message),
+            Err(_) => Err("not a usage error".to_owned()),
+        }
+    }
+
+    #[test]
+    fn groups_are_given_plain_or_with_their_counts() {
+        assert_eq!(
+            groups(&["--group", "orders", "--shards", "16"]),
+            Ok(vec![("orders".to_owned(), 16)])
+        );
+        assert_eq!(
+            groups(&["--group", "orders:16", "--group", "billing:64"]),
+            Ok(vec![("orders".to_owned(), 16), ("billing".to_owned(), 64)])
+        );
+        // A name may hold colons: the count is what follows the last one.
+        assert_eq!(
+            groups(&["--group", "ns:orders:8"]),
+            Ok(vec![("ns:orders".to_owned(), 8)])
+        );
+        assert_eq!(
+            groups(&["--group", "ns:orders", "--shards", "8"]),
+            Ok(vec![("ns:orders".to_owned(), 8)])
+        );
+    }
+
+    #[test]
+    fn a_mix_or_a_missing_count_is_a_usage_error_naming_the_flag() {
+        let mix = groups(&[
+            "--group",
+            "orders",
+            "--group",
+            "billing:64",
+            "--shards",
+            "16",
+        ]);
+        assert!(
+            mix.as_ref().is_err_and(|m| m.contains("not a mix")),
+            "{mix:?}"
+        );
+        let mix = groups(&["--group", "orders:16", "--shards", "16"]);
+        assert!(
+            mix.as_ref().is_err_and(|m| m.contains("not a mix")),
+            "{mix:?}"
+        );
+        let two_plain = groups(&["--group", "orders", "--group", "billing", "--shards", "16"]);
+        assert!(two_plain.is_err(), "{two_plain:?}");
+        let missing = groups(&["--group", "orders"]);
+        assert!(
+            missing
+                .as_ref()
+                .is_err_and(|m| m.starts_with("--shards") && m.contains("orders:N")),
+            "{missing:?}"
+        );
+        let zero = groups(&["--group", "orders:0"]);
+        assert!(
+            zero.as_ref()
+                .is_err_and(|m| m.starts_with("--group orders:0")),
+            "{zero:?}"
+        );
+        let twice = groups(&["--group", "orders:4", "--group", "orders:4"]);
+        assert!(
+            twice.as_ref().is_err_and(|m| m.contains("given twice")),
+            "{twice:?}"
+        );
+        let none = groups(&[]);
+        assert!(none.is_err(), "{none:?}");
     }
 }

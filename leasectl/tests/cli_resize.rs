@@ -118,14 +118,18 @@ impl Holder {
         let worker = WorkerId::new();
         let beat = store
             .heartbeat(
-                &group,
                 worker,
                 Incarnation::new(),
                 Ttl::from_secs(300).expect("a ttl"),
                 &MemberMetadata::empty(),
+                &[],
             )
             .await
             .expect("heartbeat");
+        store
+            .join(&group, worker, beat.session)
+            .await
+            .expect("join");
         let leases = store
             .claim(&group, worker, beat.session, shards, Takeover::Allowed)
             .await

@@ -182,19 +182,42 @@ impl WorkerProcess {
         renew: &str,
         extra: &[&str],
     ) -> Self {
+        let shards = shards.to_string();
+        let flags = ["--group", group, "--shards", &shards];
+        Self::spawn_flags(name, url, &flags, ttl, renew, extra)
+    }
+
+    /// Start `leasectl worker --json` in several groups at once (`--group NAME:SHARDS` each):
+    /// one process, one session. Its events carry their group; read what it owns per group
+    /// ([`owned_in`](Self::owned_in)).
+    pub fn spawn_groups(
+        name: &str,
+        url: &str,
+        groups: &[(&str, u32)],
+        ttl: &str,
+        renew: &str,
+        extra: &[&str],
+    ) -> Self {
+        let values: Vec<String> = groups.iter().map(|(g, n)| format!("{g}:{n}")).collect();
+        let flags: Vec<&str> = values
+            .iter()
+            .flat_map(|v| ["--group", v.as_str()])
+            .collect();
+        Self::spawn_flags(name, url, &flags, ttl, renew, extra)
+    }
+
+    fn spawn_flags(
+        name: &str,
+        url: &str,
+        groups: &[&str],
+        ttl: &str,
+        renew: &str,
+        extra: &[&str],
+    ) -> Self {
         let mut child = leasectl()
-            .args([
-                "worker",
-                "--json",
-                "--group",
-                group,
-                "--shards",
-                &shards.to_string(),
-                "--ttl",
-                ttl,
-                "--renew",
-                renew,
-            ])
+            .args(["worker", "--json"])
+            .args(groups)
+            .args(["--ttl", ttl, "--renew", renew])
             .args(extra)
             .env("DATABASE_URL", url)
             .env("LEASE_LOG", "error")
@@ -262,9 +285,19 @@ impl WorkerProcess {
             .map(|e| e.worker)
     }
 
-    /// What the worker's events say it owns now: bucket -> token.
+    /// What the worker's events say it owns now: bucket -> token (a worker in one group).
     pub fn owned(&self) -> BTreeMap<u32, i64> {
         owned_by(&lock(&self.stream).events)
+    }
+
+    /// What the worker's events of `group` say it owns there now: bucket -> token.
+    pub fn owned_in(&self, group: &str) -> BTreeMap<u32, i64> {
+        owned_by(&events_of(&lock(&self.stream).events, group))
+    }
+
+    /// The events of `group`.
+    pub fn events_in(&self, group: &str) -> Vec<Event> {
+        events_of(&lock(&self.stream).events, group)
     }
 
     pub fn signal(&self, signal: &str) {
@@ -307,6 +340,96 @@ impl Drop for WorkerProcess {
             self.child.wait().ok();
         }
     }
+}
+
+/// The events of `group`, in order.
+pub fn events_of(events: &[Event], group: &str) -> Vec<Event> {
+    events
+        .iter()
+        .filter(|e| e.group == group)
+        .cloned()
+        .collect()
+}
+
+/// One node as `leasectl status --json` (without `--group`) lists it.
+#[derive(Clone, Debug)]
+pub struct NodeStatus {
+    pub node: WorkerId,
+    pub session: String,
+    pub expires_at: DateTime<Utc>,
+    pub live: bool,
+    pub metadata: String,
+    pub groups: Vec<String>,
+}
+
+/// Parse `leasectl status --json` without `--group`, insisting on the documented shape:
+/// `{"observed_at","nodes":[{"node","session","started_at","heartbeat_at","expires_at","live",
+/// "metadata","groups"}]}`.
+pub fn parse_nodes_status(text: &str) -> Result<Vec<NodeStatus>, String> {
+    let v: Value =
+        serde_json::from_str(text.trim()).map_err(|e| format!("not JSON ({e}): {text}"))?;
+    let keys: Vec<&str> = v
+        .as_object()
+        .ok_or_else(|| format!("not an object: {text}"))?
+        .keys()
+        .map(String::as_str)
+        .collect();
+    if keys != ["observed_at", "nodes"] {
+        return Err(format!("fields {keys:?}: {text}"));
+    }
+    let time = |n: &Value, k: &str| {
+        n[k].as_str()
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&Utc))
+            .ok_or_else(|| format!("{k:?} is not a time: {n}"))
+    };
+    v["nodes"]
+        .as_array()
+        .ok_or_else(|| format!("\"nodes\" is not an array: {text}"))?
+        .iter()
+        .map(|n| {
+            let keys: Vec<&str> = n
+                .as_object()
+                .ok_or_else(|| format!("a node is not an object: {n}"))?
+                .keys()
+                .map(String::as_str)
+                .collect();
+            let expected = [
+                "node",
+                "session",
+                "started_at",
+                "heartbeat_at",
+                "expires_at",
+                "live",
+                "metadata",
+                "groups",
+            ];
+            if keys != expected {
+                return Err(format!("node fields {keys:?}, expected {expected:?}: {n}"));
+            }
+            time(n, "started_at")?;
+            time(n, "heartbeat_at")?;
+            Ok(NodeStatus {
+                node: n["node"]
+                    .as_str()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| format!("bad node id: {n}"))?,
+                session: n["session"].as_str().unwrap_or_default().to_owned(),
+                expires_at: time(n, "expires_at")?,
+                live: n["live"]
+                    .as_bool()
+                    .ok_or_else(|| format!("bad live: {n}"))?,
+                metadata: n["metadata"].as_str().unwrap_or_default().to_owned(),
+                groups: n["groups"]
+                    .as_array()
+                    .ok_or_else(|| format!("bad groups: {n}"))?
+                    .iter()
+                    .map(|g| g.as_str().map(str::to_owned))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| format!("a group is not a string: {n}"))?,
+            })
+        })
+        .collect()
 }
 
 /// What a list of events says is owned at the end: bucket -> token.
