@@ -20,7 +20,7 @@ diesel::table! {
         expires_at -> Timestamptz,
         metadata -> Text,
         timeline -> BigInt,
-        ended -> Bool,
+        prior_expires_at -> Nullable<Timestamptz>,
     }
 }
 

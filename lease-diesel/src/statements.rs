@@ -9,9 +9,9 @@
 //! locked (a CTE reading the row a `FOR SHARE` locked, a statement after `FOR UPDATE` in a
 //! function); a `FOR UPDATE` condition alone is not enough, Postgres tests it before waiting
 //! for the lock and does not test it again if the row was locked but not changed meanwhile.
-//! The renewal itself reads its clock before it locks (see `lease.heartbeat` in migration 7):
-//! whoever acts on a session's death marks its node row `ended` first, so a renewal that
-//! waited re-checks the changed row and extends nothing.
+//! The renewal, a plain `UPDATE`, reads its clock before it locks; it reads it again once it
+//! holds the lock, and a session that expired meanwhile is over (see `lease.heartbeat` in
+//! migration 7).
 //!
 //! Every statement locks in one order: the node row, member rows, bucket rows, and last the
 //! group's change counter (`lease.group_changes`), whose lock a statement holds only from its
@@ -140,7 +140,7 @@ WITH grp AS (
     SELECT g.name FROM lease.groups g WHERE g.name = $1
 ), me AS (
     SELECT n.session_id, n.expires_at FROM lease.nodes n, grp
-     WHERE n.node_id = $2 AND n.session_id = $3 AND NOT n.ended
+     WHERE n.node_id = $2 AND n.session_id = $3
        AND n.expires_at > COALESCE($4, clock_timestamp())
        FOR SHARE OF n
 ), mine AS (
@@ -189,8 +189,8 @@ pub(crate) struct JoinRow {
 /// - `owners` steps through the distinct owner sessions of the group, one descent of the owner
 ///   index each; the snapshot-based `NOT IN live` filter narrows them to suspects, and whether
 ///   a suspect is dead is decided once per session by `lease.owner_is_dead` on the latest
-///   committed state, which also locks a dead owner's node row and marks its session ended, so
-///   that a racing renewal re-checks the row and finds it ended.
+///   committed state, which also share-locks a dead owner's node row so that a racing renewal
+///   waits and then finds itself expired.
 /// - Candidates come from ordered index walks that each take at most what is still wanted and
 ///   skip rows other claimers hold (`FOR UPDATE SKIP LOCKED`): unowned buckets (a partial
 ///   index) and each dead session's buckets (the owner index), first from the start bucket up;
@@ -219,7 +219,7 @@ pub(crate) const CLAIM: &str = r#"
 WITH RECURSIVE me AS (
     SELECT n.session_id, n.expires_at, n.heartbeat_at
       FROM lease.nodes n JOIN lease.members m ON m.group_name = $1 AND m.node_id = n.node_id
-     WHERE n.node_id = $2 AND n.session_id = $5 AND NOT n.ended
+     WHERE n.node_id = $2 AND n.session_id = $5
        AND n.expires_at > COALESCE($4, clock_timestamp())
        FOR SHARE OF n FOR UPDATE OF m
 ), mine AS (
@@ -415,7 +415,7 @@ WITH grp AS (
 ), me AS (
     SELECT n.session_id, n.expires_at
       FROM lease.nodes n JOIN lease.members m ON m.group_name = $1 AND m.node_id = n.node_id
-     WHERE n.node_id = $2 AND n.session_id = $5 AND NOT n.ended
+     WHERE n.node_id = $2 AND n.session_id = $5
        AND n.expires_at > COALESCE($4, clock_timestamp())
        AND (SELECT COALESCE(max_bucket, -1) FROM req) < (SELECT range FROM grp)
        FOR SHARE OF n FOR UPDATE OF m

@@ -19,9 +19,9 @@
 
 -- One row per node: its session. The only row a steady heartbeat writes (HOT: no indexed
 -- column changes on a renewal). `timeline`: the server's timeline when the session was started
--- or last renewed (a session does not survive a failover, rule V1). `ended`: someone acted on
--- the session's death (a claim took its buckets, a heartbeat removed its memberships); such a
--- session is never renewed, whatever a renewal's clock said (see lease.heartbeat).
+-- or last renewed (a session does not survive a failover, rule V1). `prior_expires_at`: the
+-- expiry the last renewal extended, which that renewal reads back once it holds the row's lock
+-- (see lease.heartbeat); NULL for a session never renewed.
 CREATE TABLE lease.nodes (
     node_id      uuid        PRIMARY KEY,
     session_id   uuid        NOT NULL,
@@ -31,7 +31,7 @@ CREATE TABLE lease.nodes (
     expires_at   timestamptz NOT NULL,
     metadata     text        NOT NULL DEFAULT '',
     timeline     bigint      NOT NULL,
-    ended        boolean     NOT NULL DEFAULT false
+    prior_expires_at timestamptz
 ) WITH (fillfactor = 50); -- room on the page for HOT renewals
 
 -- A node's membership of a group. It exists only under the node's current session: a new
@@ -86,13 +86,12 @@ CREATE OR REPLACE FUNCTION lease.timeline() RETURNS bigint
 -- the latest committed state, never on a statement snapshot (VOLATILE: each query here takes a
 -- fresh snapshot; a claim's bucket row may have been claimed after the claim's snapshot).
 --
--- Dead: the node is no member of the group (it left, was evicted or removed as dead), or holds
--- another session, or has no row; or its session ended. Otherwise, an expired session is
--- ended here: its node row is locked (FOR UPDATE SKIP LOCKED; a row another transaction holds,
--- a renewal in flight, is skipped: not dead) and marked `ended`, under the lock, before
--- anything is taken from it. A renewal that read its clock before this lock re-checks the row
--- this changed and finds it ended (see lease.heartbeat). (Dropped and created again: a
--- parameter is renamed; the roles that run workers get it back below.)
+-- Dead: the node is no member of the group (it left, was evicted or removed as dead), holds
+-- another session, or has no row. Otherwise an expired session's node row is locked FOR SHARE
+-- until the caller commits: a renewal racing the caller waits, then finds (its clock read once
+-- it holds the lock) the session expired and starts a new one. A row another transaction holds
+-- (a renewal in flight) is skipped: not dead. (Dropped and created again: a parameter is
+-- renamed; the roles that run workers get it back below.)
 DROP FUNCTION lease.owner_is_dead(text, uuid, uuid, timestamptz);
 CREATE FUNCTION lease.owner_is_dead(
     p_group text, p_node uuid, p_session uuid, p_at timestamptz
@@ -101,20 +100,15 @@ CREATE FUNCTION lease.owner_is_dead(
     AS $$
 BEGIN
     PERFORM 1 FROM lease.members m JOIN lease.nodes n ON n.node_id = m.node_id
-     WHERE m.group_name = p_group AND m.node_id = p_node
-       AND n.session_id = p_session AND NOT n.ended;
+     WHERE m.group_name = p_group AND m.node_id = p_node AND n.session_id = p_session;
     IF NOT FOUND THEN
         RETURN true;
     END IF;
     PERFORM 1 FROM lease.nodes n
      WHERE n.node_id = p_node AND n.session_id = p_session
        AND n.expires_at <= COALESCE(p_at, clock_timestamp())
-       FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    UPDATE lease.nodes n SET ended = true WHERE n.node_id = p_node;
-    RETURN true;
+       FOR SHARE SKIP LOCKED;
+    RETURN FOUND;
 END
 $$;
 
@@ -161,10 +155,10 @@ $$;
 -- removal moves it), with a new until. Otherwise the view, in one statement (one snapshot),
 -- and the members found dead removed (rule H3), each judged again on the latest committed
 -- state under its node row's lock (FOR UPDATE SKIP LOCKED: a renewal in flight, a claimer
--- ending it, another heartbeat removing it: left for later) and its session ended first (see
--- lease.owner_is_dead); the node row goes too once the node is dead and a member of no group
--- (while this holds the lock, no one else removes its memberships, so the check sees every
--- removal before it). The stamp: the counter the view was read at, or, when this removed
+-- judging it, another heartbeat removing it: left for later; a renewal that waits for this
+-- lock then finds the session expired, as for a claim); the node row goes too once the node
+-- is dead and a member of no group (while this holds the lock, no one else removes its
+-- memberships, so the check sees every removal before it). The stamp: the counter the view was read at, or, when this removed
 -- members, the counter it moved to, if nothing else moved it meanwhile; NULL (never
 -- "unchanged" next time) if a member found dead was not removed (it may have renewed after the
 -- view's snapshot, which left it out).
@@ -242,19 +236,17 @@ BEGIN
      WHERE gr.name = p_group;
     v_version := v_row.version;
     FOREACH v_node IN ARRAY COALESCE(v_row.suspects, '{}') LOOP
-        PERFORM 1 FROM lease.nodes y WHERE y.node_id = v_node FOR UPDATE SKIP LOCKED;
+        PERFORM 1 FROM lease.nodes y
+         WHERE y.node_id = v_node AND y.expires_at <= p_now
+           FOR UPDATE SKIP LOCKED;
         IF FOUND THEN
-            UPDATE lease.nodes y SET ended = true
-             WHERE y.node_id = v_node AND y.expires_at <= p_now;
+            DELETE FROM lease.members x WHERE x.group_name = p_group AND x.node_id = v_node;
             IF FOUND THEN
-                DELETE FROM lease.members x WHERE x.group_name = p_group AND x.node_id = v_node;
-                IF FOUND THEN
-                    v_gone := v_gone + 1;
-                END IF;
-                DELETE FROM lease.nodes y
-                 WHERE y.node_id = v_node
-                   AND NOT EXISTS (SELECT 1 FROM lease.members x WHERE x.node_id = v_node);
+                v_gone := v_gone + 1;
             END IF;
+            DELETE FROM lease.nodes y
+             WHERE y.node_id = v_node
+               AND NOT EXISTS (SELECT 1 FROM lease.members x WHERE x.node_id = v_node);
         END IF;
     END LOOP;
     IF v_gone > 0 THEN
@@ -293,15 +285,16 @@ $$;
 -- Rows: one with the session and the groups answered unchanged (`group_name` NULL), and one
 -- per group whose view is given.
 --
--- The renewal's clock is read before the row is locked, which is safe because no one acts on
--- a session's death without first marking its row `ended` under the lock (lease.owner_is_dead,
--- lease.group_view): if that happened after the clock was read, the UPDATE finds the row
--- changed, checks it again, finds it ended and extends nothing; a transaction that holds the
--- row without changing it (a claim of the node's own, a join) does not act on its death.
--- Otherwise (no row, expired, ended, another timeline, another incarnation), the slow path
--- locks the row, reads the clock under the lock, and starts a new session (its member rows go,
--- each group's counter moves and it hears Left; the timeline is recorded if it is new, rule V2)
--- or refuses (another incarnation's live session, H7: nothing written, `mine` false and that
+-- The UPDATE reads the clock before it locks the row (its WHERE and SET are computed before
+-- it waits for a lock another transaction holds, and not again if that transaction did not
+-- change the row), so liveness is judged a second time, on a clock read once the UPDATE holds
+-- the lock, against the expiry it found (`prior_expires_at`, which the SET stashes from the
+-- row it locked): a renewal that waited for the row past the session's expiry, for a claimer
+-- or a heartbeat that judged the session dead under that lock, starts a new session instead.
+-- Otherwise (no row, expired, another timeline, another incarnation), the slow path locks the
+-- row, reads the clock under the lock, and starts a new session (its member rows go, each
+-- group's counter moves and it hears Left; the timeline is recorded if it is new, rule V2) or
+-- refuses (another incarnation's live session, H7: nothing written, `mine` false and that
 -- session's expiry). A new session is a member of no group: no group row is returned then.
 CREATE FUNCTION lease.heartbeat(
     p_node uuid, p_session uuid, p_ttl interval, p_metadata text, p_at timestamptz,
@@ -322,6 +315,8 @@ DECLARE
     v_timeline bigint := lease.timeline();
     v_t        timestamptz := COALESCE(p_at, clock_timestamp());
     v_session  uuid;
+    v_prior    timestamptz;
+    v_late     boolean := false;
     v_started  boolean := false;
     v_node     lease.nodes%ROWTYPE;
     v_left     text[];
@@ -339,10 +334,11 @@ BEGIN
     -- The node's groups and their counters come with the renewal, ordered as the caller orders
     -- `p_seen_groups` (by bytes: COLLATE "C"), so that the steady case compares two arrays.
     UPDATE lease.nodes n
-       SET heartbeat_at = v_t, expires_at = v_t + p_ttl, metadata = p_metadata
-     WHERE n.node_id = p_node AND n.incarnation = p_incarnation AND NOT n.ended
+       SET heartbeat_at = v_t, expires_at = v_t + p_ttl, metadata = p_metadata,
+           prior_expires_at = n.expires_at
+     WHERE n.node_id = p_node AND n.incarnation = p_incarnation
        AND n.expires_at > v_t AND n.timeline = v_timeline
-    RETURNING n.session_id,
+    RETURNING n.session_id, n.prior_expires_at,
               ARRAY(SELECT m.group_name FROM lease.members m WHERE m.node_id = p_node
                      ORDER BY m.group_name COLLATE "C"),
               ARRAY(SELECT c.version
@@ -350,8 +346,11 @@ BEGIN
                         ON c.group_name = m.group_name
                      WHERE m.node_id = p_node
                      ORDER BY m.group_name COLLATE "C")
-         INTO v_session, v_names, v_versions;
-    IF FOUND THEN
+         INTO v_session, v_prior, v_names, v_versions;
+    -- The clock again, now that the row is locked: if the session expired while this waited
+    -- for the lock, it is over (its death may have been acted on), whatever was read before.
+    v_late := FOUND AND COALESCE(p_at, clock_timestamp()) >= v_prior;
+    IF FOUND AND NOT v_late THEN
         IF v_names = p_seen_groups AND v_versions = p_seen_versions
            AND (v_t >= ANY (p_seen_until)) IS NOT TRUE THEN
             -- The steady tick: every group unchanged (H8), with the stamps handed in.
@@ -372,6 +371,10 @@ BEGIN
         LOOP
             SELECT * INTO v_node FROM lease.nodes n WHERE n.node_id = p_node FOR UPDATE;
             v_t := COALESCE(p_at, clock_timestamp());
+            IF v_late THEN
+                -- Renewed above, too late: the session ended while the renewal waited.
+                v_node.expires_at := v_prior;
+            END IF;
             IF NOT FOUND THEN
                 INSERT INTO lease.nodes AS n
                        (node_id, session_id, incarnation, started_at, heartbeat_at, expires_at,
@@ -382,8 +385,7 @@ BEGIN
                 -- Not inserted: another process with this node id did, meanwhile; judge it.
                 CONTINUE WHEN NOT FOUND;
                 v_started := true;
-            ELSIF v_node.expires_at > v_t AND v_node.timeline = v_timeline
-                  AND NOT v_node.ended THEN
+            ELSIF v_node.expires_at > v_t AND v_node.timeline = v_timeline THEN
                 IF v_node.incarnation <> p_incarnation THEN
                     -- H7: another process's live session; nothing written.
                     RETURN QUERY SELECT v_node.session_id, v_node.heartbeat_at,
@@ -414,7 +416,7 @@ BEGIN
                 UPDATE lease.nodes n
                    SET session_id = p_session, incarnation = p_incarnation, started_at = v_t,
                        heartbeat_at = v_t, expires_at = v_t + p_ttl, metadata = p_metadata,
-                       timeline = v_timeline, ended = false
+                       timeline = v_timeline, prior_expires_at = NULL
                  WHERE n.node_id = p_node;
                 -- Under the node row's lock, with this statement's fresh snapshot: a join under
                 -- the old session committed before, or waits and then fails.
