@@ -2,9 +2,9 @@
 //! (tokio-postgres underneath: no libpq).
 //!
 //! [`PgLeaseStore`] implements the [`LeaseStore`] contract with one SQL statement per
-//! operation: a steady-state heartbeat is one round trip that rewrites one row, whatever the
-//! worker holds. The database server's clock decides expiry unless a client clock is given
-//! (tests). Wake-ups travel over `LISTEN/NOTIFY`.
+//! operation: a steady-state heartbeat is one round trip that rewrites one row (the node's),
+//! whatever the node holds and however many groups it is in. The database server's clock
+//! decides expiry unless a client clock is given (tests). Wake-ups travel over `LISTEN/NOTIFY`.
 //!
 //! Behind a transaction-pooling connection pooler (PgBouncer in `pool_mode = transaction`),
 //! turn on [`PgLeaseStoreBuilder::transaction_pooler`] (or `transaction_pooler=true` in the
@@ -34,11 +34,12 @@
 //! let group = GroupName::new("orders")?;
 //! store.ensure_group(&group, ShardCount::new(64)?).await?;
 //! let (me, process) = (WorkerId::new(), Incarnation::new());
-//! let ttl = Ttl::from_secs(30)?;
-//! let beat = store.heartbeat(&group, me, process, ttl, &MemberMetadata::empty()).await?;
-//! let won = store
-//!     .claim(&group, me, beat.session, beat.view.claimable.min(8), Takeover::Allowed)
-//!     .await?;
+//! let (ttl, none) = (Ttl::from_secs(30)?, MemberMetadata::empty());
+//! let session = store.heartbeat(me, process, ttl, &none, &[]).await?.session;
+//! store.join(&group, me, session).await?;
+//! let beat = store.heartbeat(me, process, ttl, &none, &[]).await?;
+//! let claimable = beat.group(&group).map_or(0, |g| g.view.claimable);
+//! let won = store.claim(&group, me, session, claimable.min(8), Takeover::Allowed).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -76,9 +77,9 @@ use diesel_async::pooled_connection::{
 };
 use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
 use lease_core::{
-    BackendFailure, Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, Heartbeat,
-    Incarnation, Lease, LeaseStore, MemberMetadata, Operation, ResizeOutcome, SessionId,
-    ShardCount, StoreError, Takeover, Ttl, WorkerId, store_precision,
+    BackendFailure, Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, GroupStamp,
+    Heartbeat, Incarnation, Lease, LeaseStore, MemberMetadata, NodesSnapshot, Operation,
+    ResizeOutcome, SessionId, ShardCount, StoreError, Takeover, Ttl, WorkerId, store_precision,
 };
 
 pub use error::PgSetupError;
@@ -571,20 +572,33 @@ impl LeaseStore for PgLeaseStore {
 
     async fn heartbeat(
         &self,
-        group: &GroupName,
-        worker: WorkerId,
+        node: WorkerId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
+        seen: &[GroupStamp],
     ) -> Result<Heartbeat, StoreError> {
         let at = self.at();
         let (beat, timeline) = self
             .with_conn(Operation::Heartbeat, async |c| {
-                ops::heartbeat_on_timeline(c, at, group, worker, incarnation, ttl, metadata).await
+                ops::heartbeat_on_timeline(c, at, node, incarnation, ttl, metadata, seen).await
             })
             .await?;
         self.saw_timeline(timeline);
         Ok(beat)
+    }
+
+    async fn join(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+    ) -> Result<(), StoreError> {
+        let at = self.at();
+        self.with_conn(Operation::Join, async |c| {
+            ops::join(c, at, group, node, session).await
+        })
+        .await
     }
 
     async fn claim(
@@ -635,6 +649,12 @@ impl LeaseStore for PgLeaseStore {
             ops::snapshot(c, at, group).await
         })
         .await
+    }
+
+    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
+        let at = self.at();
+        self.with_conn(Operation::Nodes, async |c| ops::nodes(c, at).await)
+            .await
     }
 
     async fn is_current(

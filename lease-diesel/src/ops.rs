@@ -16,9 +16,10 @@ use diesel_async::{
     AnsiTransactionManager, AsyncConnection, AsyncPgConnection, RunQueryDsl, TransactionManager,
 };
 use lease_core::{
-    Bucket, BucketInfo, BucketState, FencingToken, Generation, GroupName, GroupSnapshot, GroupView,
-    Heartbeat, Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata, Operation,
-    ResizeOutcome, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId,
+    Bucket, BucketInfo, BucketState, FencingToken, Generation, GroupBeat, GroupName, GroupSnapshot,
+    GroupStamp, GroupView, Heartbeat, Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata,
+    NodeInfo, NodesSnapshot, Operation, ResizeOutcome, SessionId, ShardCount, StoreError, Takeover,
+    Timestamp, Ttl, ViewStamp, WorkerId,
 };
 use uuid::Uuid;
 
@@ -135,13 +136,13 @@ pub async fn ensure_group(
 pub async fn heartbeat(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
-    group: &GroupName,
-    worker: WorkerId,
+    node: WorkerId,
     incarnation: Incarnation,
     ttl: Ttl,
     metadata: &MemberMetadata,
+    seen: &[GroupStamp],
 ) -> Result<Heartbeat, StoreError> {
-    heartbeat_on_timeline(conn, at, group, worker, incarnation, ttl, metadata)
+    heartbeat_on_timeline(conn, at, node, incarnation, ttl, metadata, seen)
         .await
         .map(|(beat, _)| beat)
 }
@@ -155,107 +156,213 @@ pub(crate) struct Timeline {
     pub(crate) recorded: bool,
 }
 
+/// A stamp's version as the store keeps it: one above `i64::MAX` (from another store, or the
+/// invalid stamp) can never match, and -1 never does either.
+fn stored_version(version: u64) -> i64 {
+    i64::try_from(version).unwrap_or(-1)
+}
+
+/// The stamp of a view whose counter is `version`; `None` (a member found dead was not
+/// removed) gives a stamp no counter ever matches, so the next heartbeat gives the view again.
+fn stamp(
+    op: Operation,
+    version: Option<i64>,
+    until: Option<Timestamp>,
+) -> Result<ViewStamp, StoreError> {
+    match version {
+        None => Ok(ViewStamp::new(u64::MAX, None)),
+        Some(v) => u64::try_from(v)
+            .map(|v| ViewStamp::new(v, until))
+            .map_err(|_| corrupt(op, format!("change counter {v}"))),
+    }
+}
+
+fn group_name(op: Operation, name: String) -> Result<GroupName, StoreError> {
+    GroupName::new(name).map_err(|e| corrupt(op, format!("group name: {e}")))
+}
+
 /// [`heartbeat`], and the server's timeline it ran on.
 pub(crate) async fn heartbeat_on_timeline(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
-    group: &GroupName,
-    worker: WorkerId,
+    node: WorkerId,
     incarnation: Incarnation,
     ttl: Ttl,
     metadata: &MemberMetadata,
+    seen: &[GroupStamp],
 ) -> Result<(Heartbeat, Timeline), StoreError> {
-    let row: Option<sql::HeartbeatRow> = Prepared(
+    let op = Operation::Heartbeat;
+    // The function walks the stamps beside the node's groups, both sorted by bytes (`str`'s
+    // order is its bytes': the SQL sorts with COLLATE "C").
+    let mut seen: Vec<&GroupStamp> = seen.iter().collect();
+    seen.sort_by(|a, b| a.group.as_str().cmp(b.group.as_str()));
+    let groups: Vec<&str> = seen.iter().map(|s| s.group.as_str()).collect();
+    let versions: Vec<i64> = seen
+        .iter()
+        .map(|s| stored_version(s.stamp.version()))
+        .collect();
+    let untils: Vec<Option<Timestamp>> = seen.iter().map(|s| s.stamp.until()).collect();
+    let rows: Vec<sql::HeartbeatRow> = Prepared(
         diesel::sql_query(sql::HEARTBEAT)
-            .bind::<Text, _>(group.as_str())
-            .bind::<SqlUuid, _>(worker.as_uuid())
+            .bind::<SqlUuid, _>(node.as_uuid())
             .bind::<SqlUuid, _>(SessionId::new().as_uuid())
             .bind::<Interval, _>(PgInterval::from_microseconds(ttl.as_micros()))
             .bind::<Text, _>(metadata.as_str())
             .bind::<Nullable<Timestamptz>, _>(at)
-            .bind::<SqlUuid, _>(incarnation.as_uuid()),
+            .bind::<SqlUuid, _>(incarnation.as_uuid())
+            .bind::<Array<Text>, _>(&groups)
+            .bind::<Array<BigInt>, _>(&versions)
+            .bind::<Array<Nullable<Timestamptz>>, _>(&untils),
     )
-    .get_result(conn)
+    .load(conn)
     .await
-    .optional()
-    .map_err(|e| from_diesel(Operation::Heartbeat, e))?;
-    let row = row.ok_or_else(|| not_found(group))?;
-    if !row.mine {
+    .map_err(|e| from_diesel(op, e))?;
+    let first =
+        <[_]>::first(&rows).ok_or_else(|| corrupt(op, "the heartbeat returned no row".into()))?;
+    if !first.mine {
         return Err(StoreError::WorkerIdInUse {
-            group: group.clone(),
-            worker,
-            expires_at: row.expires_at,
+            worker: node,
+            expires_at: first.expires_at,
         });
     }
-    let shard_count = shard_count(Operation::Heartbeat, group, row.shard_count)?;
-    let mut owned = leases(
-        Operation::Heartbeat,
-        worker,
-        shard_count,
-        &row.buckets,
-        &row.tokens,
-        row.expires_at,
-    )?;
-    let members_owned = owned.len() as u32;
+    let (session, expires_at) = (SessionId::from_uuid(first.session_id), first.expires_at);
+    let mut beat = Heartbeat {
+        session,
+        new_session: first.started,
+        observed_at: first.heartbeat_at,
+        expires_at,
+        groups: Vec::new(),
+        unchanged: Vec::new(),
+    };
+    let timeline = Timeline {
+        id: first.timeline,
+        recorded: first.recorded,
+    };
+    for mut row in rows {
+        match row.group_name.take() {
+            Some(name) => beat
+                .groups
+                .push(group_beat(op, node, expires_at, name, row)?),
+            None => {
+                let names = row.unchanged_groups.unwrap_or_default();
+                let versions = row.unchanged_versions.unwrap_or_default();
+                let untils = row.unchanged_until.unwrap_or_default();
+                if names.len() != versions.len() || names.len() != untils.len() {
+                    return Err(corrupt(op, "unchanged lists differ in length".into()));
+                }
+                for ((name, version), until) in names.into_iter().zip(versions).zip(untils) {
+                    beat.unchanged.push(GroupStamp {
+                        group: group_name(op, name)?,
+                        stamp: stamp(op, Some(version), until)?,
+                    });
+                }
+            }
+        }
+    }
+    beat.groups.sort_by(|a, b| a.group.cmp(&b.group));
+    beat.unchanged.sort_by(|a, b| a.group.cmp(&b.group));
+    Ok((beat, timeline))
+}
+
+/// A group's view and the node's leases in it, from a heartbeat row that gives it.
+fn group_beat(
+    op: Operation,
+    node: WorkerId,
+    expires_at: Timestamp,
+    name: String,
+    row: sql::HeartbeatRow,
+) -> Result<GroupBeat, StoreError> {
+    let group = group_name(op, name)?;
+    let missing = || corrupt(op, format!("the view of group {group:?} lacks a column"));
+    let shard_count = shard_count(op, &group, row.shard_count.ok_or_else(missing)?)?;
     let previous = row
         .previous_count
-        .map(|n| shard_count_of(Operation::Heartbeat, group, n))
+        .map(|n| shard_count_of(op, &group, n))
         .transpose()?;
-    if let Some(from) = previous {
-        owned.extend(leases(
-            Operation::Heartbeat,
-            worker,
+    let buckets = row.buckets.unwrap_or_default();
+    let tokens = row.tokens.unwrap_or_default();
+    let mut owned = leases(op, node, shard_count, &buckets, &tokens, expires_at)?;
+    let own_load = owned.len() as u32;
+    let old_buckets = row.old_buckets.unwrap_or_default();
+    match previous {
+        Some(from) => owned.extend(leases(
+            op,
+            node,
             from,
-            &row.old_buckets,
-            &row.old_tokens,
-            row.expires_at,
-        )?);
-    } else if !row.old_buckets.is_empty() {
-        return Err(corrupt(
-            Operation::Heartbeat,
-            "buckets of a draining generation in a group never resized".into(),
-        ));
+            &old_buckets,
+            &row.old_tokens.unwrap_or_default(),
+            expires_at,
+        )?),
+        None if !old_buckets.is_empty() => {
+            return Err(corrupt(
+                op,
+                "buckets of a draining generation in a group never resized".into(),
+            ));
+        }
+        None => {}
     }
     owned.sort_by_key(|l| l.bucket);
-    if row.other_workers.len() != row.other_owned.len() {
-        return Err(corrupt(
-            Operation::Heartbeat,
-            "member and load lists differ in length".into(),
-        ));
+    let workers = row.workers.unwrap_or_default();
+    let loads = row.loads.unwrap_or_default();
+    if workers.len() != loads.len() {
+        return Err(corrupt(op, "member and load lists differ in length".into()));
     }
     let mut members = vec![MemberLoad {
-        worker,
-        owned: members_owned,
+        worker: node,
+        owned: own_load,
     }];
-    for (&w, &n) in row.other_workers.iter().zip(&row.other_owned) {
+    for (&w, &n) in workers.iter().zip(&loads) {
         members.push(MemberLoad {
             worker: WorkerId::from_uuid(w),
-            owned: count(Operation::Heartbeat, n)?,
+            owned: count(op, n)?,
         });
     }
     members.sort_by_key(|m| m.worker);
     let held: u32 = members.iter().map(|m| m.owned).sum();
-    let beat = Heartbeat {
-        session: SessionId::from_uuid(row.session_id),
-        new_session: row.started,
-        observed_at: row.heartbeat_at,
-        expires_at: row.expires_at,
+    let draining = u32::try_from(row.draining.ok_or_else(missing)?)
+        .map_err(|_| corrupt(op, "draining count".into()))?;
+    Ok(GroupBeat {
         view: GroupView {
             shard_count,
             members,
             claimable: shard_count.get().saturating_sub(held),
-            generation: generation(Operation::Heartbeat, row.generation)?,
+            generation: generation(op, row.generation.ok_or_else(missing)?)?,
             previous,
-            draining: u32::try_from(row.draining)
-                .map_err(|_| corrupt(Operation::Heartbeat, "draining count".into()))?,
+            draining,
         },
         owned,
-    };
-    let timeline = Timeline {
-        id: row.timeline,
-        recorded: row.recorded,
-    };
-    Ok((beat, timeline))
+        stamp: stamp(op, row.stamp_version, row.until)?,
+        group,
+    })
+}
+
+/// [`LeaseStore::join`](lease_core::LeaseStore::join) on `conn`: one statement.
+pub async fn join(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+    group: &GroupName,
+    node: WorkerId,
+    session: SessionId,
+) -> Result<(), StoreError> {
+    let row: Option<sql::JoinRow> = Prepared(
+        diesel::sql_query(sql::JOIN)
+            .bind::<Text, _>(group.as_str())
+            .bind::<SqlUuid, _>(node.as_uuid())
+            .bind::<SqlUuid, _>(session.as_uuid())
+            .bind::<Nullable<Timestamptz>, _>(at),
+    )
+    .get_result(conn)
+    .await
+    .optional()
+    .map_err(|e| from_diesel(Operation::Join, e))?;
+    match row {
+        None => Err(not_found(group)),
+        Some(row) if !row.live => Err(StoreError::SessionExpired {
+            group: group.clone(),
+            worker: node,
+        }),
+        Some(_) => Ok(()),
+    }
 }
 
 /// [`LeaseStore::claim`](lease_core::LeaseStore::claim) on `conn`: one statement.
@@ -346,22 +453,21 @@ pub async fn leave(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
     group: &GroupName,
-    worker: WorkerId,
+    node: WorkerId,
     session: Option<SessionId>,
 ) -> Result<Vec<Bucket>, StoreError> {
-    let row: Option<sql::ReleasedRow> = Prepared(
+    let row: sql::LeaveRow = Prepared(
         diesel::sql_query(sql::LEAVE)
             .bind::<Text, _>(group.as_str())
-            .bind::<SqlUuid, _>(worker.as_uuid())
-            .bind::<Nullable<Timestamptz>, _>(at)
-            .bind::<Nullable<SqlUuid>, _>(session.map(|s| s.as_uuid())),
+            .bind::<SqlUuid, _>(node.as_uuid())
+            .bind::<Nullable<SqlUuid>, _>(session.map(|s| s.as_uuid()))
+            .bind::<Nullable<Timestamptz>, _>(at),
     )
     .get_result(conn)
     .await
-    .optional()
     .map_err(|e| from_diesel(Operation::Leave, e))?;
-    let row = row.ok_or_else(|| not_found(group))?;
-    bucket_list(Operation::Leave, &row.buckets)
+    let buckets = row.buckets.ok_or_else(|| not_found(group))?;
+    bucket_list(Operation::Leave, &buckets)
 }
 
 /// [`LeaseStore::snapshot`](lease_core::LeaseStore::snapshot) on `conn`: a read-only repeatable-read transaction,
@@ -394,25 +500,27 @@ pub async fn snapshot(
     let previous = stored_previous
         .map(|n| shard_count_of(Operation::Snapshot, group, n))
         .transpose()?;
+    // A bucket is owned by its recorded session while that is its node's session, live, and
+    // the node a member of the group: the members' nodes' sessions are the only live ones.
     let mut sessions: HashMap<(Uuid, Uuid), DateTime<Utc>> = HashMap::new();
     let mut members = Vec::with_capacity(member_rows.len());
-    for (worker, session, joined_at, heartbeat_at, expires_at, owned, metadata) in member_rows {
-        sessions.insert((worker, session), expires_at);
-        let live = now < expires_at;
+    for m in member_rows {
+        sessions.insert((m.node_id, m.session_id), m.expires_at);
+        let live = now < m.expires_at;
         members.push(MemberInfo {
-            worker: WorkerId::from_uuid(worker),
-            session: SessionId::from_uuid(session),
-            joined_at,
-            heartbeat_at,
-            expires_at,
+            worker: WorkerId::from_uuid(m.node_id),
+            session: SessionId::from_uuid(m.session_id),
+            joined_at: m.joined_at,
+            heartbeat_at: m.heartbeat_at,
+            expires_at: m.expires_at,
             live,
             owned: if live {
-                count(Operation::Snapshot, owned)?
+                count(Operation::Snapshot, m.owned)?
             } else {
                 0
             },
-            metadata: MemberMetadata::new(metadata)
-                .map_err(|e| corrupt(Operation::Snapshot, format!("member metadata: {e}")))?,
+            metadata: MemberMetadata::new(m.metadata)
+                .map_err(|e| corrupt(Operation::Snapshot, format!("node metadata: {e}")))?,
         });
     }
     let info = |(b, owner, session, token): ShardRow| {
@@ -458,15 +566,6 @@ pub async fn snapshot(
     })
 }
 
-type MemberRow = (
-    Uuid,
-    Uuid,
-    DateTime<Utc>,
-    DateTime<Utc>,
-    DateTime<Utc>,
-    i32,
-    String,
-);
 type ShardRow = (i32, Option<Uuid>, Option<Uuid>, i64);
 type GroupRow = (i32, i64, Option<i32>);
 
@@ -475,7 +574,7 @@ type GroupRow = (i32, i64, Option<i32>);
 type SnapshotReads = (
     Timestamp,
     Option<GroupRow>,
-    Vec<MemberRow>,
+    Vec<sql::SnapshotMemberRow>,
     Vec<ShardRow>,
     Vec<ShardRow>,
 );
@@ -486,7 +585,7 @@ async fn snapshot_reads(
     at: Option<Timestamp>,
     name: &str,
 ) -> diesel::QueryResult<SnapshotReads> {
-    use crate::schema::{draining_shards, groups, members, shards};
+    use crate::schema::{draining_shards, groups, shards};
     let now: sql::NowRow =
         Prepared(diesel::sql_query(sql::NOW).bind::<Nullable<Timestamptz>, _>(at))
             .get_result(conn)
@@ -501,26 +600,16 @@ async fn snapshot_reads(
         .first(conn)
         .await
         .optional()?;
-    let member_rows: Vec<MemberRow> = members::table
-        .filter(members::group_name.eq(name))
-        .order(members::worker_id)
-        .select((
-            members::worker_id,
-            members::session_id,
-            members::joined_at,
-            members::heartbeat_at,
-            members::expires_at,
-            members::owned,
-            members::metadata,
-        ))
-        .load(conn)
-        .await?;
+    let member_rows: Vec<sql::SnapshotMemberRow> =
+        Prepared(diesel::sql_query(sql::SNAPSHOT_MEMBERS).bind::<Text, _>(name))
+            .load(conn)
+            .await?;
     let shard_rows: Vec<ShardRow> = shards::table
         .filter(shards::group_name.eq(name))
         .order(shards::bucket)
         .select((
             shards::bucket,
-            shards::owner_worker,
+            shards::owner_node,
             shards::owner_session,
             shards::token,
         ))
@@ -531,13 +620,69 @@ async fn snapshot_reads(
         .order(draining_shards::bucket)
         .select((
             draining_shards::bucket,
-            draining_shards::owner_worker,
+            draining_shards::owner_node,
             draining_shards::owner_session,
             draining_shards::token,
         ))
         .load(conn)
         .await?;
     Ok((now.now, count, member_rows, shard_rows, old_rows))
+}
+
+/// [`LeaseStore::nodes`](lease_core::LeaseStore::nodes) on `conn`: one statement.
+pub async fn nodes(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+) -> Result<NodesSnapshot, StoreError> {
+    let op = Operation::Nodes;
+    let rows: Vec<sql::NodeRow> =
+        Prepared(diesel::sql_query(sql::NODES).bind::<Nullable<Timestamptz>, _>(at))
+            .load(conn)
+            .await
+            .map_err(|e| from_diesel(op, e))?;
+    let observed_at = <[_]>::first(&rows)
+        .map(|r| r.now)
+        .ok_or_else(|| corrupt(op, "the node listing returned no row".into()))?;
+    let mut nodes = Vec::with_capacity(rows.len());
+    for row in rows {
+        let (
+            Some(node),
+            Some(session),
+            Some(started_at),
+            Some(heartbeat_at),
+            Some(expires_at),
+            Some(metadata),
+        ) = (
+            row.node_id,
+            row.session_id,
+            row.started_at,
+            row.heartbeat_at,
+            row.expires_at,
+            row.metadata,
+        )
+        else {
+            // The clock's row alone: there is no node.
+            continue;
+        };
+        let mut groups = row
+            .groups
+            .into_iter()
+            .map(|g| group_name(op, g))
+            .collect::<Result<Vec<_>, _>>()?;
+        groups.sort();
+        nodes.push(NodeInfo {
+            node: WorkerId::from_uuid(node),
+            session: SessionId::from_uuid(session),
+            started_at,
+            heartbeat_at,
+            expires_at,
+            live: observed_at < expires_at,
+            metadata: MemberMetadata::new(metadata)
+                .map_err(|e| corrupt(op, format!("node metadata: {e}")))?,
+            groups,
+        });
+    }
+    Ok(NodesSnapshot { observed_at, nodes })
 }
 
 /// [`LeaseStore::is_current`](lease_core::LeaseStore::is_current) on `conn`: one statement. Inside your own transaction, a `true`
@@ -565,7 +710,7 @@ pub async fn is_current(
 }
 
 /// [`LeaseStore::resize`](lease_core::LeaseStore::resize) on `conn`: one transaction (a
-/// savepoint inside yours) of four statements. The group's row is locked first, so resizes
+/// savepoint inside yours) of five statements. The group's row is locked first, so resizes
 /// of one group serialize and each compares the count the one before it left (Z1).
 pub async fn resize(
     conn: &mut AsyncPgConnection,
@@ -625,6 +770,9 @@ pub async fn resize(
         )
         .get_result(conn)
         .await?;
+        Prepared(diesel::sql_query(sql::RESIZE_BUMP).bind::<Text, _>(group.as_str()))
+            .execute(conn)
+            .await?;
         Ok(ResizeOutcome::Started {
             generation: generation(op, opened.generation)?,
         })

@@ -164,13 +164,30 @@ const NEEDS: &[Need] = &[
         monitor: &["SELECT"],
         fencing: &[],
     },
-    // The heartbeat upserts the worker's row and deletes dead members' rows; claims update the
-    // owned count and lock rows (FOR UPDATE, and FOR SHARE in owner_is_dead: UPDATE); leave
-    // deletes the worker's row.
+    // The heartbeat updates the node's row, inserts it, starts sessions, ends dead members'
+    // sessions and deletes dead nodes' rows; claims, releases and joins share-lock it and
+    // owner_is_dead ends a dead owner's session (UPDATE); leave deletes a node in no group.
+    Need {
+        on: Object::Table("lease.nodes"),
+        worker: &["SELECT", "INSERT", "UPDATE", "DELETE"],
+        monitor: &["SELECT"],
+        fencing: &[],
+    },
+    // join inserts the node's row; claims and releases update the owned count and lock it
+    // (FOR UPDATE: UPDATE); the heartbeat deletes dead members' rows and a new session's;
+    // leave deletes the node's row; resize zeroes the counts (as the schema's owner).
     Need {
         on: Object::Table("lease.members"),
         worker: &["SELECT", "INSERT", "UPDATE", "DELETE"],
         monitor: &["SELECT"],
+        fencing: &[],
+    },
+    // Each group's change counter: ensure_group inserts it, the heartbeat reads it, joins,
+    // claims, releases, leaves and the heartbeat's removals move it.
+    Need {
+        on: Object::Table("lease.group_changes"),
+        worker: &["SELECT", "INSERT", "UPDATE"],
+        monitor: &[],
         fencing: &[],
     },
     // ensure_group inserts the bucket rows; claims, releases and leaves update and lock them.
@@ -225,6 +242,32 @@ const NEEDS: &[Need] = &[
     // Claims judge a dead owner with it.
     Need {
         on: Object::Function("lease.owner_is_dead(text, uuid, uuid, timestamptz)"),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
+    // The heartbeat (it runs with its caller's rights: the tables' privileges above).
+    Need {
+        on: Object::Function(
+            "lease.heartbeat(uuid, uuid, interval, text, timestamptz, uuid, text[], bigint[], \
+             timestamptz[])",
+        ),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
+    // The heartbeat's view of one group.
+    Need {
+        on: Object::Function(
+            "lease.group_view(text, uuid, uuid, timestamptz, bigint, timestamptz)",
+        ),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
+    // Leaving a group (leasectl release --force evicts with it).
+    Need {
+        on: Object::Function("lease.leave(text, uuid, uuid, timestamptz)"),
         worker: &["EXECUTE"],
         monitor: &[],
         fencing: &[],

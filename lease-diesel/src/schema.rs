@@ -11,16 +11,32 @@ diesel::table! {
 }
 
 diesel::table! {
-    lease.members (group_name, worker_id) {
-        group_name -> Text,
-        worker_id -> Uuid,
+    lease.nodes (node_id) {
+        node_id -> Uuid,
         session_id -> Uuid,
-        expires_at -> Timestamptz,
-        joined_at -> Timestamptz,
+        incarnation -> Uuid,
+        started_at -> Timestamptz,
         heartbeat_at -> Timestamptz,
-        owned -> Integer,
+        expires_at -> Timestamptz,
         metadata -> Text,
-        incarnation -> Nullable<Uuid>,
+        timeline -> BigInt,
+        prior_expires_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    lease.members (group_name, node_id) {
+        group_name -> Text,
+        node_id -> Uuid,
+        joined_at -> Timestamptz,
+        owned -> Integer,
+    }
+}
+
+diesel::table! {
+    lease.group_changes (group_name) {
+        group_name -> Text,
+        version -> BigInt,
     }
 }
 
@@ -28,7 +44,7 @@ diesel::table! {
     lease.shards (group_name, bucket) {
         group_name -> Text,
         bucket -> Integer,
-        owner_worker -> Nullable<Uuid>,
+        owner_node -> Nullable<Uuid>,
         owner_session -> Nullable<Uuid>,
         token -> BigInt,
         updated_at -> Timestamptz,
@@ -39,7 +55,7 @@ diesel::table! {
     lease.draining_shards (group_name, bucket) {
         group_name -> Text,
         bucket -> Integer,
-        owner_worker -> Nullable<Uuid>,
+        owner_node -> Nullable<Uuid>,
         owner_session -> Nullable<Uuid>,
         token -> BigInt,
     }

@@ -48,8 +48,7 @@ async fn a_owns_everything(store: &PgLeaseStore, a: WorkerId) -> Vec<Lease> {
         .ensure_group(&g, ShardCount::new(SHARDS).expect("a valid shard count"))
         .await
         .expect("ensure_group");
-    let beat = store
-        .heartbeat(&g, a, process(a), ttl(), &MemberMetadata::empty())
+    let beat = support::beat_as(store, &g, a, process(a), ttl(), &MemberMetadata::empty())
         .await
         .expect("A's heartbeat");
     assert!(beat.new_session);
@@ -79,8 +78,7 @@ async fn a_trusted_client_clock_an_hour_ahead_steals_live_leases() {
         .build()
         .expect("a store on the test database")
         .with_client_clock(ManualClock::starting_at(chrono::Utc::now() + skew));
-    let beat_b = store_b
-        .heartbeat(&g, b, process(b), ttl(), &MemberMetadata::empty())
+    let beat_b = support::beat_as(&store_b, &g, b, process(b), ttl(), &MemberMetadata::empty())
         .await
         .expect("B's heartbeat");
     // The skew is real: B's session was stamped with B's clock, an hour ahead of A's.
@@ -115,8 +113,7 @@ async fn a_trusted_client_clock_an_hour_ahead_steals_live_leases() {
         "every bucket is B's: {:?}",
         snap.buckets
     );
-    let beat_a = store_a
-        .heartbeat(&g, a, process(a), ttl(), &MemberMetadata::empty())
+    let beat_a = support::beat_as(&store_a, &g, a, process(a), ttl(), &MemberMetadata::empty())
         .await
         .expect("A's renewal");
     assert!(beat_a.new_session, "A's live session was lost");
@@ -144,8 +141,7 @@ async fn on_the_server_clock_a_second_worker_cannot_take_a_live_lease() {
 
     // B: another process, another pool, the server's clock.
     let store_b = server_clock_store(&db.url);
-    let beat_b = store_b
-        .heartbeat(&g, b, process(b), ttl(), &MemberMetadata::empty())
+    let beat_b = support::beat_as(&store_b, &g, b, process(b), ttl(), &MemberMetadata::empty())
         .await
         .expect("B's heartbeat");
     assert!(beat_b.new_session);
@@ -188,8 +184,7 @@ async fn on_the_server_clock_a_second_worker_cannot_take_a_live_lease() {
             );
         }
     }
-    let beat_a = store_a
-        .heartbeat(&g, a, process(a), ttl(), &MemberMetadata::empty())
+    let beat_a = support::beat_as(&store_a, &g, a, process(a), ttl(), &MemberMetadata::empty())
         .await
         .expect("A's renewal");
     assert!(!beat_a.new_session);

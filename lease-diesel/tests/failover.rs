@@ -192,8 +192,7 @@ async fn claims_wait_one_ttl_on_a_promoted_server_then_issue_tokens_above_the_fl
         .expect("ensure_group");
     assert_eq!(epochs(&primary), "1:false", "the base timeline");
     let a = worker();
-    let beat = store
-        .heartbeat(&g, a, process(a), ttl(), &MemberMetadata::empty())
+    let beat = support::beat_as(&store, &g, a, process(a), ttl(), &MemberMetadata::empty())
         .await
         .expect("a's heartbeat");
     let won = store
@@ -215,8 +214,7 @@ async fn claims_wait_one_ttl_on_a_promoted_server_then_issue_tokens_above_the_fl
 
     let b = worker();
     let t0 = clock.now();
-    let b_beat = store
-        .heartbeat(&g, b, process(b), ttl(), &MemberMetadata::empty())
+    let b_beat = support::beat_as(&store, &g, b, process(b), ttl(), &MemberMetadata::empty())
         .await
         .expect("b's heartbeat");
     assert_eq!(epochs(&standby), "1:false,2:true", "recorded once");
@@ -247,8 +245,7 @@ async fn claims_wait_one_ttl_on_a_promoted_server_then_issue_tokens_above_the_fl
     );
     // Renew b just before its own expiry; a's session runs out meanwhile (it does not renew).
     clock.set(t0 + chrono::Duration::milliseconds(2_900));
-    let b_beat = store
-        .heartbeat(&g, b, process(b), ttl(), &MemberMetadata::empty())
+    let b_beat = support::beat_as(&store, &g, b, process(b), ttl(), &MemberMetadata::empty())
         .await
         .expect("b renews");
     assert_eq!(epochs(&standby), "1:false,2:true", "nothing new recorded");
@@ -315,8 +312,7 @@ async fn a_release_lost_in_a_failover_does_not_hand_the_bucket_back() {
         .await
         .expect("ensure_group");
     let a = worker();
-    let a_beat = store
-        .heartbeat(&g, a, process(a), ttl(), &MemberMetadata::empty())
+    let a_beat = support::beat_as(&store, &g, a, process(a), ttl(), &MemberMetadata::empty())
         .await
         .expect("a's heartbeat");
     let won = store
@@ -329,7 +325,7 @@ async fn a_release_lost_in_a_failover_does_not_hand_the_bucket_back() {
     while standby
         .psql_in(
             DB,
-            "SELECT count(*) FROM lease.shards WHERE owner_worker IS NOT NULL",
+            "SELECT count(*) FROM lease.shards WHERE owner_node IS NOT NULL",
         )
         .as_deref()
         != Ok("8")
@@ -346,8 +342,7 @@ async fn a_release_lost_in_a_failover_does_not_hand_the_bucket_back() {
         .expect("release");
     assert_eq!(released, [Bucket(0)]);
     let c = worker();
-    let c_beat = store
-        .heartbeat(&g, c, process(c), ttl(), &MemberMetadata::empty())
+    let c_beat = support::beat_as(&store, &g, c, process(c), ttl(), &MemberMetadata::empty())
         .await
         .expect("c's heartbeat");
     let c_won = store
@@ -362,7 +357,7 @@ async fn a_release_lost_in_a_failover_does_not_hand_the_bucket_back() {
     let t0 = clock.now();
     let empty = MemberMetadata::empty();
     let a_on_new = until_ok("a's heartbeat on the promoted server", || {
-        store.heartbeat(&g, a, process(a), ttl(), &empty)
+        support::beat_as(&store, &g, a, process(a), ttl(), &empty)
     })
     .await;
     assert!(
@@ -376,8 +371,7 @@ async fn a_release_lost_in_a_failover_does_not_hand_the_bucket_back() {
         "a's session survived the failover"
     );
     clock.set(t0 + chrono::Duration::milliseconds(3_000));
-    let a_on_new = store
-        .heartbeat(&g, a, process(a), ttl(), &MemberMetadata::empty())
+    let a_on_new = support::beat_as(&store, &g, a, process(a), ttl(), &MemberMetadata::empty())
         .await
         .expect("a renews");
     let won = store
@@ -408,10 +402,16 @@ async fn a_standby_is_refused_with_a_transient_error_and_skipped_in_a_multi_host
             .build()
             .expect("a store");
         let started = Instant::now();
-        let refused = only_standby
-            .heartbeat(&g, w, Incarnation::new(), ttl(), &MemberMetadata::empty())
-            .await
-            .expect_err("a heartbeat on a standby");
+        let refused = support::beat_as(
+            &only_standby,
+            &g,
+            w,
+            Incarnation::new(),
+            ttl(),
+            &MemberMetadata::empty(),
+        )
+        .await
+        .expect_err("a heartbeat on a standby");
         assert_eq!(refused.kind(), ErrorKind::Backend, "{refused:?}");
         assert!(refused.is_transient(), "{refused:?}");
         assert!(started.elapsed() < Duration::from_secs(5), "slow refusal");
@@ -425,8 +425,7 @@ async fn a_standby_is_refused_with_a_transient_error_and_skipped_in_a_multi_host
     both.ensure_group(&g, ShardCount::new(SHARDS).expect("n"))
         .await
         .expect("ensure_group through the multi-host URL");
-    let beat = both
-        .heartbeat(&g, w, process(w), ttl(), &MemberMetadata::empty())
+    let beat = support::beat_as(&both, &g, w, process(w), ttl(), &MemberMetadata::empty())
         .await
         .expect("a heartbeat through the multi-host URL");
     assert!(beat.new_session);
@@ -474,7 +473,7 @@ async fn the_documented_reset_after_a_new_history_makes_the_next_failover_count(
     let w = worker();
     let empty = MemberMetadata::empty();
     let beat = until_ok("a heartbeat on the promoted server", || {
-        store.heartbeat(&g, w, process(w), ttl(), &empty)
+        support::beat_as(&store, &g, w, process(w), ttl(), &empty)
     })
     .await;
     assert!(
@@ -486,8 +485,7 @@ async fn the_documented_reset_after_a_new_history_makes_the_next_failover_count(
         "no quiet period after the promotion"
     );
     clock.advance(Duration::from_millis(2_900));
-    let beat = store
-        .heartbeat(&g, w, process(w), ttl(), &empty)
+    let beat = support::beat_as(&store, &g, w, process(w), ttl(), &empty)
         .await
         .expect("renew");
     clock.advance(Duration::from_millis(100));

@@ -62,7 +62,14 @@ async fn unreachable_server_gives_backend_errors() {
     fails_fast!("ensure_group", store.ensure_group(&g, shards(4)));
     fails_fast!(
         "heartbeat",
-        store.heartbeat(&g, me, process(me), ttl(30), &MemberMetadata::empty())
+        support::beat_as(
+            &store,
+            &g,
+            me,
+            process(me),
+            ttl(30),
+            &MemberMetadata::empty()
+        )
     );
     fails_fast!(
         "claim",
@@ -82,7 +89,14 @@ async fn unreachable_server_gives_backend_errors() {
     // Asking again fails the same way: nothing is cached in a broken state.
     fails_fast!(
         "heartbeat (again)",
-        store.heartbeat(&g, me, process(me), ttl(30), &MemberMetadata::empty())
+        support::beat_as(
+            &store,
+            &g,
+            me,
+            process(me),
+            ttl(30),
+            &MemberMetadata::empty()
+        )
     );
 
     let started = Instant::now();
@@ -129,11 +143,11 @@ async fn hostile_group_names_are_plain_data_on_the_server_clock() {
             .ensure_group(&g, shards(n))
             .await
             .expect("ensure_group again");
-        let beat = store
-            .heartbeat(&g, me, process(me), ttl(30), &metadata)
+        let beat = support::beat_as(&store, &g, me, process(me), ttl(30), &metadata)
             .await
             .expect("heartbeat");
-        assert!(beat.new_session);
+        // One session for the node, started by its first heartbeat, whatever its groups.
+        assert_eq!(beat.new_session, i == 0);
         assert_eq!(beat.view.shard_count.get(), n);
         assert_eq!(beat.view.claimable, n);
         let won = store
@@ -211,8 +225,7 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
         .ensure_group(&g, shards(8))
         .await
         .expect("ensure_group");
-    let first = store
-        .heartbeat(&g, me, process(me), ttl(30), &meta)
+    let first = support::beat_as(&store, &g, me, process(me), ttl(30), &meta)
         .await
         .expect("heartbeat");
     let won = store
@@ -235,7 +248,7 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
         );
         drop(held);
         let (a, b, c, d) = tokio::join!(
-            store.heartbeat(&g, me, process(me), ttl(30), &meta),
+            support::beat_as(&store, &g, me, process(me), ttl(30), &meta),
             store.snapshot(&g),
             store.is_current(&g, Bucket(0), me, FencingToken(1)),
             store.claim(&g, me, first.session, 0, Takeover::Allowed),
@@ -272,7 +285,7 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
         // Operations now, concurrently, on whatever the pool hands out: each one succeeds
         // or fails with a Backend error.
         let (a, b, c, d) = tokio::join!(
-            store.heartbeat(&g, me, process(me), ttl(30), &meta),
+            support::beat_as(&store, &g, me, process(me), ttl(30), &meta),
             store.snapshot(&g),
             store.is_current(&g, Bucket(0), me, FencingToken(1)),
             store.claim(&g, me, first.session, 0, Takeover::Allowed),
@@ -290,7 +303,7 @@ async fn terminated_connections_are_replaced_and_ownership_survives() {
         let mut attempts = 0;
         let beat = loop {
             attempts += 1;
-            let result = store.heartbeat(&g, me, process(me), ttl(30), &meta).await;
+            let result = support::beat_as(&store, &g, me, process(me), ttl(30), &meta).await;
             if ok_or_backend("heartbeat", &result) {
                 break result.expect("checked");
             }
@@ -356,8 +369,7 @@ async fn a_connection_killed_mid_statement_gives_a_backend_error() {
         .ensure_group(&g, shards(4))
         .await
         .expect("ensure_group");
-    let first = store
-        .heartbeat(&g, me, process(me), ttl(30), &meta)
+    let first = support::beat_as(&store, &g, me, process(me), ttl(30), &meta)
         .await
         .expect("heartbeat");
     let won = store
@@ -366,22 +378,21 @@ async fn a_connection_killed_mid_statement_gives_a_backend_error() {
         .expect("claim");
     assert_eq!(tokens(&won), vec![(0, 1), (1, 1)]);
 
-    // Another session locks the worker's member row, so the next heartbeat waits on it.
+    // Another session locks the node's row, so the next heartbeat waits on it.
     let mut locker = AsyncPgConnection::establish(&db.url)
         .await
         .expect("a locking connection");
     locker
-        .batch_execute(
-            "BEGIN; SELECT 1 FROM lease.members \
-              WHERE group_name = 'killed_mid_statement' FOR UPDATE",
-        )
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM lease.nodes WHERE node_id = '{me}' FOR UPDATE"
+        ))
         .await
-        .expect("locking the member row");
+        .expect("locking the node row");
     let waiting = tokio::spawn({
         let store = store.clone();
         let g = g.clone();
         let meta = meta.clone();
-        async move { store.heartbeat(&g, me, process(me), ttl(30), &meta).await }
+        async move { support::beat_as(&store, &g, me, process(me), ttl(30), &meta).await }
     });
 
     // Once the heartbeat's backend is seen waiting for the lock, terminate it.
@@ -423,7 +434,7 @@ async fn a_connection_killed_mid_statement_gives_a_backend_error() {
     let mut attempts = 0;
     let beat = loop {
         attempts += 1;
-        let result = store.heartbeat(&g, me, process(me), ttl(30), &meta).await;
+        let result = support::beat_as(&store, &g, me, process(me), ttl(30), &meta).await;
         if ok_or_backend("heartbeat", &result) {
             break result.expect("checked");
         }
@@ -457,21 +468,20 @@ async fn a_statement_stuck_on_a_lock_times_out() {
     let g = group("orders");
     let w = support::worker();
     store.ensure_group(&g, shards(4)).await.expect("ensure");
-    store
-        .heartbeat(&g, w, process(w), ttl(30), &MemberMetadata::empty())
+    support::beat_as(&store, &g, w, process(w), ttl(30), &MemberMetadata::empty())
         .await
         .expect("join");
     let mut blocker = AsyncPgConnection::establish(&db.url)
         .await
         .expect("connect");
     blocker
-        .batch_execute("BEGIN; SELECT 1 FROM lease.members FOR UPDATE")
+        .batch_execute("BEGIN; SELECT 1 FROM lease.nodes FOR UPDATE")
         .await
-        .expect("lock the member rows");
+        .expect("lock the node rows");
     let started = Instant::now();
     let stuck = tokio::time::timeout(
         Duration::from_secs(5),
-        store.heartbeat(&g, w, process(w), ttl(30), &MemberMetadata::empty()),
+        support::beat_as(&store, &g, w, process(w), ttl(30), &MemberMetadata::empty()),
     )
     .await
     .expect("the heartbeat hung past the statement timeout");
@@ -489,8 +499,7 @@ async fn a_statement_stuck_on_a_lock_times_out() {
         started.elapsed()
     );
     blocker.batch_execute("ROLLBACK").await.expect("unlock");
-    let beat = store
-        .heartbeat(&g, w, process(w), ttl(30), &MemberMetadata::empty())
+    let beat = support::beat_as(&store, &g, w, process(w), ttl(30), &MemberMetadata::empty())
         .await
         .expect("the heartbeat after the lock is gone");
     assert!(!beat.new_session);
@@ -531,8 +540,7 @@ async fn a_frozen_listening_connection_is_replaced() {
         .build()
         .expect("store");
     let w = support::worker();
-    other
-        .heartbeat(&g, w, process(w), ttl(30), &MemberMetadata::empty())
+    support::beat_as(&other, &g, w, process(w), ttl(30), &MemberMetadata::empty())
         .await
         .expect("join");
     let joined = tokio::time::timeout(Duration::from_secs(5), feed.recv())
@@ -568,9 +576,8 @@ async fn failures_are_classified_permanent_or_transient() {
         .build()
         .expect("store");
     let w = support::worker();
-    let denied = store
-        .heartbeat(&g, w, process(w), ttl(30), &MemberMetadata::empty())
-        .await;
+    let denied =
+        support::beat_as(&store, &g, w, process(w), ttl(30), &MemberMetadata::empty()).await;
     match &denied {
         Err(e @ StoreError::Backend { failure, .. }) => {
             assert_eq!(*failure, BackendFailure::PermissionDenied, "{e:?}");

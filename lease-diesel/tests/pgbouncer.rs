@@ -30,8 +30,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease_core::{
-    BackendFailure, Bucket, Chain, GroupName, Heartbeat, LeaseStore, MemberMetadata, ShardCount,
-    StoreError, SystemClock, Takeover, Timestamp, Ttl, WorkerId,
+    BackendFailure, Bucket, Chain, GroupName, LeaseStore, MemberMetadata, ShardCount, StoreError,
+    SystemClock, Takeover, Timestamp, Ttl, WorkerId,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError};
 use lease_testdb::{PgBouncer, PoolMode, TestDb};
@@ -205,7 +205,7 @@ impl Holders {
 async fn heartbeat_on_another_server_connection(
     store: &PgLeaseStore,
     db: &TestDb,
-) -> Result<Heartbeat, StoreError> {
+) -> Result<support::Beat, StoreError> {
     let g = group();
     store
         .ensure_group(&g, ShardCount::new(4).expect("n"))
@@ -213,12 +213,11 @@ async fn heartbeat_on_another_server_connection(
         .expect("ensure_group");
     let w = WorkerId::new();
     let meta = MemberMetadata::empty();
-    store
-        .heartbeat(&g, w, process(w), ttl(), &meta)
+    support::beat_as(store, &g, w, process(w), ttl(), &meta)
         .await
         .expect("the first heartbeat");
     let holders = Holders::every_server_connection(db).await;
-    let second = store.heartbeat(&g, w, process(w), ttl(), &meta).await;
+    let second = support::beat_as(store, &g, w, process(w), ttl(), &meta).await;
     holders.release().await;
     second
 }
@@ -285,18 +284,17 @@ async fn the_statement_timeout_holds_in_each_transaction_and_stays_there() {
         .expect("ensure_group");
     let w = WorkerId::new();
     let meta = MemberMetadata::empty();
-    store
-        .heartbeat(&g, w, process(w), ttl(), &meta)
+    support::beat_as(&store, &g, w, process(w), ttl(), &meta)
         .await
         .expect("heartbeat");
 
     let mut locker = AsyncPgConnection::establish(&db.url).await.expect("direct");
     locker
-        .batch_execute("BEGIN; SELECT 1 FROM lease.members FOR UPDATE")
+        .batch_execute("BEGIN; SELECT 1 FROM lease.nodes FOR UPDATE")
         .await
-        .expect("lock the member row");
+        .expect("lock the node row");
     let started = Instant::now();
-    let blocked = store.heartbeat(&g, w, process(w), ttl(), &meta).await;
+    let blocked = support::beat_as(&store, &g, w, process(w), ttl(), &meta).await;
     let took = started.elapsed();
     locker.batch_execute("ROLLBACK").await.expect("rollback");
     let Err(e @ StoreError::Backend { failure, .. }) = &blocked else {
@@ -310,8 +308,7 @@ async fn the_statement_timeout_holds_in_each_transaction_and_stays_there() {
     );
     assert!(took < Duration::from_secs(3), "took {took:?}: {message}");
 
-    store
-        .heartbeat(&g, w, process(w), ttl(), &meta)
+    support::beat_as(&store, &g, w, process(w), ttl(), &meta)
         .await
         .expect("a heartbeat once the lock is gone");
     // Any server connection PgBouncer hands a plain client has the server's default.
@@ -617,8 +614,7 @@ async fn eight_clients_share_three_server_connections() {
                 let meta = MemberMetadata::empty();
                 for _ in 0..15 {
                     store.ensure_group(&g, shards).await.expect("ensure_group");
-                    let beat = store
-                        .heartbeat(&g, w, process(w), ttl(), &meta)
+                    let beat = support::beat_as(&store, &g, w, process(w), ttl(), &meta)
                         .await
                         .expect("heartbeat");
                     let won = store
@@ -805,11 +801,15 @@ async fn round_trips_per_operation_direct_and_through_the_pooler() {
             sent.take();
             store.ensure_group(&g, shards).await.expect("ensure");
             measure("ensure_group");
+            // Leaving its only group (below) ended the node's session: each round starts one
+            // and joins.
             let beat = store
-                .heartbeat(&g, w, process(w), ttl(), &meta)
+                .heartbeat(w, process(w), ttl(), &meta, &[])
                 .await
                 .expect("heartbeat");
             measure("heartbeat");
+            store.join(&g, w, beat.session).await.expect("join");
+            measure("join");
             let won = store
                 .claim(&g, w, beat.session, 2, Takeover::Allowed)
                 .await

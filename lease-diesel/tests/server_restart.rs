@@ -64,8 +64,7 @@ async fn server_stop_and_resume_keeps_ownership() {
         .ensure_group(&g, ShardCount::new(8).expect("a valid shard count"))
         .await
         .expect("ensure_group");
-    let first = store
-        .heartbeat(&g, me, process(me), ttl, &meta)
+    let first = support::beat_as(&store, &g, me, process(me), ttl, &meta)
         .await
         .expect("heartbeat");
     let won = store
@@ -77,7 +76,7 @@ async fn server_stop_and_resume_keeps_ownership() {
     let (a, b, c) = tokio::join!(
         store.snapshot(&g),
         store.is_current(&g, Bucket(0), me, FencingToken(1)),
-        store.heartbeat(&g, me, process(me), ttl, &meta),
+        support::beat_as(&store, &g, me, process(me), ttl, &meta),
     );
     assert!(a.is_ok() && b.is_ok() && c.is_ok());
     assert!(
@@ -118,7 +117,7 @@ async fn server_stop_and_resume_keeps_ownership() {
         }
         fails!(
             "heartbeat",
-            store.heartbeat(&g, me, process(me), ttl, &meta)
+            support::beat_as(&store, &g, me, process(me), ttl, &meta)
         );
         fails!(
             "claim",
@@ -148,7 +147,7 @@ async fn server_stop_and_resume_keeps_ownership() {
     let mut attempts = 0;
     let beat = loop {
         attempts += 1;
-        let result = store.heartbeat(&g, me, process(me), ttl, &meta).await;
+        let result = support::beat_as(&store, &g, me, process(me), ttl, &meta).await;
         if ok_or_backend("heartbeat after resume", &result) {
             break result.expect("checked");
         }

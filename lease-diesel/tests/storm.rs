@@ -131,7 +131,7 @@ async fn worker(shared: Arc<Shared>, index: usize, seed: u64, rounds: u32) {
     let counters = &shared.counters;
 
     counters.heartbeats.fetch_add(1, Ordering::Relaxed);
-    let first = match store.heartbeat(group, me, process(me), ttl, &meta).await {
+    let first = match support::beat_as(store, group, me, process(me), ttl, &meta).await {
         Ok(beat) => beat,
         Err(e) => return shared.error("heartbeat", me, &e),
     };
@@ -264,7 +264,7 @@ async fn worker(shared: Arc<Shared>, index: usize, seed: u64, rounds: u32) {
         // worker's leases is exactly what it holds.
         if rng.below(16) == 0 {
             counters.heartbeats.fetch_add(1, Ordering::Relaxed);
-            let beat = match store.heartbeat(group, me, process(me), ttl, &meta).await {
+            let beat = match support::beat_as(store, group, me, process(me), ttl, &meta).await {
                 Ok(beat) => beat,
                 Err(e) => return shared.error("heartbeat", me, &e),
             };

@@ -13,6 +13,7 @@ use lease_core::{
     GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Takeover, Ttl, WorkerId,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError, TlsMode, Verification};
+mod support;
 use lease_testdb::{Cluster, ClusterOptions, tls_server as server};
 
 fn url(host: &str, user: &str, query: &str) -> String {
@@ -223,16 +224,16 @@ async fn workers_and_the_listening_connection_use_tls() {
     // Subscribing opens the listening connection.
     let _feed = store.changes(&group).await.expect("a change feed");
     let me = WorkerId::new();
-    let beat = store
-        .heartbeat(
-            &group,
-            me,
-            Incarnation::new(),
-            Ttl::from_secs(30).expect("ttl"),
-            &MemberMetadata::empty(),
-        )
-        .await
-        .expect("a heartbeat over TLS");
+    let beat = support::beat_as(
+        &store,
+        &group,
+        me,
+        Incarnation::new(),
+        Ttl::from_secs(30).expect("ttl"),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("a heartbeat over TLS");
     store
         .claim(&group, me, beat.session, 4, Takeover::Allowed)
         .await
