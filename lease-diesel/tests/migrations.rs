@@ -13,19 +13,19 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use diesel::QueryableByName;
 use diesel::migration::{Migration, MigrationSource};
 use diesel::pg::Pg;
 use diesel::sql_types::{Bool, Integer, Nullable, Text, Timestamptz};
+use diesel::QueryableByName;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use lease_core::{
     Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount, Takeover,
     Timestamp, Ttl, WorkerId,
 };
 use lease_diesel::privileges::{self, Grant, Object, RoleKind, RoleName};
-use lease_diesel::{Compatibility, ExtraMigration, MIGRATIONS, PgLeaseStore, PgSetupError, ops};
+use lease_diesel::{ops, Compatibility, ExtraMigration, PgLeaseStore, PgSetupError, MIGRATIONS};
 
 /// A host application's own diesel migrations (dated before the engine's).
 const APP: EmbeddedMigrations = embed_migrations!("tests/fixtures/app_migrations");
@@ -456,10 +456,16 @@ async fn a_deployment_of_the_earlier_first_migration_only_is_adopted() {
     let me = WorkerId::new();
     let g = group("upgraded");
     store.ensure_group(&g, shards(2)).await.expect("ensure");
-    store
-        .heartbeat(&g, me, process(me), ttl_ms(5_000), &MemberMetadata::empty())
-        .await
-        .expect("heartbeat on the adopted schema");
+    support::beat_as(
+        &store,
+        &g,
+        me,
+        process(me),
+        ttl_ms(5_000),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("heartbeat on the adopted schema");
 }
 
 // ---- item 6: the start-up check writes nothing ---------------------------------------------
@@ -635,16 +641,16 @@ async fn a_monitor_role_on_a_read_only_connection_checks_and_reads() {
     let g = group("watched");
     owner.ensure_group(&g, shards(4)).await.expect("ensure");
     let me = WorkerId::new();
-    let beat = owner
-        .heartbeat(
-            &g,
-            me,
-            process(me),
-            ttl_ms(30_000),
-            &MemberMetadata::empty(),
-        )
-        .await
-        .expect("heartbeat");
+    let beat = support::beat_as(
+        &owner,
+        &g,
+        me,
+        process(me),
+        ttl_ms(30_000),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("heartbeat");
     owner
         .claim(&g, me, beat.session, 4, Takeover::Allowed)
         .await
@@ -725,31 +731,31 @@ async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
         .await
         .expect("ensure an existing group");
     let (short, me) = (WorkerId::new(), WorkerId::new());
-    let brief = worker
-        .heartbeat(
-            &g,
-            short,
-            process(short),
-            ttl_ms(300),
-            &MemberMetadata::empty(),
-        )
-        .await
-        .expect("a short-lived member joins");
+    let brief = support::beat_as(
+        &worker,
+        &g,
+        short,
+        process(short),
+        ttl_ms(300),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("a short-lived member joins");
     let held = worker
         .claim(&g, short, brief.session, 2, Takeover::Allowed)
         .await
         .expect("the short-lived member claims");
     assert_eq!(held.len(), 2);
-    let beat = worker
-        .heartbeat(
-            &g,
-            me,
-            process(me),
-            ttl_ms(30_000),
-            &MemberMetadata::empty(),
-        )
-        .await
-        .expect("heartbeat");
+    let beat = support::beat_as(
+        &worker,
+        &g,
+        me,
+        process(me),
+        ttl_ms(30_000),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("heartbeat");
     wait_server_past(&mut admin, brief.expires_at).await;
     // The dead member's row is still there: the claim judges it dead in lease.owner_is_dead,
     // share-locking it.
@@ -758,27 +764,25 @@ async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
         .await
         .expect("claim");
     assert_eq!(won.len(), 4, "the free and the dead member's buckets");
-    worker
-        .heartbeat(
-            &g,
-            me,
-            process(me),
-            ttl_ms(30_000),
-            &MemberMetadata::empty(),
-        )
-        .await
-        .expect("a heartbeat removing the dead member");
+    support::beat_as(
+        &worker,
+        &g,
+        me,
+        process(me),
+        ttl_ms(30_000),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("a heartbeat removing the dead member");
     assert_eq!(
         worker.snapshot(&g).await.expect("snapshot").members.len(),
         1,
         "the dead member's row was not removed"
     );
-    assert!(
-        worker
-            .is_current(&g, won[0].bucket, me, won[0].token)
-            .await
-            .expect("is_current")
-    );
+    assert!(worker
+        .is_current(&g, won[0].bucket, me, won[0].token)
+        .await
+        .expect("is_current"));
     worker
         .release(&g, me, beat.session, &[won[0].bucket])
         .await
@@ -788,14 +792,12 @@ async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
         .leave(&g, me, Some(beat.session))
         .await
         .expect("leave");
-    assert!(
-        worker
-            .snapshot(&g)
-            .await
-            .expect("snapshot")
-            .members
-            .is_empty()
-    );
+    assert!(worker
+        .snapshot(&g)
+        .await
+        .expect("snapshot")
+        .members
+        .is_empty());
     assert_eq!(objects(&mut admin).await, before);
 }
 
@@ -1198,11 +1200,10 @@ async fn is_current_needs_only_execute_and_its_lock_holds_off_a_takeover() {
         vec![lease.bucket]
     );
     let snap = ops::snapshot(&mut conn, None, &g).await.expect("snapshot");
-    assert!(
-        snap.buckets
-            .iter()
-            .all(|x| x.owner == Some(b) && x.state == BucketState::Live)
-    );
+    assert!(snap
+        .buckets
+        .iter()
+        .all(|x| x.owner == Some(b) && x.state == BucketState::Live));
 }
 
 /// Upgrading keeps `lease.is_current` callable for the roles that could call it before (with
@@ -1437,12 +1438,11 @@ async fn newer_additive_migrations_are_accepted_and_breaking_ones_refused() {
     assert_eq!(status.applied.last(), Some(&add.version));
     this.check_schema().await.expect("check_schema accepts it");
     let before = objects(&mut admin).await;
-    assert!(
-        this.migrate()
-            .await
-            .expect("this build's migrate")
-            .is_empty()
-    );
+    assert!(this
+        .migrate()
+        .await
+        .expect("this build's migrate")
+        .is_empty());
     assert_eq!(objects(&mut admin).await, before, "a no-op migrate wrote");
     assert_eq!(
         this.schema_status_with(std::slice::from_ref(&add))
@@ -1553,11 +1553,9 @@ async fn a_version_table_from_before_the_rule_gets_its_column_when_a_migration_i
     assert!(flag(&mut admin, has_column).await);
     let rows = recorded(&mut admin).await;
     assert_eq!(rows.last(), Some(&format!("{}: true", add.version)));
-    assert!(
-        rows[..rows.len() - 1]
-            .iter()
-            .all(|r| r.ends_with(": false"))
-    );
+    assert!(rows[..rows.len() - 1]
+        .iter()
+        .all(|r| r.ends_with(": false")));
     assert_eq!(
         this.schema_status().await.expect("check").newer_additive,
         [add.version]

@@ -1,7 +1,8 @@
-//! Deterministic interleavings of a renewal and a claim on Postgres, with the server's clock,
-//! one connection per side, for each concurrency rule in docs/ARCHITECTURE.md. Each step
-//! waits for a condition the server reports (a backend blocked on a lock, the server clock
-//! past an expiry), never for a guessed time. In every interleaving exactly one side owns the buckets.
+//! Deterministic interleavings of renewals, claims, joins and views on Postgres, with the
+//! server's clock, one connection per side, for each concurrency rule in docs/ARCHITECTURE.md.
+//! Each step waits for a condition the server reports (a backend blocked on a lock, the server
+//! clock past an expiry), never for a guessed time. In every interleaving of a renewal and a
+//! claim exactly one side owns the buckets.
 
 use std::time::Duration;
 
@@ -9,8 +10,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::{Bool, Integer, Timestamptz};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
-    Bucket, BucketState, ErrorKind, FencingToken, GroupName, Heartbeat, Incarnation, Lease,
-    MemberMetadata, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId,
+    Bucket, BucketState, ErrorKind, FencingToken, GroupName, GroupStamp, Heartbeat, Incarnation,
+    Lease, MemberMetadata, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId,
 };
 use lease_diesel::ops;
 
@@ -85,26 +86,95 @@ async fn wait_server_past(admin: &mut AsyncPgConnection, t: Timestamp) {
     .await;
 }
 
-/// A heartbeat on `conn`, on the server clock; panics with `what` on failure.
-async fn beat(
+/// A node's heartbeat on `conn`, on the server clock, as the incarnation derived from its id,
+/// handing in `seen`; panics with `what` on failure.
+async fn renew(
     conn: &mut AsyncPgConnection,
-    group: &GroupName,
     worker: WorkerId,
     ttl: Ttl,
+    seen: &[GroupStamp],
     what: &str,
 ) -> Heartbeat {
     let process = Incarnation::from_uuid(worker.as_uuid());
     ops::heartbeat(
         conn,
         None,
-        group,
         worker,
         process,
         ttl,
         &MemberMetadata::empty(),
+        seen,
     )
     .await
     .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// What a heartbeat says of `group`: the node's session and its leases there.
+struct Beat {
+    session: SessionId,
+    new_session: bool,
+    observed_at: Timestamp,
+    expires_at: Timestamp,
+    /// The node's leases in the group (none when it is no member).
+    owned: Vec<Lease>,
+}
+
+impl Beat {
+    fn of(beat: &Heartbeat, group: &GroupName) -> Self {
+        Self {
+            session: beat.session,
+            new_session: beat.new_session,
+            observed_at: beat.observed_at,
+            expires_at: beat.expires_at,
+            owned: beat
+                .group(group)
+                .map(|g| g.owned.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// A heartbeat of `worker` and what it says of `group` (no stamps: views given).
+async fn beat(
+    conn: &mut AsyncPgConnection,
+    group: &GroupName,
+    worker: WorkerId,
+    ttl: Ttl,
+    what: &str,
+) -> Beat {
+    Beat::of(&renew(conn, worker, ttl, &[], what).await, group)
+}
+
+/// `worker` heartbeats and joins `group` if it is not a member: a live member afterwards.
+async fn member(
+    conn: &mut AsyncPgConnection,
+    group: &GroupName,
+    worker: WorkerId,
+    ttl: Ttl,
+    what: &str,
+) -> Beat {
+    let first = renew(conn, worker, ttl, &[], what).await;
+    if first.group(group).is_some() {
+        return Beat::of(&first, group);
+    }
+    ops::join(conn, None, group, worker, first.session)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: joining: {e}"));
+    let mut joined = Beat::of(&renew(conn, worker, ttl, &[], what).await, group);
+    joined.new_session = first.new_session;
+    joined
+}
+
+/// The stamps to hand in next: every group of `beat`, given or unchanged.
+fn stamps(beat: &Heartbeat) -> Vec<GroupStamp> {
+    beat.groups
+        .iter()
+        .map(|g| GroupStamp {
+            group: g.group.clone(),
+            stamp: g.stamp,
+        })
+        .chain(beat.unchanged.iter().cloned())
+        .collect()
 }
 
 struct Setup {
@@ -114,7 +184,7 @@ struct Setup {
     b: WorkerId,
     /// a's leases on every bucket.
     leases: Vec<Lease>,
-    first: Heartbeat,
+    first: Beat,
     /// b's session.
     b_session: SessionId,
 }
@@ -145,7 +215,7 @@ where
     )
     .await
     .expect("ensure");
-    let first = beat(&mut conn, &group, a, ttl, "a joins").await;
+    let first = member(&mut conn, &group, a, ttl, "a joins").await;
     let leases = ops::claim(
         &mut conn,
         None,
@@ -160,7 +230,7 @@ where
     assert_eq!(leases.len(), SHARDS as usize);
     // b is a live member before a's session ends, as a claimer racing a renewal is: a member
     // that joins later would, on joining, delete a's dead row (H3) and so skip the race.
-    let b_join = beat(&mut conn, &group, b, long(), "b joins").await;
+    let b_join = member(&mut conn, &group, b, long(), "b joins").await;
     assert!(
         b_join.observed_at < first.expires_at,
         "b joined after a's session ended; the race was not set up"
@@ -224,7 +294,7 @@ async fn assert_sole_owner(s: &Setup, winner: WorkerId) {
 
 /// A renewal whose transaction began before the session expired, executed after a claimer
 /// took the buckets, must not extend the session (it would if expiry were judged by `now()`,
-/// the transaction's start): it starts a new session and reports nothing owned.
+/// the transaction's start): it starts a new session, a member of no group, owning nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_begun_before_expiry_cannot_revive_the_session() {
     let mut renewal_conn = None;
@@ -297,7 +367,7 @@ async fn a_renewal_begun_before_expiry_cannot_revive_the_session() {
     }
 }
 
-/// A renewal that holds the member row's lock (committed or not yet) wins over a claim made
+/// A renewal that holds the node row's lock (committed or not yet) wins over a claim made
 /// after the old expiry: the claimer skips a locked owner row and takes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_skips_an_owner_whose_renewal_holds_the_lock() {
@@ -312,16 +382,22 @@ async fn a_claim_skips_an_owner_whose_renewal_holds_the_lock() {
     assert!(!renewed.new_session);
     // ...past the session's old expiry: to a claimer's snapshot a looks dead.
     wait_server_past(&mut admin, s.first.expires_at).await;
-    let taken = ops::claim(
-        &mut claimer,
-        None,
-        &s.group,
-        s.b,
-        s.b_session,
-        SHARDS,
-        Takeover::Allowed,
+    // A claimer that waited for the renewal's lock instead would never end (the renewal
+    // commits after it): a failure, not a hang.
+    let taken = tokio::time::timeout(
+        Duration::from_secs(10),
+        ops::claim(
+            &mut claimer,
+            None,
+            &s.group,
+            s.b,
+            s.b_session,
+            SHARDS,
+            Takeover::Allowed,
+        ),
     )
     .await
+    .expect("b's claim waited for the renewal's lock")
     .expect("b claims");
     assert!(
         taken.is_empty(),
@@ -348,8 +424,8 @@ async fn a_claim_skips_an_owner_whose_renewal_holds_the_lock() {
     assert_sole_owner(&s, s.a).await;
 }
 
-/// A claim that judged an owner dead holds the owner's row share-locked until it commits; a
-/// renewal arriving meanwhile waits, then finds the session expired and starts a new one.
+/// A claim that judged an owner dead holds the owner's node row share-locked until it commits;
+/// a renewal arriving meanwhile waits, then finds the session expired and starts a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_waits_for_a_claim_that_judged_it_dead() {
     let s = setup(short()).await;
@@ -408,7 +484,7 @@ async fn a_claim_never_takes_a_bucket_claimed_after_its_snapshot() {
     exec(
         &mut gate,
         &format!(
-            "BEGIN; SELECT 1 FROM lease.members WHERE worker_id = '{}' FOR UPDATE",
+            "BEGIN; SELECT 1 FROM lease.members WHERE node_id = '{}' FOR UPDATE",
             s.b
         ),
     )
@@ -431,7 +507,7 @@ async fn a_claim_never_takes_a_bucket_claimed_after_its_snapshot() {
     wait_blocked_on_lock(&mut admin, b_pid).await;
 
     // Meanwhile c joins (a session b's snapshot cannot see) and takes every bucket.
-    let c_session = beat(&mut other, &s.group, c, long(), "c joins")
+    let c_session = member(&mut other, &s.group, c, long(), "c joins")
         .await
         .session;
     let c_won = ops::claim(
@@ -527,9 +603,9 @@ async fn a_fenced_transaction_holds_off_a_takeover() {
     assert_sole_owner(&s, s.b).await;
 }
 
-/// A claim that had to wait for its own member row, locked by a claimer judging the session
+/// A claim that had to wait for its own node row, locked by a claimer judging the session
 /// dead, until after the session expired, claims nothing: liveness is judged again once the
-/// row is locked (a `FOR UPDATE` condition is not re-tested when the row did not change).
+/// row is locked (a locking condition is not re-tested when the row did not change).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_that_waited_past_its_expiry_claims_nothing() {
     let db = lease_testdb::database().await;
@@ -546,10 +622,10 @@ async fn a_claim_that_waited_past_its_expiry_claims_nothing() {
     )
     .await
     .expect("ensure");
-    let joined = beat(&mut conn, &group, b, short(), "b joins").await;
+    let joined = member(&mut conn, &group, b, short(), "b joins").await;
     exec(
         &mut judge,
-        &format!("BEGIN; SELECT 1 FROM lease.members WHERE worker_id = '{b}' FOR SHARE"),
+        &format!("BEGIN; SELECT 1 FROM lease.nodes WHERE node_id = '{b}' FOR UPDATE"),
     )
     .await;
     let pid = backend_pid(&mut conn).await;
@@ -641,10 +717,10 @@ async fn a_release_skips_buckets_a_fenced_transaction_holds() {
     assert_eq!(me.owned, SHARDS - 2, "the owned counter drifted");
 }
 
-/// Two processes started at once with one worker id: the first one's heartbeat holds the new
-/// member row (not committed yet); the second waits for it, then finds a live session of
-/// another incarnation and is refused, writing nothing. Ownership of the session is judged
-/// under the row lock, on the latest committed row, with one reading of the clock.
+/// Two processes started at once with one node id: the first one's heartbeat inserted the node
+/// row (not committed yet); the second waits for it (its insert conflicts), then judges the
+/// committed row under its lock, finds a live session of another incarnation and is refused,
+/// writing nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_with_one_worker_id_waits_then_is_refused() {
     let db = lease_testdb::database().await;
@@ -663,44 +739,34 @@ async fn a_second_process_with_one_worker_id_waits_then_is_refused() {
     .expect("ensure");
     let meta = MemberMetadata::empty();
     exec(&mut first, "BEGIN").await;
-    let started = ops::heartbeat(
-        &mut first,
-        None,
-        &group,
-        w,
-        Incarnation::new(),
-        long(),
-        &meta,
-    )
-    .await
-    .expect("the first process starts a session");
+    let started = ops::heartbeat(&mut first, None, w, Incarnation::new(), long(), &meta, &[])
+        .await
+        .expect("the first process starts a session");
     assert!(started.new_session);
     let pid = backend_pid(&mut second).await;
     let g = group.clone();
     let refused = tokio::spawn(async move {
         let result =
-            ops::heartbeat(&mut second, None, &g, w, Incarnation::new(), long(), &meta).await;
-        (result, second)
+            ops::heartbeat(&mut second, None, w, Incarnation::new(), long(), &meta, &[]).await;
+        (result, second, g)
     });
     wait_blocked_on_lock(&mut admin, pid).await;
     exec(&mut first, "COMMIT").await;
-    let (result, mut second) = refused.await.expect("the second heartbeat");
+    let (result, mut second, group) = refused.await.expect("the second heartbeat");
     match result {
         Err(StoreError::WorkerIdInUse { expires_at, .. }) => {
             assert_eq!(expires_at, started.expires_at);
         }
         other => panic!("the second process was not refused: {other:?}"),
     }
-    let snap = ops::snapshot(&mut second, None, &group)
-        .await
-        .expect("snapshot");
-    assert_eq!(snap.members.len(), 1);
+    let nodes = ops::nodes(&mut second, None).await.expect("nodes");
+    assert_eq!(nodes.nodes.len(), 1);
     assert_eq!(
-        snap.members[0].session, started.session,
+        nodes.nodes[0].session, started.session,
         "the session was replaced"
     );
     assert_eq!(
-        snap.members[0].expires_at, started.expires_at,
+        nodes.nodes[0].expires_at, started.expires_at,
         "the refusal renewed it"
     );
     // The second process cannot act under the session either.
@@ -728,9 +794,10 @@ fn seeded_at_zero() -> WorkerId {
 }
 
 /// Two claims at once, both starting at bucket 0: the second walks past the rows the first
-/// holds (not committed yet), without waiting, and takes the next claimable ones, both among
-/// unowned buckets and among a dead session's. A claim that waited for the rows, or gave up at
-/// the first locked one, would fail this.
+/// holds (not committed yet), without waiting for them, and takes the next claimable ones,
+/// both among unowned buckets and among a dead session's; then it waits only for the group's
+/// change counter, which every claim that took something moves last. A claim that waited for
+/// the rows, or gave up at the first locked one, would fail this.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_claims_walk_past_each_others_rows() {
     let db = lease_testdb::database().await;
@@ -743,7 +810,7 @@ async fn concurrent_claims_walk_past_each_others_rows() {
         .expect("ensure");
     // A dead worker held buckets 4..8 under a session of one second.
     let dead = seeded_at_zero();
-    let gone = beat(&mut admin, &group, dead, short(), "the doomed worker joins").await;
+    let gone = member(&mut admin, &group, dead, short(), "the doomed worker joins").await;
     exec(&mut admin, "BEGIN").await;
     let held = ops::claim(
         &mut admin,
@@ -770,34 +837,68 @@ async fn concurrent_claims_walk_past_each_others_rows() {
     .expect("release");
     assert_eq!(released.len(), 4);
     let (a, b) = (seeded_at_zero(), seeded_at_zero());
-    let sa = beat(&mut first, &group, a, long(), "a joins").await.session;
-    let sb = beat(&mut second, &group, b, long(), "b joins")
+    let sa = member(&mut first, &group, a, long(), "a joins")
+        .await
+        .session;
+    let sb = member(&mut second, &group, b, long(), "b joins")
         .await
         .session;
     wait_server_past(&mut admin, gone.expires_at).await;
 
+    let b_pid = backend_pid(&mut second).await;
     for (round, (want_a, expect_b)) in [(2, vec![2, 3]), (2, vec![6, 7])].into_iter().enumerate() {
         exec(&mut first, "BEGIN").await;
         let taken_a = ops::claim(&mut first, None, &group, a, sa, want_a, Takeover::Allowed)
             .await
             .expect("a claims");
         assert_eq!(taken_a.len(), 2, "round {round}: {taken_a:?}");
-        let taken_b = tokio::time::timeout(
-            Duration::from_secs(5),
-            ops::claim(&mut second, None, &group, b, sb, 2, Takeover::Allowed),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("round {round}: b waited for the rows a holds"))
-        .expect("b claims");
-        let got: Vec<u32> = taken_b.iter().map(|l| l.bucket.0).collect();
-        assert_eq!(got, expect_b, "round {round}: b did not walk past a's rows");
+        let g = group.clone();
+        let b_claims = tokio::spawn(async move {
+            let taken = ops::claim(&mut second, None, &g, b, sb, 2, Takeover::Allowed).await;
+            (taken, second)
+        });
+        // b took its buckets past the rows a holds, and then waits for the one row every claim
+        // that took something updates last: the group's change counter, which a holds until
+        // it commits. A claim that waited for a's bucket rows would wait on lease.shards.
+        wait_blocked_on_lock(&mut admin, b_pid).await;
+        assert_eq!(
+            row_waited_for(&mut admin, b_pid).await,
+            "lease.group_changes",
+            "round {round}: b waits for another row than the change counter"
+        );
         exec(&mut first, "COMMIT").await;
+        let (taken_b, back) = b_claims.await.expect("b's claim task");
+        second = back;
+        let got: Vec<u32> = taken_b
+            .expect("b claims")
+            .iter()
+            .map(|l| l.bucket.0)
+            .collect();
+        assert_eq!(got, expect_b, "round {round}: b did not walk past a's rows");
     }
+}
+
+/// The table of the row backend `pid` waits for: a backend waiting for a row holds that row's
+/// tuple lock while it waits for the transaction that holds the row.
+async fn row_waited_for(admin: &mut AsyncPgConnection, pid: i32) -> String {
+    #[derive(QueryableByName)]
+    struct Relation {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        name: String,
+    }
+    diesel::sql_query(format!(
+        "SELECT l.relation::regclass::text AS name FROM pg_locks l \
+          WHERE l.pid = {pid} AND l.locktype = 'tuple' AND l.granted"
+    ))
+    .get_result::<Relation>(admin)
+    .await
+    .expect("the row the backend waits for")
+    .name
 }
 
 /// A fresh database with a group of `shards` buckets and two live, idle members `a` and `b`
 /// (sessions of `ttl` and a long one).
-async fn two_members(shards: u32, ttl: Ttl) -> (String, GroupName, [(WorkerId, Heartbeat); 2]) {
+async fn two_members(shards: u32, ttl: Ttl) -> (String, GroupName, [(WorkerId, Beat); 2]) {
     let db = lease_testdb::database().await;
     let mut conn = connect(&db.url).await;
     let group = GroupName::new("resize-race").expect("name");
@@ -812,8 +913,8 @@ async fn two_members(shards: u32, ttl: Ttl) -> (String, GroupName, [(WorkerId, H
     )
     .await
     .expect("ensure");
-    let a_beat = beat(&mut conn, &group, a, ttl, "a joins").await;
-    let b_beat = beat(&mut conn, &group, b, long(), "b joins").await;
+    let a_beat = member(&mut conn, &group, a, ttl, "a joins").await;
+    let b_beat = member(&mut conn, &group, b, long(), "b joins").await;
     (db.url, group, [(a, a_beat), (b, b_beat)])
 }
 
@@ -983,5 +1084,362 @@ async fn a_fenced_transaction_on_an_old_bucket_holds_off_its_children() {
             .await
             .expect("is_current"),
         "the dead old owner still passes the fencing check"
+    );
+}
+
+/// The renewal is a plain `UPDATE`, which reads its clock before it waits for a lock and does
+/// not read it again if the holder did not change the row: a renewal that began before the
+/// session's expiry and waited for the node row (here a transaction holding it as a claim of
+/// the node's own does) until past the expiry, while a claimer judged the session dead and
+/// took its buckets, must not extend the session. It reads the clock again once it holds the
+/// lock, finds the session expired, and starts a new one owning nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_waited_for_the_node_row_past_its_expiry_starts_a_new_session() {
+    let s = setup(Ttl::from_secs(3).expect("ttl")).await;
+    let mut admin = connect(&s.url).await;
+    let mut gate = connect(&s.url).await;
+    let mut renewal = connect(&s.url).await;
+    let mut claimer = connect(&s.url).await;
+    exec(
+        &mut gate,
+        &format!(
+            "BEGIN; SELECT 1 FROM lease.nodes WHERE node_id = '{}' FOR SHARE",
+            s.a
+        ),
+    )
+    .await;
+    let pid = backend_pid(&mut renewal).await;
+    let (group, a) = (s.group.clone(), s.a);
+    let late = tokio::spawn(async move {
+        let beat = beat(&mut renewal, &group, a, long(), "a's renewal").await;
+        (beat, renewal)
+    });
+    wait_blocked_on_lock(&mut admin, pid).await;
+    // The precondition of the race: the renewal read its clock before the expiry (it was
+    // already waiting for the lock then).
+    assert!(
+        flag(
+            &mut admin,
+            "SELECT clock_timestamp() < $1 AS yes",
+            Some(s.first.expires_at)
+        )
+        .await,
+        "the renewal started after the expiry; the race was not set up"
+    );
+    wait_server_past(&mut admin, s.first.expires_at).await;
+    // The session is dead by the clock; a claimer may judge it so (the row's only holder shares
+    // its lock) and take its buckets while the renewal waits.
+    let taken = ops::claim(
+        &mut claimer,
+        None,
+        &s.group,
+        s.b,
+        s.b_session,
+        SHARDS,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("b claims");
+    assert_eq!(taken.len(), SHARDS as usize, "b did not take a's buckets");
+    exec(&mut gate, "COMMIT").await;
+    let (late, _renewal) = late.await.expect("the renewal task");
+    assert!(
+        late.new_session,
+        "a renewal that waited past the expiry extended the session"
+    );
+    assert_ne!(late.session, s.first.session);
+    assert!(late.owned.is_empty(), "{:?}", late.owned);
+    assert_sole_owner(&s, s.b).await;
+}
+
+/// A join under a live session, not committed yet, and a heartbeat of the same node after the
+/// session's expiry: the heartbeat's new session waits for the join (the join holds the node
+/// row), and then removes the member row the join committed, reading the members with a
+/// snapshot taken once it holds the lock: a new session is a member of no group (H2). A
+/// removal on the heartbeat's first snapshot would miss the row, and the new session would be
+/// a member of a group it never joined, counted in its fair share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_racing_a_new_session_does_not_survive_it() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    let mut joiner = connect(&db.url).await;
+    let mut heart = connect(&db.url).await;
+    let group = GroupName::new("race").expect("name");
+    ops::ensure_group(&mut admin, None, &group, count(SHARDS))
+        .await
+        .expect("ensure");
+    let a = WorkerId::new();
+    let first = renew(
+        &mut admin,
+        a,
+        Ttl::from_secs(2).expect("ttl"),
+        &[],
+        "a starts",
+    )
+    .await;
+    exec(&mut joiner, "BEGIN").await;
+    ops::join(&mut joiner, None, &group, a, first.session)
+        .await
+        .expect("a joins, not committed yet");
+    wait_server_past(&mut admin, first.expires_at).await;
+    let pid = backend_pid(&mut heart).await;
+    let renewal = tokio::spawn(async move {
+        let beat = renew(&mut heart, a, long(), &[], "a's next heartbeat").await;
+        (beat, heart)
+    });
+    wait_blocked_on_lock(&mut admin, pid).await;
+    exec(&mut joiner, "COMMIT").await;
+    let (beat, _heart) = renewal.await.expect("the heartbeat task");
+    assert!(beat.new_session);
+    assert!(
+        beat.groups.is_empty() && beat.unchanged.is_empty(),
+        "the new session is a member of {:?} {:?}",
+        beat.groups,
+        beat.unchanged
+    );
+    let snap = ops::snapshot(&mut admin, None, &group)
+        .await
+        .expect("snapshot");
+    assert!(
+        snap.members.is_empty(),
+        "the join survived the new session: {:?}",
+        snap.members
+    );
+    let next = renew(&mut admin, a, long(), &[], "a renews").await;
+    assert!(next.groups.is_empty(), "{:?}", next.groups);
+}
+
+/// A claim not committed yet while a node heartbeats is not in the view it is given (nor in
+/// an "unchanged" answer); once the claim commits, the node's next heartbeat, handing in the
+/// stamps it was given, gets the view with it: the claim moved the group's change counter, and
+/// the heartbeat reads the counter with the same snapshot as whatever it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_committed_between_two_heartbeats_is_never_answered_unchanged() {
+    let (url, group, [(a, _), (c, c_beat)]) = two_members(8, long()).await;
+    let mut hearts = connect(&url).await;
+    let mut claimer = connect(&url).await;
+    let first = renew(&mut hearts, a, long(), &[], "a's views").await;
+    let view = first.group(&group).expect("a's view");
+    assert_eq!(view.view.claimable, 8);
+    exec(&mut claimer, "BEGIN").await;
+    let won = ops::claim(
+        &mut claimer,
+        None,
+        &group,
+        c,
+        c_beat.session,
+        2,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("c claims");
+    assert_eq!(won.len(), 2);
+    let during = renew(
+        &mut hearts,
+        a,
+        long(),
+        &stamps(&first),
+        "a during the claim",
+    )
+    .await;
+    assert!(
+        during.groups.is_empty(),
+        "nothing committed changed: {:?}",
+        during.groups
+    );
+    exec(&mut claimer, "COMMIT").await;
+    let after = renew(
+        &mut hearts,
+        a,
+        long(),
+        &stamps(&during),
+        "a after the claim",
+    )
+    .await;
+    let view = after.group(&group).unwrap_or_else(|| {
+        panic!(
+            "a committed claim was answered unchanged: {:?}",
+            after.unchanged
+        )
+    });
+    assert_eq!(view.view.claimable, 6);
+    assert_eq!(
+        view.view
+            .members
+            .iter()
+            .find(|m| m.worker == c)
+            .map(|m| m.owned),
+        Some(2)
+    );
+}
+
+/// A heartbeat that removes a dead member (H3) moves the group's change counter; a claim that
+/// commits after the view's snapshot and before that move (it holds the counter's lock: the
+/// heartbeat's move waits for it) moved it too. The view given does not show the claim, so its
+/// stamp must not be the counter the heartbeat moved it to (two above the view's): it is one
+/// no counter matches, and the next heartbeat gives the view again, with the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_committed_while_a_view_is_built_is_never_answered_unchanged() {
+    let (url, group, [(a, _), (c, c_beat)]) = two_members(8, long()).await;
+    let mut admin = connect(&url).await;
+    let mut hearts = connect(&url).await;
+    let mut claimer = connect(&url).await;
+    // d: a member whose session ends, owning nothing (a claim of its buckets would lock its
+    // node row and keep the heartbeat from removing it).
+    let d = WorkerId::new();
+    let d_beat = member(&mut admin, &group, d, short(), "d joins").await;
+    wait_server_past(&mut admin, d_beat.expires_at).await;
+    exec(&mut claimer, "BEGIN").await;
+    let won = ops::claim(
+        &mut claimer,
+        None,
+        &group,
+        c,
+        c_beat.session,
+        2,
+        Takeover::Deferred,
+    )
+    .await
+    .expect("c claims");
+    assert_eq!(won.len(), 2);
+    let pid = backend_pid(&mut hearts).await;
+    let first = tokio::spawn(async move {
+        let beat = renew(&mut hearts, a, long(), &[], "a's views").await;
+        (beat, hearts)
+    });
+    wait_blocked_on_lock(&mut admin, pid).await;
+    exec(&mut claimer, "COMMIT").await;
+    let (first, mut hearts) = first.await.expect("the heartbeat task");
+    let view = first.group(&group).expect("a's view");
+    assert!(
+        view.view.members.iter().all(|m| m.worker != d),
+        "d is dead: {:?}",
+        view.view.members
+    );
+    assert_eq!(
+        view.view.claimable, 8,
+        "the view's snapshot predates the claim"
+    );
+    let next = renew(
+        &mut hearts,
+        a,
+        long(),
+        &stamps(&first),
+        "a's next heartbeat",
+    )
+    .await;
+    let view = next.group(&group).unwrap_or_else(|| {
+        panic!(
+            "a claim committed while the view was built was answered unchanged: {:?}",
+            next.unchanged
+        )
+    });
+    assert_eq!(view.view.claimable, 6);
+}
+
+/// A member whose renewal is in flight when another node's view is built looks dead to the
+/// view's snapshot (its committed expiry has passed), so the view leaves it out; the heartbeat
+/// cannot remove it (its node row is locked by the renewal), so the stamp it gives is one no
+/// counter matches: once the renewal commits, the next heartbeat gives the view again, with the
+/// member. A stamp at the counter would make every later answer "unchanged" while the member
+/// lives, its load missing from every fair share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_renewing_while_a_view_is_built_is_not_left_out() {
+    let (url, group, [(a, _), (b, b_beat)]) = two_members(8, long()).await;
+    let mut admin = connect(&url).await;
+    let mut hearts = connect(&url).await;
+    let mut renewal = connect(&url).await;
+    // b's session is short; it renews just in time, and the renewal stays uncommitted.
+    ops::leave(&mut admin, None, &group, b, Some(b_beat.session))
+        .await
+        .expect("b leaves its long session");
+    let b_beat = member(
+        &mut admin,
+        &group,
+        b,
+        Ttl::from_secs(2).expect("ttl"),
+        "b joins",
+    )
+    .await;
+    exec(&mut renewal, "BEGIN").await;
+    let renewed = renew(&mut renewal, b, long(), &[], "b renews").await;
+    assert!(
+        !renewed.new_session,
+        "b renewed too late; the race was not set up"
+    );
+    wait_server_past(&mut admin, b_beat.expires_at).await;
+    let first = renew(&mut hearts, a, long(), &[], "a's views").await;
+    let view = first.group(&group).expect("a's view");
+    assert!(
+        view.view.members.iter().all(|m| m.worker != b),
+        "the view's snapshot sees b's old expiry: {:?}",
+        view.view.members
+    );
+    exec(&mut renewal, "COMMIT").await;
+    let next = renew(
+        &mut hearts,
+        a,
+        long(),
+        &stamps(&first),
+        "a's next heartbeat",
+    )
+    .await;
+    let view = next.group(&group).unwrap_or_else(|| {
+        panic!(
+            "a member the view left out while it renewed was answered unchanged: {:?}",
+            next.unchanged
+        )
+    });
+    assert!(
+        view.view.members.iter().any(|m| m.worker == b),
+        "{:?}",
+        view.view.members
+    );
+}
+
+/// A member whose session ends moves no counter by itself: the stamp carries the earliest
+/// expiry among the other members, and past it the heartbeat looks again (without building the
+/// view if no member died). Here b dies: a's stamp, past its `until`, gets the view without b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_session_ended_is_never_answered_unchanged() {
+    let (url, group, [(a, _), (b, b_beat)]) = two_members(8, long()).await;
+    let mut admin = connect(&url).await;
+    let mut hearts = connect(&url).await;
+    ops::leave(&mut admin, None, &group, b, Some(b_beat.session))
+        .await
+        .expect("b leaves its long session");
+    let b_beat = member(
+        &mut admin,
+        &group,
+        b,
+        Ttl::from_secs(2).expect("ttl"),
+        "b joins",
+    )
+    .await;
+    let first = renew(&mut hearts, a, long(), &[], "a's views").await;
+    let view = first.group(&group).expect("a's view");
+    assert!(view.view.members.iter().any(|m| m.worker == b));
+    assert_eq!(view.stamp.until(), Some(b_beat.expires_at));
+    // Before b's expiry the group is unchanged; after it, it is not.
+    let steady = renew(&mut hearts, a, long(), &stamps(&first), "a renews").await;
+    if steady.observed_at < b_beat.expires_at {
+        assert!(steady.groups.is_empty(), "{:?}", steady.groups);
+    }
+    wait_server_past(&mut admin, b_beat.expires_at).await;
+    let next = renew(
+        &mut hearts,
+        a,
+        long(),
+        &stamps(&steady),
+        "a after b's expiry",
+    )
+    .await;
+    let view = next
+        .group(&group)
+        .unwrap_or_else(|| panic!("a dead member was answered unchanged: {:?}", next.unchanged));
+    assert!(
+        view.view.members.iter().all(|m| m.worker != b),
+        "{:?}",
+        view.view.members
     );
 }

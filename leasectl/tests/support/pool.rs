@@ -141,7 +141,7 @@ impl Pool {
             .expect("a connection");
         let wanted: Vec<i32> = buckets.iter().map(|&b| b as i32).collect();
         diesel::sql_query(
-            "SELECT bucket, owner_worker, token, updated_at FROM lease.shards \
+            "SELECT bucket, owner_node AS owner_worker, token, updated_at FROM lease.shards \
              WHERE group_name = $1 AND bucket = ANY($2)",
         )
         .bind::<Text, _>(self.group.as_str())
