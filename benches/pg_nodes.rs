@@ -42,7 +42,7 @@ use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lease::postgres::PgLeaseStore;
 use lease::{
     GroupName, GroupStamp, Heartbeat, Incarnation, LeaseStore, MemberMetadata, ShardCount,
@@ -111,6 +111,8 @@ struct Count {
 }
 
 async fn scalar(conn: &mut AsyncPgConnection, sql: &str) -> i64 {
+    // Scoped: the trait's `load` would shadow the atomics' elsewhere in this file.
+    use diesel_async::RunQueryDsl;
     diesel::sql_query(sql)
         .get_result::<Count>(conn)
         .await
@@ -448,6 +450,7 @@ async fn against_the_limit(url: &str) -> Option<f64> {
                                 assert!(hb.groups.is_empty(), "a steady tick built a view");
                             }
                             Kind::BareUpdate => {
+                                use diesel_async::RunQueryDsl;
                                 diesel::sql_query(
                                     "UPDATE lease.nodes SET heartbeat_at = clock_timestamp(), \
                                      expires_at = clock_timestamp() + interval '1 hour', \
@@ -460,6 +463,7 @@ async fn against_the_limit(url: &str) -> Option<f64> {
                                 .expect("update");
                             }
                             Kind::SelectOne => {
+                                use diesel_async::RunQueryDsl;
                                 diesel::sql_query("SELECT 1 AS one")
                                     .get_result::<One>(&mut conn)
                                     .await
