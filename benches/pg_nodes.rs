@@ -163,7 +163,13 @@ impl Node {
             self.stamps.values().cloned().collect()
         };
         let hb = store
-            .heartbeat(self.id, inc(self.id), ttl(), &MemberMetadata::empty(), &seen)
+            .heartbeat(
+                self.id,
+                inc(self.id),
+                ttl(),
+                &MemberMetadata::empty(),
+                &seen,
+            )
             .await
             .expect("heartbeat");
         for g in &hb.groups {
@@ -196,7 +202,12 @@ impl Node {
 /// `groups` fresh groups of 64 buckets named `prefix-i`, each with 8 member nodes holding 8:
 /// the nodes are `nodes[k]` for k in 0..8 when `nodes` is given (each then in every group),
 /// fresh ones otherwise.
-async fn populate(store: &PgLeaseStore, prefix: &str, groups: usize, nodes: &mut [Node]) -> Vec<GroupName> {
+async fn populate(
+    store: &PgLeaseStore,
+    prefix: &str,
+    groups: usize,
+    nodes: &mut [Node],
+) -> Vec<GroupName> {
     let mut names = Vec::new();
     for i in 0..groups {
         let g = GroupName::new(format!("{prefix}-{i}")).expect("a name");
@@ -214,8 +225,12 @@ async fn populate(store: &PgLeaseStore, prefix: &str, groups: usize, nodes: &mut
 
 /// Section 1.
 async fn rows_and_statements(url: &str) {
-    println!("\n## 1. One node's steady tick, in 1, 10 and 100 groups (64 buckets, 8 members each)\n");
-    println!("| groups | statements per tick | rows written per tick | tick latency, ms (median of 50) | full view latency, ms (median of 50) |");
+    println!(
+        "\n## 1. One node's steady tick, in 1, 10 and 100 groups (64 buckets, 8 members each)\n"
+    );
+    println!(
+        "| groups | statements per tick | rows written per tick | tick latency, ms (median of 50) | full view latency, ms (median of 50) |"
+    );
     println!("|---:|---:|---:|---:|---:|");
     for g in [1usize, 10, 100] {
         let counts = Arc::new(Counts::default());
@@ -347,8 +362,12 @@ async fn twenty_groups(url: &str) {
             .or_default()
             .push(n as f64 * 20.0 / t.elapsed().as_secs_f64());
     }
-    println!("\n## 2. One node in 20 groups against 20 nodes in one group each (1 client, {secs} s per kind per round)\n");
-    println!("| kind | heartbeats/s (median of rounds) | group renewals/s | per-round heartbeats/s |");
+    println!(
+        "\n## 2. One node in 20 groups against 20 nodes in one group each (1 client, {secs} s per kind per round)\n"
+    );
+    println!(
+        "| kind | heartbeats/s (median of rounds) | group renewals/s | per-round heartbeats/s |"
+    );
     println!("|---|---:|---:|---|");
     for (kind, rs) in &rates {
         let mut sorted = rs.clone();
@@ -444,7 +463,13 @@ async fn against_the_limit(url: &str) -> Option<f64> {
                         match kind {
                             Kind::Heartbeat => {
                                 let hb = store
-                                    .heartbeat(*node, inc(*node), ttl(), &MemberMetadata::empty(), seen)
+                                    .heartbeat(
+                                        *node,
+                                        inc(*node),
+                                        ttl(),
+                                        &MemberMetadata::empty(),
+                                        seen,
+                                    )
                                     .await
                                     .expect("heartbeat");
                                 assert!(hb.groups.is_empty(), "a steady tick built a view");
@@ -484,7 +509,9 @@ async fn against_the_limit(url: &str) -> Option<f64> {
                 .push(done.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64());
         }
     }
-    println!("\n## 3. A steady heartbeat against the physical limit ({CLIENTS} clients, 800 nodes in 100 groups, {secs} s per kind, {rounds} rounds)\n");
+    println!(
+        "\n## 3. A steady heartbeat against the physical limit ({CLIENTS} clients, 800 nodes in 100 groups, {secs} s per kind, {rounds} rounds)\n"
+    );
     println!("| kind | per second (median of rounds) | per round | / bare UPDATE |");
     println!("|---|---:|---|---:|");
     let median = |v: &Vec<f64>| {
@@ -556,7 +583,9 @@ fn clock_ticks_per_sec() -> f64 {
 /// Section 4.
 async fn capacity(url: &str, postmaster: Option<i32>) {
     let Some(postmaster) = postmaster else {
-        println!("\n## 4. Capacity: skipped (DATABASE_URL names a server whose processes this bench cannot read)");
+        println!(
+            "\n## 4. Capacity: skipped (DATABASE_URL names a server whose processes this bench cannot read)"
+        );
         return;
     };
     const CLIENTS: usize = 16;
@@ -565,8 +594,12 @@ async fn capacity(url: &str, postmaster: Option<i32>) {
         .max_connections(CLIENTS)
         .build()
         .expect("a store");
-    println!("\n## 4. Capacity: server CPU per steady tick ({CLIENTS} clients, {secs} s per row)\n");
-    println!("| groups per node | ticks/s | server CPU, cores busy | CPU per tick, µs | nodes per core at renew 1 s | at renew 10 s | node-groups per core at 10 s |");
+    println!(
+        "\n## 4. Capacity: server CPU per steady tick ({CLIENTS} clients, {secs} s per row)\n"
+    );
+    println!(
+        "| groups per node | ticks/s | server CPU, cores busy | CPU per tick, µs | nodes per core at renew 1 s | at renew 10 s | node-groups per core at 10 s |"
+    );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for g in [1usize, 10, 100] {
         // 16 nodes, each a member of the same g groups: the first 8 hold 8 buckets of each,
@@ -618,13 +651,15 @@ async fn capacity(url: &str, postmaster: Option<i32>) {
 
 fn postmaster_pid() -> Option<i32> {
     match lease_testdb::server() {
-        lease_testdb::Server::Own(cluster) => std::fs::read_to_string(cluster.dir().join("postmaster.pid"))
-            .ok()?
-            .lines()
-            .next()?
-            .trim()
-            .parse()
-            .ok(),
+        lease_testdb::Server::Own(cluster) => {
+            std::fs::read_to_string(cluster.dir().join("postmaster.pid"))
+                .ok()?
+                .lines()
+                .next()?
+                .trim()
+                .parse()
+                .ok()
+        }
         _ => None,
     }
 }

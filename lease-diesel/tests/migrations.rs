@@ -13,19 +13,19 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use diesel::QueryableByName;
 use diesel::migration::{Migration, MigrationSource};
 use diesel::pg::Pg;
 use diesel::sql_types::{Bool, Integer, Nullable, Text, Timestamptz};
-use diesel::QueryableByName;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 use lease_core::{
     Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount, Takeover,
     Timestamp, Ttl, WorkerId,
 };
 use lease_diesel::privileges::{self, Grant, Object, RoleKind, RoleName};
-use lease_diesel::{ops, Compatibility, ExtraMigration, PgLeaseStore, PgSetupError, MIGRATIONS};
+use lease_diesel::{Compatibility, ExtraMigration, MIGRATIONS, PgLeaseStore, PgSetupError, ops};
 
 /// A host application's own diesel migrations (dated before the engine's).
 const APP: EmbeddedMigrations = embed_migrations!("tests/fixtures/app_migrations");
@@ -39,6 +39,30 @@ const APP_VERSION: &str = "20200101000001";
 const PASSWORD: &str = "lease-test-pw";
 
 type SyncConn = AsyncConnectionWrapper<AsyncPgConnection>;
+
+/// Node `w` starts its session on `conn` and joins `g`: the heartbeat that started it.
+async fn member_on(
+    conn: &mut AsyncPgConnection,
+    g: &GroupName,
+    w: WorkerId,
+    ttl: Ttl,
+) -> lease_core::Heartbeat {
+    let beat = ops::heartbeat(
+        conn,
+        None,
+        w,
+        process(w),
+        ttl,
+        &MemberMetadata::empty(),
+        &[],
+    )
+    .await
+    .expect("a session");
+    ops::join(conn, None, g, w, beat.session)
+        .await
+        .expect("join");
+    beat
+}
 
 async fn connect(url: &str) -> AsyncPgConnection {
     AsyncPgConnection::establish(url)
@@ -779,10 +803,12 @@ async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
         1,
         "the dead member's row was not removed"
     );
-    assert!(worker
-        .is_current(&g, won[0].bucket, me, won[0].token)
-        .await
-        .expect("is_current"));
+    assert!(
+        worker
+            .is_current(&g, won[0].bucket, me, won[0].token)
+            .await
+            .expect("is_current")
+    );
     worker
         .release(&g, me, beat.session, &[won[0].bucket])
         .await
@@ -792,12 +818,14 @@ async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
         .leave(&g, me, Some(beat.session))
         .await
         .expect("leave");
-    assert!(worker
-        .snapshot(&g)
-        .await
-        .expect("snapshot")
-        .members
-        .is_empty());
+    assert!(
+        worker
+            .snapshot(&g)
+            .await
+            .expect("snapshot")
+            .members
+            .is_empty()
+    );
     assert_eq!(objects(&mut admin).await, before);
 }
 
@@ -1140,31 +1168,11 @@ async fn is_current_needs_only_execute_and_its_lock_holds_off_a_takeover() {
     ops::ensure_group(&mut conn, None, &g, shards(4))
         .await
         .expect("ensure");
-    let first = ops::heartbeat(
-        &mut conn,
-        None,
-        &g,
-        a,
-        process(a),
-        ttl_ms(1_000),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("a joins");
+    let first = member_on(&mut conn, &g, a, ttl_ms(1_000)).await;
     let leases = ops::claim(&mut conn, None, &g, a, first.session, 4, Takeover::Allowed)
         .await
         .expect("a claims");
-    let b_join = ops::heartbeat(
-        &mut conn,
-        None,
-        &g,
-        b,
-        process(b),
-        ttl_ms(60_000),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("b joins");
+    let b_join = member_on(&mut conn, &g, b, ttl_ms(60_000)).await;
     assert!(b_join.observed_at < first.expires_at, "b joined too late");
     let lease = leases[0];
 
@@ -1200,10 +1208,11 @@ async fn is_current_needs_only_execute_and_its_lock_holds_off_a_takeover() {
         vec![lease.bucket]
     );
     let snap = ops::snapshot(&mut conn, None, &g).await.expect("snapshot");
-    assert!(snap
-        .buckets
-        .iter()
-        .all(|x| x.owner == Some(b) && x.state == BucketState::Live));
+    assert!(
+        snap.buckets
+            .iter()
+            .all(|x| x.owner == Some(b) && x.state == BucketState::Live)
+    );
 }
 
 /// Upgrading keeps `lease.is_current` callable for the roles that could call it before (with
@@ -1284,16 +1293,16 @@ async fn an_upgrade_keeps_worker_roles_of_the_previous_release_working() {
         .await
         .expect("ensure_group as the old worker role");
     let me = WorkerId::new();
-    let beat = worker
-        .heartbeat(
-            &g,
-            me,
-            lease_core::Incarnation::new(),
-            Ttl::from_secs(10).expect("ttl"),
-            &MemberMetadata::empty(),
-        )
-        .await
-        .expect("a heartbeat as the old worker role");
+    let beat = support::beat_as(
+        &worker,
+        &g,
+        me,
+        lease_core::Incarnation::new(),
+        Ttl::from_secs(10).expect("ttl"),
+        &MemberMetadata::empty(),
+    )
+    .await
+    .expect("a heartbeat as the old worker role");
     let won = worker
         .claim(&g, me, beat.session, 4, Takeover::Allowed)
         .await
@@ -1438,11 +1447,12 @@ async fn newer_additive_migrations_are_accepted_and_breaking_ones_refused() {
     assert_eq!(status.applied.last(), Some(&add.version));
     this.check_schema().await.expect("check_schema accepts it");
     let before = objects(&mut admin).await;
-    assert!(this
-        .migrate()
-        .await
-        .expect("this build's migrate")
-        .is_empty());
+    assert!(
+        this.migrate()
+            .await
+            .expect("this build's migrate")
+            .is_empty()
+    );
     assert_eq!(objects(&mut admin).await, before, "a no-op migrate wrote");
     assert_eq!(
         this.schema_status_with(std::slice::from_ref(&add))
@@ -1553,9 +1563,11 @@ async fn a_version_table_from_before_the_rule_gets_its_column_when_a_migration_i
     assert!(flag(&mut admin, has_column).await);
     let rows = recorded(&mut admin).await;
     assert_eq!(rows.last(), Some(&format!("{}: true", add.version)));
-    assert!(rows[..rows.len() - 1]
-        .iter()
-        .all(|r| r.ends_with(": false")));
+    assert!(
+        rows[..rows.len() - 1]
+            .iter()
+            .all(|r| r.ends_with(": false"))
+    );
     assert_eq!(
         this.schema_status().await.expect("check").newer_additive,
         [add.version]
@@ -1578,17 +1590,39 @@ async fn the_engines_statements_survive_added_columns_on_connections_that_prepar
                 .await
                 .expect("ensure");
         }
-        let beat = ops::heartbeat(
+        let beat = member_on(conn, &g, me, ttl_ms(30_000)).await;
+        // A full view, then the same group answered "unchanged" (H8's path).
+        let full = ops::heartbeat(
             conn,
             None,
-            &g,
             me,
             process(me),
             ttl_ms(30_000),
             &MemberMetadata::empty(),
+            &[],
         )
         .await
-        .expect("heartbeat");
+        .expect("heartbeat with a view");
+        let seen: Vec<lease_core::GroupStamp> = full
+            .groups
+            .iter()
+            .map(|b| lease_core::GroupStamp {
+                group: b.group.clone(),
+                stamp: b.stamp,
+            })
+            .collect();
+        let steady = ops::heartbeat(
+            conn,
+            None,
+            me,
+            process(me),
+            ttl_ms(30_000),
+            &MemberMetadata::empty(),
+            &seen,
+        )
+        .await
+        .expect("a steady heartbeat");
+        assert_eq!(steady.unchanged.len(), 1, "the steady heartbeat's answer");
         let won = ops::claim(conn, None, &g, me, beat.session, 4, Takeover::Allowed)
             .await
             .expect("claim");
@@ -1603,6 +1637,8 @@ async fn the_engines_statements_survive_added_columns_on_connections_that_prepar
             .expect("release");
         let snap = ops::snapshot(conn, None, &g).await.expect("snapshot");
         assert_eq!(snap.members.len(), 1);
+        let nodes = ops::nodes(conn, None).await.expect("nodes");
+        assert!(!nodes.nodes.is_empty(), "the node is listed");
         ops::leave(conn, None, &g, me, Some(beat.session))
             .await
             .expect("leave");
