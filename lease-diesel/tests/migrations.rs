@@ -426,7 +426,18 @@ async fn a_deployment_of_the_earlier_release_is_adopted() {
     .await;
     let store = store(&db.url);
     let g = group("kept");
-    store.ensure_group(&g, shards(4)).await.expect("a group");
+    // A group as the earlier release's ensure_group left it (this build's writes tables the
+    // earlier schema lacks).
+    exec(
+        &mut connect(&db.url).await,
+        &format!(
+            "INSERT INTO lease.groups (name, shard_count) VALUES ('{g}', 4);
+             INSERT INTO lease.shards (group_name, bucket)
+                  SELECT '{g}', b FROM generate_series(0, 3) b;",
+            g = g.as_str()
+        ),
+    )
+    .await;
     match store.check_schema().await {
         Err(e @ PgSetupError::LegacySchema) => {
             assert!(e.to_string().contains("leasectl migrate"), "{e}");
@@ -1257,32 +1268,52 @@ async fn an_upgrade_keeps_is_current_for_the_roles_that_could_call_it() {
     assert!(denied.to_string().contains("permission denied"), "{denied}");
 }
 
-/// Migration 5 (fencing across failovers) under the documented rollout: a worker role set up
-/// by the previous release's `leasectl grant` still runs heartbeats and claims once the new
-/// release has migrated (the migration gives such roles what the heartbeat now uses).
+/// Migration 7 (node sessions) under its documented rollout (stop the old workers, migrate,
+/// start the new ones): a worker role set up by the previous release's `leasectl grant` runs
+/// the new release's heartbeats, joins and claims once migrated (the migration gives such
+/// roles what the node statements use). Migration 5 did the same for its objects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_keeps_worker_roles_of_the_previous_release_working() {
     let db = lease_testdb::database().await;
     let mut admin = connect(&db.url).await;
-    // The previous release's schema: migration 5 undone.
+    // The previous release's schema: migration 7 undone.
     exec(
         &mut admin,
-        include_str!("../../migrations/2026-12-02-000005_fencing_across_failovers/down.sql"),
+        include_str!("../../migrations/2026-12-05-000007_node_sessions/down.sql"),
     )
     .await;
     exec(
         &mut admin,
-        "DELETE FROM lease.engine_migrations WHERE version = '20261202000005'",
+        "DELETE FROM lease.engine_migrations WHERE version = '20261205000007'",
     )
     .await;
     let role = make_role(&mut admin, &db.name, "oldwkr", "").await;
     let name = RoleName::new(&role).expect("a role name");
-    // The previous release's grants: today's, less the objects migration 5 added.
+    // The previous release's grants: today's, less the objects migration 7 added (the old
+    // lease.members, which it replaces, was granted as the new one is).
     let previous: Vec<String> = privileges::grants(RoleKind::Worker, &name)
         .into_iter()
-        .filter(|g| !g.contains("server_epochs") && !g.contains("lease.timeline()"))
+        .filter(|g| {
+            ![
+                "lease.nodes",
+                "lease.group_changes",
+                "lease.heartbeat(",
+                "lease.group_view(",
+                "lease.leave(",
+            ]
+            .iter()
+            .any(|new| g.contains(new))
+        })
         .collect();
     exec(&mut admin, &previous.join("\n")).await;
+    assert!(
+        flag(
+            &mut admin,
+            "SELECT to_regclass('lease.nodes') IS NULL AND to_regclass('lease.group_changes') IS NULL AS yes"
+        )
+        .await,
+        "migration 7 is not undone: the test would prove nothing"
+    );
 
     store(&db.url).migrate().await.expect("migrate");
 
@@ -1504,8 +1535,11 @@ async fn newer_additive_migrations_are_accepted_and_breaking_ones_refused() {
         .expect("the migrations")
         .iter()
         .map(|m| {
-            let first = m.name().to_string();
-            let additive = !first.ends_with("create_lease_schema");
+            let name = m.name().to_string();
+            // As the migrations' first lines say.
+            let additive = !["create_lease_schema", "node_sessions"]
+                .iter()
+                .any(|breaking| name.ends_with(breaking));
             format!("{}: {additive}", m.name().version())
         })
         .collect();

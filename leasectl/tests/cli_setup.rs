@@ -181,8 +181,8 @@ async fn status_works_for_a_select_only_role_on_a_read_only_connection() {
              CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'; \
              GRANT CONNECT ON DATABASE \"{}\" TO {role}; \
              GRANT USAGE ON SCHEMA lease TO {role}; \
-             GRANT SELECT ON lease.groups, lease.members, lease.shards, lease.draining_shards \
-              TO {role}; \
+             GRANT SELECT ON lease.groups, lease.nodes, lease.members, lease.shards, \
+              lease.draining_shards TO {role}; \
              ALTER ROLE {role} SET default_transaction_read_only = on",
             db.name
         ),
@@ -544,6 +544,7 @@ fn newer_additive() -> ExtraMigration {
         version: "29990101000001".into(),
         name: "29990101000001_test_additive".into(),
         up: "ALTER TABLE lease.members ADD COLUMN drain_requested_at timestamptz;
+             ALTER TABLE lease.nodes ADD COLUMN zone text;
              ALTER TABLE lease.shards ADD COLUMN paused boolean NOT NULL DEFAULT false;
              ALTER TABLE lease.groups ADD COLUMN note text NOT NULL DEFAULT '';
              CREATE INDEX members_draining_idx ON lease.members (group_name)
@@ -606,9 +607,9 @@ async fn workers_keep_their_leases_while_a_newer_release_migrates() {
         .expect("the server clock")
         .name;
     let renewed = format!(
-        "SELECT count(*) = 2 AS yes FROM lease.members
-          WHERE group_name = 'rolling'
-            AND heartbeat_at > '{migrated_at}'::timestamptz + interval '2.5 s'"
+        "SELECT count(*) = 2 AS yes FROM lease.members m JOIN lease.nodes n USING (node_id)
+          WHERE m.group_name = 'rolling'
+            AND n.heartbeat_at > '{migrated_at}'::timestamptz + interval '2.5 s'"
     );
     let mut waited = 0;
     while !yes(&mut admin, &renewed).await {

@@ -1,7 +1,16 @@
 -- Back to sessions per (group, worker): the node sessions and memberships go (every session
 -- ends, as on the way up), bucket owners are workers again, the functions of migration 6.
+DROP FUNCTION lease.heartbeat(uuid, uuid, interval, text, timestamptz, uuid, text[], bigint[],
+                              timestamptz[]);
+DROP FUNCTION lease.group_view(text, uuid, uuid, timestamptz, bigint, timestamptz);
 DROP FUNCTION lease.leave(text, uuid, uuid, timestamptz);
-DROP FUNCTION lease.forget_member(text, uuid, timestamptz);
+-- As migration 5 made it.
+CREATE OR REPLACE FUNCTION lease.timeline() RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+        SELECT ('x' || substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))
+               ::bit(32)::bigint
+    $$;
 DROP TABLE lease.group_changes;
 ALTER TABLE lease.draining_shards RENAME COLUMN owner_node TO owner_worker;
 ALTER TABLE lease.shards RENAME COLUMN owner_node TO owner_worker;
