@@ -14,18 +14,16 @@
 //!    one client, `LEASE_BENCH_SECS` each (default 5), alternating: steady ticks per second,
 //!    and group renewals per second (a tick of the 20-group node renews 20). Also the 20-group
 //!    node when every tick asks for the full views (no stamps handed in).
-//! 3. **Against the physical limit**: 16 clients for `LEASE_BENCH_SECS` each, in rounds of
-//!    the three kinds in turn (`LEASE_BENCH_ROUNDS`, default 3): a steady heartbeat of a random
-//!    node (800 nodes, one group each, 100 groups), the bare one-row `UPDATE` of the same node
-//!    row setting the same columns, and `SELECT 1`, all prepared, through the same client
-//!    (diesel-async). The ratio heartbeat / bare update is the target (>= 0.8).
-//! 4. **Capacity**: the server's CPU time per steady tick, from `/proc` of the postmaster and
+//! 3. **Capacity**: the server's CPU time per steady tick, from `/proc` of the postmaster and
 //!    its children (user + system, the postmaster's reaped children included), while 16
 //!    clients tick nodes in 1, 10 and 100 groups; then how many nodes one core sustains at a
 //!    renew interval of 1 s and 10 s (`renew / cpu per tick`), and the node-groups that makes.
 //!
+//! A steady heartbeat against the physical limit (a bare one-row `UPDATE`, `SELECT 1`) is
+//! measured by `benches/pg_tick.rs`, in every run, on the shape the seed comparison uses.
+//!
 //! Server: lease-testdb's throwaway cluster (fsync off; `LEASE_TESTDB_DURABLE=1` for a durable
-//! one, which the ratio of section 3 is judged on). Section 4 needs the cluster's own processes
+//! one). Section 3 needs the cluster's own processes
 //! and is skipped with a line saying so when `DATABASE_URL` names another server.
 //!
 //! Run: `cargo bench --bench pg_nodes` and `LEASE_TESTDB_DURABLE=1 cargo bench --bench pg_nodes`.
@@ -37,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use diesel::QueryableByName;
 use diesel::connection::{Instrumentation, InstrumentationEvent};
-use diesel::sql_types::{BigInt, Integer, Text, Uuid as SqlUuid};
+use diesel::sql_types::BigInt;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
@@ -388,158 +386,6 @@ async fn twenty_groups(url: &str) {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Kind {
-    Heartbeat,
-    BareUpdate,
-    SelectOne,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Heartbeat => "steady heartbeat (node row + 'unchanged')",
-            Kind::BareUpdate => "bare one-row UPDATE of the node row",
-            Kind::SelectOne => "SELECT 1",
-        }
-    }
-}
-
-#[derive(QueryableByName)]
-struct One {
-    #[diesel(sql_type = Integer)]
-    #[allow(dead_code)] // read by diesel
-    one: i32,
-}
-
-/// Section 3: 16 clients, the three kinds in rounds.
-async fn against_the_limit(url: &str) -> Option<f64> {
-    const CLIENTS: usize = 16;
-    let secs = env_or("LEASE_BENCH_SECS", 5);
-    let rounds = env_or("LEASE_BENCH_ROUNDS", 3);
-    let store = PgLeaseStore::builder(url.to_owned())
-        .max_connections(CLIENTS)
-        .build()
-        .expect("a store");
-    // 100 groups of 8 single-group nodes: 800 nodes.
-    let mut all: Vec<Node> = Vec::new();
-    for i in 0..100 {
-        let g = GroupName::new(format!("limit-{i}")).expect("a name");
-        store
-            .ensure_group(&g, ShardCount::new(BUCKETS).expect("n"))
-            .await
-            .expect("ensure");
-        for _ in 0..MEMBERS {
-            let mut n = Node::new();
-            n.join(&store, &g, SHARE).await;
-            all.push(n);
-        }
-    }
-    for n in all.iter_mut() {
-        n.tick(&store, false).await;
-    }
-    let nodes: Arc<Vec<(WorkerId, Vec<GroupStamp>)>> = Arc::new(
-        all.iter()
-            .map(|n| (n.id, n.stamps.values().cloned().collect()))
-            .collect(),
-    );
-    let mut rates: BTreeMap<Kind, Vec<f64>> = BTreeMap::new();
-    let kinds = [Kind::Heartbeat, Kind::BareUpdate, Kind::SelectOne];
-    for round in 0..rounds as usize {
-        for k in 0..kinds.len() {
-            let kind = kinds[(round + k) % kinds.len()];
-            let done = Arc::new(AtomicU64::new(0));
-            let deadline = Instant::now() + Duration::from_secs(secs);
-            let mut tasks = Vec::new();
-            for c in 0..CLIENTS {
-                let (store, nodes, done, url) =
-                    (store.clone(), nodes.clone(), done.clone(), url.to_owned());
-                tasks.push(tokio::spawn(async move {
-                    let mut conn = AsyncPgConnection::establish(&url).await.expect("a client");
-                    let mut i = c;
-                    while Instant::now() < deadline {
-                        let (node, seen) = &nodes[i % nodes.len()];
-                        i = i.wrapping_mul(31).wrapping_add(17) % nodes.len();
-                        match kind {
-                            Kind::Heartbeat => {
-                                let hb = store
-                                    .heartbeat(
-                                        *node,
-                                        inc(*node),
-                                        ttl(),
-                                        &MemberMetadata::empty(),
-                                        seen,
-                                    )
-                                    .await
-                                    .expect("heartbeat");
-                                assert!(hb.groups.is_empty(), "a steady tick built a view");
-                            }
-                            Kind::BareUpdate => {
-                                use diesel_async::RunQueryDsl;
-                                diesel::sql_query(
-                                    "UPDATE lease.nodes SET heartbeat_at = clock_timestamp(), \
-                                     expires_at = clock_timestamp() + interval '1 hour', \
-                                     metadata = $2 WHERE node_id = $1",
-                                )
-                                .bind::<SqlUuid, _>(node.as_uuid())
-                                .bind::<Text, _>("")
-                                .execute(&mut conn)
-                                .await
-                                .expect("update");
-                            }
-                            Kind::SelectOne => {
-                                use diesel_async::RunQueryDsl;
-                                diesel::sql_query("SELECT 1 AS one")
-                                    .get_result::<One>(&mut conn)
-                                    .await
-                                    .expect("select 1");
-                            }
-                        }
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                }));
-            }
-            let t = Instant::now();
-            for task in tasks {
-                task.await.expect("a client task");
-            }
-            rates
-                .entry(kind)
-                .or_default()
-                .push(done.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64());
-        }
-    }
-    println!(
-        "\n## 3. A steady heartbeat against the physical limit ({CLIENTS} clients, 800 nodes in 100 groups, {secs} s per kind, {rounds} rounds)\n"
-    );
-    println!("| kind | per second (median of rounds) | per round | / bare UPDATE |");
-    println!("|---|---:|---|---:|");
-    let median = |v: &Vec<f64>| {
-        let mut s = v.clone();
-        s.sort_by(f64::total_cmp);
-        s[s.len() / 2]
-    };
-    let update = rates.get(&Kind::BareUpdate).map(median)?;
-    for (kind, rs) in &rates {
-        let m = median(rs);
-        println!(
-            "| {} | {m:.0} | {} | {:.2}x |",
-            kind.name(),
-            rs.iter()
-                .map(|r| format!("{r:.0}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            m / update
-        );
-    }
-    let ratio = rates.get(&Kind::Heartbeat).map(median)? / update;
-    println!(
-        "\nsteady heartbeat / bare one-row UPDATE: {ratio:.2}x (target >= 0.80x: {})",
-        if ratio >= 0.8 { "met" } else { "missed" }
-    );
-    Some(ratio)
-}
-
 /// CPU seconds (user + system) the server's processes used so far, the reaped ones included.
 fn server_cpu_secs(postmaster: i32) -> f64 {
     let tick = clock_ticks_per_sec();
@@ -580,11 +426,11 @@ fn clock_ticks_per_sec() -> f64 {
         .unwrap_or(100.0)
 }
 
-/// Section 4.
+/// Section 3.
 async fn capacity(url: &str, postmaster: Option<i32>) {
     let Some(postmaster) = postmaster else {
         println!(
-            "\n## 4. Capacity: skipped (DATABASE_URL names a server whose processes this bench cannot read)"
+            "\n## 3. Capacity: skipped (DATABASE_URL names a server whose processes this bench cannot read)"
         );
         return;
     };
@@ -595,12 +441,12 @@ async fn capacity(url: &str, postmaster: Option<i32>) {
         .build()
         .expect("a store");
     println!(
-        "\n## 4. Capacity: server CPU per steady tick ({CLIENTS} clients, {secs} s per row)\n"
+        "\n## 3. Capacity: server CPU per steady tick ({CLIENTS} clients, {secs} s per row)\n"
     );
     println!(
-        "| groups per node | ticks/s | server CPU, cores busy | CPU per tick, µs | nodes per core at renew 1 s | at renew 10 s | node-groups per core at 10 s |"
+        "| groups per node | ticks/s | server CPU, cores busy | CPU per tick, µs | nodes per core at renew 1 s | node-groups at 1 s | nodes per core at renew 10 s | node-groups at 10 s |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for g in [1usize, 10, 100] {
         // 16 nodes, each a member of the same g groups: the first 8 hold 8 buckets of each,
         // the other 8 are idle members (16 members per group).
@@ -638,11 +484,12 @@ async fn capacity(url: &str, postmaster: Option<i32>) {
         let ticks = done.load(Ordering::Relaxed) as f64;
         let per_tick = cpu / ticks;
         println!(
-            "| {g} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {g} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
             ticks / wall,
             cpu / wall,
             per_tick * 1e6,
             1.0 / per_tick,
+            g as f64 / per_tick,
             10.0 / per_tick,
             10.0 / per_tick * g as f64
         );
@@ -679,7 +526,6 @@ fn main() {
         );
         rows_and_statements(&db.url).await;
         twenty_groups(&db.url).await;
-        against_the_limit(&db.url).await;
         capacity(&db.url, postmaster_pid()).await;
     });
 }
