@@ -8,7 +8,7 @@
 //!
 //! Exit codes: 0 success, 2 bad input or configuration (the message names the flag), 1 a
 //! runtime failure (database unreachable, schema missing, stdout not writable, a worker that
-//! could not leave its group, ...). A closed stdout (`| head -1`) is not a failure: the command
+//! could not leave one of its groups, ...). A closed stdout (`| head -1`) is not a failure: the command
 //! stops quietly with 0.
 
 mod common;
@@ -47,13 +47,23 @@ enum Command {
     /// Print (or apply, with --apply) the GRANT statements a role needs to run workers
     /// (--kind worker), read groups (monitor) or fence writes (fencing), and nothing more.
     Grant(grant::GrantArgs),
-    /// Run one worker until SIGTERM or SIGINT, printing what it is assigned and revoked. The
-    /// first signal stops it gracefully (revoke everything, leave the group); a second one
-    /// ends it at once, without leaving, so its leases expire after the ttl.
+    /// Run a worker process, one node (one session in the store) in one or more groups, until
+    /// SIGTERM or SIGINT, printing what it is assigned and revoked in each group.
+    ///
+    /// Groups: --group NAME:SHARDS, repeatable (--group orders:16 --group billing:64), or one
+    /// plain --group NAME with --shards N. The first signal stops it gracefully (revoke
+    /// everything, leave every group); a second one ends it at once, without leaving, so its
+    /// leases expire after the ttl.
     Worker(worker::WorkerArgs),
-    /// Show who owns which bucket of a group, the members, and the balance.
+    /// Show the nodes (worker processes) the store knows, their sessions and groups; with
+    /// --group, who owns which bucket of that group, its members, and the balance.
     Status(status::StatusArgs),
-    /// Release every bucket of a worker (for a stuck or decommissioned worker).
+    /// Release every bucket a worker (node) holds in one group and remove it from that group
+    /// (for a stuck or decommissioned worker).
+    ///
+    /// The node's other groups are not touched. A live node goes on working on the released
+    /// buckets until its next heartbeat (only fencing tokens keep its writes out meanwhile),
+    /// then joins the group again: stop it instead if you can.
     Release(release::ReleaseArgs),
     /// Change a group's shard count while its workers run (--from N --to M). Without --apply,
     /// check and print the plan: which new buckets wait for which old ones, and who holds them.
