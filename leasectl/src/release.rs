@@ -77,8 +77,9 @@ pub async fn run(args: ReleaseArgs) -> Result<(), Failure> {
                 };
                 output::line(format!(
                     "would release {} bucket(s) {held:?}{old} of worker {worker} ({}) in group \
-                     {:?} and remove its membership; its next heartbeat would start a new \
-                     session and revoke everything it held.",
+                     {:?} and remove its membership; its next heartbeat would revoke what it \
+                     held in this group and join it again (with a new session if this was the \
+                     only group it was in).",
                     held.len(),
                     if m.live { "live" } else { "expired" },
                     group.as_str()
