@@ -991,6 +991,11 @@ async fn wal_written(
     )
     .await;
     let per = |n: i64| n as f64 / WAL_TICKS as f64;
+    if moved == 0 {
+        // Nothing written (SELECT 1): pg_walinspect refuses a range starting at the flush
+        // position.
+        return format!("| {} | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |", kind.label());
+    }
     if !walinspect {
         return format!(
             "| {} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | {:.0} |",

@@ -202,6 +202,38 @@ pub(crate) async fn heartbeat_on_timeline(
         .map(|s| stored_version(s.stamp.version()))
         .collect();
     let untils: Vec<Option<Timestamp>> = seen.iter().map(|s| s.stamp.until()).collect();
+    if !seen.is_empty() {
+        let earliest_until = untils.iter().flatten().min().copied();
+        let fast = steady_renewal(
+            conn,
+            at,
+            node,
+            incarnation,
+            ttl,
+            metadata,
+            &groups,
+            &versions,
+            earliest_until,
+        )
+        .await?;
+        if let Some(row) = fast.filter(|r| r.steady) {
+            let mut unchanged: Vec<GroupStamp> = seen.into_iter().cloned().collect();
+            unchanged.sort_by(|a, b| a.group.cmp(&b.group));
+            let beat = Heartbeat {
+                session: SessionId::from_uuid(row.session_id),
+                new_session: false,
+                observed_at: row.heartbeat_at,
+                expires_at: row.expires_at,
+                groups: Vec::new(),
+                unchanged,
+            };
+            let timeline = Timeline {
+                id: row.timeline,
+                recorded: false,
+            };
+            return Ok((beat, timeline));
+        }
+    }
     let rows: Vec<sql::HeartbeatRow> = Prepared(
         diesel::sql_query(sql::HEARTBEAT)
             .bind::<SqlUuid, _>(node.as_uuid())
@@ -262,6 +294,54 @@ pub(crate) async fn heartbeat_on_timeline(
     beat.groups.sort_by(|a, b| a.group.cmp(&b.group));
     beat.unchanged.sort_by(|a, b| a.group.cmp(&b.group));
     Ok((beat, timeline))
+}
+
+/// [`sql::STEADY_RENEWAL`]: `Some` with the renewal if the node's live session was renewed,
+/// `None` if there was none to renew (or it expired while the renewal waited for its row), and
+/// the full heartbeat must decide. Only outside a transaction: its refusal is an error, which
+/// would abort the caller's transaction.
+#[allow(clippy::too_many_arguments)]
+async fn steady_renewal(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+    node: WorkerId,
+    incarnation: Incarnation,
+    ttl: Ttl,
+    metadata: &MemberMetadata,
+    groups: &[&str],
+    versions: &[i64],
+    earliest_until: Option<Timestamp>,
+) -> Result<Option<sql::SteadyRow>, StoreError> {
+    let op = Operation::Heartbeat;
+    let in_transaction = AnsiTransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .map_err(|e| from_diesel(op, e))?
+        .is_some();
+    if in_transaction {
+        return Ok(None);
+    }
+    let rows: Result<Vec<sql::SteadyRow>, _> = Prepared(
+        diesel::sql_query(sql::STEADY_RENEWAL)
+            .bind::<SqlUuid, _>(node.as_uuid())
+            .bind::<SqlUuid, _>(incarnation.as_uuid())
+            .bind::<Interval, _>(PgInterval::from_microseconds(ttl.as_micros()))
+            .bind::<Text, _>(metadata.as_str())
+            .bind::<Nullable<Timestamptz>, _>(at)
+            .bind::<Array<Text>, _>(groups)
+            .bind::<Array<BigInt>, _>(versions)
+            .bind::<Nullable<Timestamptz>, _>(earliest_until),
+    )
+    .load(conn)
+    .await;
+    match rows {
+        Ok(rows) => Ok(rows.into_iter().next()),
+        Err(diesel::result::Error::DatabaseError(_, info))
+            if info.message().contains(sql::RENEWAL_TOO_LATE) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(from_diesel(op, e)),
+    }
 }
 
 /// A group's view and the node's leases in it, from a heartbeat row that gives it.

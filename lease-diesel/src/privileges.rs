@@ -258,9 +258,14 @@ const NEEDS: &[Need] = &[
     },
     // The heartbeat's view of one group.
     Need {
-        on: Object::Function(
-            "lease.group_view(text, uuid, uuid, timestamptz, bigint, timestamptz)",
-        ),
+        on: Object::Function("lease.group_view(text, uuid, uuid, timestamptz, timestamptz)"),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
+    // The steady renewal fails through it when its session expired while it waited.
+    Need {
+        on: Object::Function("lease.renewal_too_late()"),
         worker: &["EXECUTE"],
         monitor: &[],
         fencing: &[],

@@ -1300,6 +1300,7 @@ async fn an_upgrade_keeps_worker_roles_of_the_previous_release_working() {
                 "lease.heartbeat(",
                 "lease.group_view(",
                 "lease.leave(",
+                "lease.renewal_too_late(",
             ]
             .iter()
             .any(|new| g.contains(new))

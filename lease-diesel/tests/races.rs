@@ -1092,14 +1092,42 @@ async fn a_fenced_transaction_on_an_old_bucket_holds_off_its_children() {
 /// session's expiry and waited for the node row (here a transaction holding it as a claim of
 /// the node's own does) until past the expiry, while a claimer judged the session dead and
 /// took its buckets, must not extend the session. It reads the clock again once it holds the
-/// lock, finds the session expired, and starts a new one owning nothing.
+/// lock, finds the session expired, and starts a new one owning nothing. Here the renewal is
+/// the full heartbeat's (no stamps handed in).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_that_waited_for_the_node_row_past_its_expiry_starts_a_new_session() {
+    renewal_waits_past_the_expiry(false).await;
+}
+
+/// The same race for the steady renewal (`STEADY_RENEWAL`, a node handing in the stamps of
+/// its views): the plain statement's second clock reading, in its RETURNING, fails it through
+/// `lease.renewal_too_late()`, which undoes the renewal, and the full heartbeat starts a new
+/// session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_renewal_that_waited_for_the_node_row_past_its_expiry_starts_a_new_session() {
+    renewal_waits_past_the_expiry(true).await;
+}
+
+async fn renewal_waits_past_the_expiry(steady: bool) {
     let s = setup(Ttl::from_secs(3).expect("ttl")).await;
     let mut admin = connect(&s.url).await;
     let mut gate = connect(&s.url).await;
     let mut renewal = connect(&s.url).await;
     let mut claimer = connect(&s.url).await;
+    // With stamps: the views a's node was last given, renewing it for the same ttl.
+    let (seen, expires_at) = if steady {
+        let view = renew(
+            &mut renewal,
+            s.a,
+            Ttl::from_secs(3).expect("ttl"),
+            &[],
+            "a's views",
+        )
+        .await;
+        (stamps(&view), view.expires_at)
+    } else {
+        (Vec::new(), s.first.expires_at)
+    };
     exec(
         &mut gate,
         &format!(
@@ -1111,7 +1139,10 @@ async fn a_renewal_that_waited_for_the_node_row_past_its_expiry_starts_a_new_ses
     let pid = backend_pid(&mut renewal).await;
     let (group, a) = (s.group.clone(), s.a);
     let late = tokio::spawn(async move {
-        let beat = beat(&mut renewal, &group, a, long(), "a's renewal").await;
+        let beat = Beat::of(
+            &renew(&mut renewal, a, long(), &seen, "a's renewal").await,
+            &group,
+        );
         (beat, renewal)
     });
     wait_blocked_on_lock(&mut admin, pid).await;
@@ -1121,12 +1152,12 @@ async fn a_renewal_that_waited_for_the_node_row_past_its_expiry_starts_a_new_ses
         flag(
             &mut admin,
             "SELECT clock_timestamp() < $1 AS yes",
-            Some(s.first.expires_at)
+            Some(expires_at)
         )
         .await,
         "the renewal started after the expiry; the race was not set up"
     );
-    wait_server_past(&mut admin, s.first.expires_at).await;
+    wait_server_past(&mut admin, expires_at).await;
     // The session is dead by the clock; a claimer may judge it so (the row's only holder shares
     // its lock) and take its buckets while the renewal waits.
     let taken = ops::claim(

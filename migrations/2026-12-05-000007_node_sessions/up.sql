@@ -147,13 +147,8 @@ END
 $$;
 
 -- The view of group p_group for node p_node's live session p_session at p_now (its renewal),
--- for lease.heartbeat, when the node's stamp of the group does not say "unchanged" by itself.
--- One row: `given` false (unchanged, with a new stamp) or true (the view, rule H4).
---
--- p_seen_version: the node's stamp has the group's counter but its `until` passed: the group
--- is unchanged if no member died since (the counter says the member rows are the stamp's: a
--- removal moves it), with a new until. Otherwise the view, in one statement (one snapshot),
--- and the members found dead removed (rule H3), each judged again on the latest committed
+-- for lease.heartbeat, when the node's stamp of the group does not say "unchanged" (rule H4).
+-- One row: the view, in one statement (one snapshot), and the members found dead removed (rule H3), each judged again on the latest committed
 -- state under its node row's lock (FOR UPDATE SKIP LOCKED: a renewal in flight, a claimer
 -- judging it, another heartbeat removing it: left for later; a renewal that waits for this
 -- lock then finds the session expired, as for a claim); the node row goes too once the node
@@ -163,10 +158,9 @@ $$;
 -- "unchanged" next time) if a member found dead was not removed (it may have renewed after the
 -- view's snapshot, which left it out).
 CREATE FUNCTION lease.group_view(
-    p_group text, p_node uuid, p_session uuid, p_now timestamptz, p_seen_version bigint,
-    p_at timestamptz
+    p_group text, p_node uuid, p_session uuid, p_now timestamptz, p_at timestamptz
 ) RETURNS TABLE (
-    given boolean, stamp_version bigint, until timestamptz, shard_count integer,
+    stamp_version bigint, until timestamptz, shard_count integer,
     generation bigint, previous_count integer, draining bigint, workers uuid[],
     loads integer[], buckets integer[], tokens bigint[], old_buckets integer[],
     old_tokens bigint[]
@@ -176,32 +170,11 @@ CREATE FUNCTION lease.group_view(
 #variable_conflict use_column
 DECLARE
     v_version  bigint;
-    v_dead     bigint;
-    v_until    timestamptz;
     v_node     uuid;
     v_gone     integer := 0;
     v_row      record;
     v_bumped   bigint;
 BEGIN
-    IF p_seen_version IS NOT NULL THEN
-        SELECT c.version,
-               count(x.node_id) FILTER (WHERE NOT COALESCE(n.expires_at > p_now, false)),
-               min(n.expires_at)
-          INTO v_version, v_dead, v_until
-          FROM lease.group_changes c
-          LEFT JOIN lease.members x ON x.group_name = c.group_name AND x.node_id <> p_node
-          LEFT JOIN LATERAL (SELECT y.expires_at FROM lease.nodes y
-                              WHERE y.node_id = x.node_id) AS n ON true
-         WHERE c.group_name = p_group
-         GROUP BY c.version;
-        IF v_version = p_seen_version AND v_dead = 0 THEN
-            given := false;
-            stamp_version := v_version;
-            until := v_until;
-            RETURN NEXT;
-            RETURN;
-        END IF;
-    END IF;
     SELECT c.version AS version, gr.shard_count AS shard_count, gr.generation AS generation,
            gr.previous_count AS previous_count, o.workers AS workers, o.loads AS loads,
            o.until AS until, o.suspects AS suspects, b.buckets AS buckets, b.tokens AS tokens,
@@ -254,7 +227,6 @@ BEGIN
          WHERE c.group_name = p_group
         RETURNING c.version INTO v_bumped;
     END IF;
-    given := true;
     stamp_version := CASE WHEN v_row.suspects IS NULL THEN v_version
                           WHEN v_gone = cardinality(v_row.suspects) AND v_bumped = v_version + 1
                           THEN v_bumped END;
@@ -270,6 +242,19 @@ BEGIN
     old_buckets := COALESCE(v_row.old_buckets, '{}');
     old_tokens := COALESCE(v_row.old_tokens, '{}');
     RETURN NEXT;
+END
+$$;
+
+-- The steady renewal's refusal (lease-diesel's STEADY_RENEWAL): it renews in one plain UPDATE
+-- whose clock reading precedes the row's lock, and reads the clock again once the row is its
+-- own; a session that expired meanwhile must not be extended (its death may have been acted
+-- on), so the statement fails here, which undoes it, and the caller takes lease.heartbeat's
+-- path. Called only then (behind a CASE).
+CREATE FUNCTION lease.renewal_too_late() RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'lease.renewal_too_late: the session expired while its renewal waited';
 END
 $$;
 
@@ -330,6 +315,14 @@ DECLARE
     v_u_groups text[];
     v_u_vers   bigint[];
     v_u_until  timestamptz[];
+    v_state    integer[];
+    v_kept     timestamptz[];
+    v_recheck  text[] := '{}';
+    v_rc_names text[] := '{}';
+    v_rc_vers  bigint[];
+    v_rc_dead  bigint[];
+    v_rc_until timestamptz[];
+    v_k        integer := 1;
 BEGIN
     -- The node's groups and their counters come with the renewal, ordered as the caller orders
     -- `p_seen_groups` (by bytes: COLLATE "C"), so that the steady case compares two arrays.
@@ -448,8 +441,11 @@ BEGIN
         END IF;
     END IF;
     -- Some group changed (or a stamp's until passed, or the node joined or left one): walk the
-    -- node's groups beside the stamps handed in; a group unchanged by its stamp is answered so,
-    -- the others by lease.group_view, one row each.
+    -- node's groups beside the stamps handed in. A group unchanged by its stamp is answered so.
+    -- A group at the counter the node saw whose stamp's `until` passed is unchanged if no
+    -- member died since (the counter says the member rows are the stamp's: a removal moves
+    -- it), with a new `until`: every such group is looked at in one statement, since with many
+    -- groups one call each costs many times the reads. The others get lease.group_view.
     session_id := v_session;
     heartbeat_at := v_t;
     expires_at := v_t + p_ttl;
@@ -461,6 +457,9 @@ BEGIN
     v_u_groups := '{}';
     v_u_vers := '{}';
     v_u_until := '{}';
+    -- v_state: 0 the view, 1 unchanged by its stamp (until v_kept), 2 to look at again.
+    v_state := array_fill(0, ARRAY[COALESCE(array_length(v_names, 1), 0)]);
+    v_kept := array_fill(NULL::timestamptz, ARRAY[COALESCE(array_length(v_names, 1), 0)]);
     FOR v_i IN 1 .. COALESCE(array_length(v_names, 1), 0) LOOP
         WHILE v_j <= v_seen AND p_seen_groups[v_j] COLLATE "C" < v_names[v_i] COLLATE "C" LOOP
             v_j := v_j + 1;
@@ -468,20 +467,53 @@ BEGIN
         v_same := v_j <= v_seen AND p_seen_groups[v_j] = v_names[v_i]
                   AND p_seen_versions[v_j] = v_versions[v_i];
         IF v_same AND (p_seen_until[v_j] IS NULL OR p_seen_until[v_j] > v_t) THEN
+            v_state[v_i] := 1;
+            v_kept[v_i] := p_seen_until[v_j];
+        ELSIF v_same THEN
+            v_state[v_i] := 2;
+            v_recheck := v_recheck || v_names[v_i];
+        END IF;
+    END LOOP;
+    IF cardinality(v_recheck) > 0 THEN
+        SELECT COALESCE(array_agg(r.group_name ORDER BY r.group_name COLLATE "C"), '{}'),
+               array_agg(r.version ORDER BY r.group_name COLLATE "C"),
+               array_agg(r.dead ORDER BY r.group_name COLLATE "C"),
+               array_agg(r.until ORDER BY r.group_name COLLATE "C")
+          INTO v_rc_names, v_rc_vers, v_rc_dead, v_rc_until
+          FROM (SELECT c.group_name, c.version,
+                       count(x.node_id) FILTER (WHERE NOT COALESCE(n.expires_at > v_t, false))
+                           AS dead,
+                       min(n.expires_at) AS until
+                  FROM lease.group_changes c
+                  LEFT JOIN lease.members x
+                    ON x.group_name = c.group_name AND x.node_id <> p_node
+                  LEFT JOIN LATERAL (SELECT y.expires_at FROM lease.nodes y
+                                      WHERE y.node_id = x.node_id) AS n ON true
+                 WHERE c.group_name = ANY (v_recheck)
+                 GROUP BY c.group_name, c.version) AS r;
+    END IF;
+    FOR v_i IN 1 .. COALESCE(array_length(v_names, 1), 0) LOOP
+        IF v_state[v_i] = 1 THEN
             v_u_groups := v_u_groups || v_names[v_i];
             v_u_vers := v_u_vers || v_versions[v_i];
-            v_u_until := v_u_until || p_seen_until[v_j];
+            v_u_until := v_u_until || v_kept[v_i];
             CONTINUE;
+        END IF;
+        IF v_state[v_i] = 2 THEN
+            WHILE v_k <= cardinality(v_rc_names)
+                  AND v_rc_names[v_k] COLLATE "C" < v_names[v_i] COLLATE "C" LOOP
+                v_k := v_k + 1;
+            END LOOP;
+            IF v_k <= cardinality(v_rc_names) AND v_rc_names[v_k] = v_names[v_i]
+               AND v_rc_vers[v_k] = v_versions[v_i] AND v_rc_dead[v_k] = 0 THEN
+                v_u_groups := v_u_groups || v_names[v_i];
+                v_u_vers := v_u_vers || v_rc_vers[v_k];
+                v_u_until := v_u_until || v_rc_until[v_k];
+                CONTINUE;
+            END IF;
         END IF;
         SELECT * INTO v_view
-          FROM lease.group_view(v_names[v_i], p_node, v_session, v_t,
-                                CASE WHEN v_same THEN v_versions[v_i] END, p_at);
-        IF NOT v_view.given THEN
-            v_u_groups := v_u_groups || v_names[v_i];
-            v_u_vers := v_u_vers || v_view.stamp_version;
-            v_u_until := v_u_until || v_view.until;
-            CONTINUE;
-        END IF;
+          FROM lease.group_view(v_names[v_i], p_node, v_session, v_t, p_at);
         group_name := v_names[v_i];
         stamp_version := v_view.stamp_version;
         until := v_view.until;
@@ -610,7 +642,9 @@ BEGIN
                            r.role_name);
             EXECUTE format('GRANT EXECUTE ON FUNCTION lease.heartbeat(uuid, uuid, interval, text, timestamptz, uuid, text[], bigint[], timestamptz[]) TO %s',
                            r.role_name);
-            EXECUTE format('GRANT EXECUTE ON FUNCTION lease.group_view(text, uuid, uuid, timestamptz, bigint, timestamptz) TO %s',
+            EXECUTE format('GRANT EXECUTE ON FUNCTION lease.group_view(text, uuid, uuid, timestamptz, timestamptz) TO %s',
+                           r.role_name);
+            EXECUTE format('GRANT EXECUTE ON FUNCTION lease.renewal_too_late() TO %s',
                            r.role_name);
             EXECUTE format('GRANT EXECUTE ON FUNCTION lease.leave(text, uuid, uuid, timestamptz) TO %s',
                            r.role_name);
