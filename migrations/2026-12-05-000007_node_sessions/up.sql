@@ -480,17 +480,19 @@ BEGIN
                array_agg(r.dead ORDER BY r.group_name COLLATE "C"),
                array_agg(r.until ORDER BY r.group_name COLLATE "C")
           INTO v_rc_names, v_rc_vers, v_rc_dead, v_rc_until
-          FROM (SELECT c.group_name, c.version,
-                       count(x.node_id) FILTER (WHERE NOT COALESCE(n.expires_at > v_t, false))
-                           AS dead,
-                       min(n.expires_at) AS until
-                  FROM lease.group_changes c
-                  LEFT JOIN lease.members x
-                    ON x.group_name = c.group_name AND x.node_id <> p_node
-                  LEFT JOIN LATERAL (SELECT y.expires_at FROM lease.nodes y
-                                      WHERE y.node_id = x.node_id) AS n ON true
-                 WHERE c.group_name = ANY (v_recheck)
-                 GROUP BY c.group_name, c.version) AS r;
+          FROM (SELECT c.group_name, c.version, o.dead, o.until
+                  -- Group by group, index scans each (a plan over all of them at once, made
+                  -- without knowing how many, may read every member row of the schema).
+                  FROM unnest(v_recheck) AS g (name)
+                  JOIN lease.group_changes c ON c.group_name = g.name,
+                       LATERAL (SELECT count(*) FILTER (WHERE NOT COALESCE(n.expires_at > v_t,
+                                                                           false)) AS dead,
+                                       min(n.expires_at) AS until
+                                  FROM lease.members x
+                                  LEFT JOIN LATERAL (SELECT y.expires_at FROM lease.nodes y
+                                                      WHERE y.node_id = x.node_id) AS n ON true
+                                 WHERE x.group_name = c.group_name
+                                   AND x.node_id <> p_node) AS o) AS r;
     END IF;
     FOR v_i IN 1 .. COALESCE(array_length(v_names, 1), 0) LOOP
         IF v_state[v_i] = 1 THEN
