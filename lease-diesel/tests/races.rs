@@ -1474,3 +1474,67 @@ async fn a_member_whose_session_ended_is_never_answered_unchanged() {
         view.view.members
     );
 }
+
+/// A new session moves the change counters of every group the node was in; another node's
+/// heartbeat moves them one by one, by bytes, as it removes dead members group after group. The
+/// new session takes the counters in that same order, so the two never deadlock: here a
+/// transaction holds the first counter (as a heartbeat that moved it would) while the new
+/// session waits for it, then takes the second, which the new session must not hold yet. The
+/// groups' rows are stored in the other order (made last-first), and the new session's
+/// connection plans without index scans, so an unordered update would take the second first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_takes_its_groups_counters_in_the_heartbeats_order() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    let mut holder = connect(&db.url).await;
+    let mut heart = connect(&db.url).await;
+    let (first_group, second_group) = (
+        GroupName::new("a-first").expect("name"),
+        GroupName::new("z-second").expect("name"),
+    );
+    for g in [&second_group, &first_group] {
+        ops::ensure_group(&mut admin, None, g, count(SHARDS))
+            .await
+            .expect("ensure");
+    }
+    let a = WorkerId::new();
+    let short = Ttl::from_secs(2).expect("ttl");
+    let first = renew(&mut admin, a, short, &[], "a starts").await;
+    for g in [&second_group, &first_group] {
+        ops::join(&mut admin, None, g, a, first.session)
+            .await
+            .expect("a joins");
+    }
+    wait_server_past(&mut admin, first.expires_at).await;
+    exec(
+        &mut holder,
+        "BEGIN; UPDATE lease.group_changes SET version = version WHERE group_name = 'a-first'",
+    )
+    .await;
+    exec(
+        &mut heart,
+        "SET enable_indexscan = off; SET enable_bitmapscan = off; SET enable_indexonlyscan = off",
+    )
+    .await;
+    let pid = backend_pid(&mut heart).await;
+    let renewal = tokio::spawn(async move {
+        let beat = renew(&mut heart, a, long(), &[], "a's new session").await;
+        (beat, heart)
+    });
+    wait_blocked_on_lock(&mut admin, pid).await;
+    // Waiting for the first counter, the new session holds the second: this waits for it, and
+    // the server (deadlock_timeout) aborts one of the two.
+    exec(
+        &mut holder,
+        "SET LOCAL lock_timeout = '5s'; \
+         UPDATE lease.group_changes SET version = version WHERE group_name = 'z-second'",
+    )
+    .await;
+    exec(&mut holder, "COMMIT").await;
+    let (beat, _heart) = renewal.await.expect("the heartbeat task");
+    assert!(beat.new_session, "a's heartbeat after its expiry");
+    let snap = ops::snapshot(&mut admin, None, &second_group)
+        .await
+        .expect("snapshot");
+    assert!(snap.members.is_empty(), "{:?}", snap.members);
+}

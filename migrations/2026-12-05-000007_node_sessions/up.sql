@@ -417,6 +417,11 @@ BEGIN
                     DELETE FROM lease.members m WHERE m.node_id = p_node RETURNING m.group_name
                 )
                 SELECT array_agg(gone.group_name ORDER BY gone.group_name) INTO v_left FROM gone;
+                -- The counters in the order every heartbeat takes them (by bytes, as it walks
+                -- its groups): another node's heartbeat moving two of them, as it removes dead
+                -- members, would otherwise deadlock with this.
+                PERFORM 1 FROM lease.group_changes c WHERE c.group_name = ANY (v_left)
+                  ORDER BY c.group_name COLLATE "C" FOR UPDATE;
                 UPDATE lease.group_changes c SET version = c.version + 1
                  WHERE c.group_name = ANY (v_left);
                 PERFORM pg_notify(lease.channel(g), 'L' || p_node::text)
