@@ -148,6 +148,10 @@ pub trait LeaseStore: Send + Sync {
     ///   they are claimable by anyone, the node itself included, with a new token. The node's
     ///   member rows are removed (each such group hears [`Change::Left`](crate::Change::Left)):
     ///   a new session is a member of no group until it [`join`](Self::join)s.
+    /// - **H9** A heartbeat that starts a session also removes the rows of other nodes whose
+    ///   sessions are dead and that are members of no group (a process that died before it
+    ///   joined, or after it left), so they do not linger in [`nodes`](Self::nodes). (A store
+    ///   may leave one that another transaction holds for a later heartbeat.)
     /// - **H7** If the node has a live session started by another incarnation (a second
     ///   process with the same node id), the call fails with [`StoreError::WorkerIdInUse`]
     ///   naming when that session expires, and writes nothing: the session is never shared.
@@ -170,7 +174,7 @@ pub trait LeaseStore: Send + Sync {
     ///   is not a member of are ignored. (So a group answered unchanged has no dead member
     ///   for H3 to remove.)
     /// - **H5** It never changes a bucket or a token; a renewal writes only the node's row,
-    ///   and the rows of members and nodes found dead (H3).
+    ///   and the rows of members and nodes found dead (H3, H9).
     /// - After a failover of the store, see V1 (the trait's "Failover").
     async fn heartbeat(
         &self,
@@ -305,7 +309,7 @@ pub trait LeaseStore: Send + Sync {
     ///
     /// # Contract
     ///
-    /// - **N1** Every node row, live or dead, sorted by node id, with its session, when it
+    /// - **N1** Every node row, live or dead (until H3 or H9 removes it), sorted by node id, with its session, when it
     ///   started and was last renewed, its expiry, whether it is live now, its metadata and
     ///   the groups it is a member of.
     /// - **N2** It writes nothing.

@@ -11,7 +11,8 @@ use diesel::sql_types::{Bool, Integer, Timestamptz};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
     Bucket, BucketState, ErrorKind, FencingToken, GroupName, GroupStamp, Heartbeat, Incarnation,
-    Lease, MemberMetadata, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, WorkerId,
+    Lease, MemberMetadata, NodesSnapshot, SessionId, ShardCount, StoreError, Takeover, Timestamp,
+    Ttl, WorkerId,
 };
 use lease_diesel::ops;
 
@@ -1537,4 +1538,51 @@ async fn a_new_session_takes_its_groups_counters_in_the_heartbeats_order() {
         .await
         .expect("snapshot");
     assert!(snap.members.is_empty(), "{:?}", snap.members);
+}
+
+/// H9: a new session removes dead nodes in no group, skipping a row another transaction holds
+/// (here as a claimer judging that node's buckets does): it neither waits for the holder nor
+/// removes the row under it, and a later new session removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_skips_a_dead_node_row_another_transaction_holds() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    let mut holder = connect(&db.url).await;
+    let mut starter = connect(&db.url).await;
+    let gone = WorkerId::new();
+    let first = renew(
+        &mut admin,
+        gone,
+        Ttl::from_secs(1).expect("ttl"),
+        &[],
+        "a node",
+    )
+    .await;
+    wait_server_past(&mut admin, first.expires_at).await;
+    exec(
+        &mut holder,
+        &format!("BEGIN; SELECT 1 FROM lease.nodes WHERE node_id = '{gone}' FOR SHARE"),
+    )
+    .await;
+    exec(&mut starter, "SET lock_timeout = '5s'").await;
+    let started = renew(&mut starter, WorkerId::new(), long(), &[], "a new node").await;
+    assert!(started.new_session);
+    let listed = |s: &NodesSnapshot| s.nodes.iter().any(|n| n.node == gone);
+    assert!(
+        listed(&ops::nodes(&mut admin, None).await.expect("nodes")),
+        "a held row was removed"
+    );
+    exec(&mut holder, "COMMIT").await;
+    renew(
+        &mut starter,
+        WorkerId::new(),
+        long(),
+        &[],
+        "another new node",
+    )
+    .await;
+    assert!(
+        !listed(&ops::nodes(&mut admin, None).await.expect("nodes")),
+        "a dead node in no group outlived a new session"
+    );
 }

@@ -468,6 +468,15 @@ impl LeaseStore for MemoryLeaseStore {
                     metadata: metadata.clone(),
                 },
             );
+            // H9: dead nodes in no group go.
+            let members: BTreeSet<WorkerId> = state
+                .groups
+                .values()
+                .flat_map(|g| g.members.keys().copied())
+                .collect();
+            state
+                .nodes
+                .retain(|&w, n| w == node || n.is_live(now) || members.contains(&w));
         }
         let session = {
             let me = state.nodes.get_mut(&node).ok_or_else(|| {

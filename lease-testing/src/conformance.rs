@@ -85,6 +85,7 @@ pub const CASES: &[&str] = &[
     "leaving_one_group_keeps_the_session_and_the_others",
     "unchanged_is_answered_only_when_nothing_changed",
     "nodes_lists_every_node_with_its_groups",
+    "a_new_session_removes_dead_nodes_in_no_group",
 ];
 
 /// The name of every case of the resize contract (Z1-Z5 and what they change in the other
@@ -205,6 +206,7 @@ macro_rules! conformance_suite {
             leaving_one_group_keeps_the_session_and_the_others,
             unchanged_is_answered_only_when_nothing_changed,
             nodes_lists_every_node_with_its_groups,
+            a_new_session_removes_dead_nodes_in_no_group,
         );
     };
 }
@@ -2619,4 +2621,55 @@ pub async fn resize_sends_a_change<S: LeaseStore>(store: S, _clock: ManualClock)
         .expect("this suite expects a store with a change feed");
     resize(&store, &g, 4, 6).await;
     assert_eq!(next_change(&mut feed, "resize").await, Change::Resized);
+}
+
+/// H9: a heartbeat that starts a session removes the rows of other nodes that are dead and in
+/// no group, and no other: a dead node still a member of a group stays (H3 removes it from
+/// there), as does a live node in no group, and nothing else starts a removal.
+pub async fn a_new_session_removes_dead_nodes_in_no_group<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let orders = setup(&store, "orders", 2).await;
+    let [never_joined, member, idle, newcomer] = workers(4)[..] else {
+        unreachable!()
+    };
+    let empty = MemberMetadata::empty();
+    // A process that died before it joined anything, a member, and a live node in no group
+    // that outlives them (its session starts while the others are live: nothing removed).
+    store
+        .heartbeat(never_joined, inc(never_joined), ttl(), &empty, &[])
+        .await
+        .expect("heartbeat");
+    beat(&store, &orders, member).await;
+    let long = Ttl::from_secs(3 * TTL_SECS).expect("ttl");
+    store
+        .heartbeat(idle, inc(idle), long, &empty, &[])
+        .await
+        .expect("heartbeat");
+    let listed = |l: &lease_core::NodesSnapshot| l.nodes.iter().map(|n| n.node).collect::<Vec<_>>();
+    let mut all = vec![never_joined, member, idle];
+    all.sort();
+    clock.advance(secs(TTL_SECS));
+    // A renewal removes nothing.
+    let renewed = store
+        .heartbeat(idle, inc(idle), long, &empty, &[])
+        .await
+        .expect("heartbeat");
+    assert!(!renewed.new_session);
+    assert_eq!(
+        listed(&store.nodes().await.expect("nodes")),
+        all,
+        "a renewal removed a node"
+    );
+    // A new session: the dead node in no group goes; the dead member and the live idle node
+    // stay.
+    let started = store
+        .heartbeat(newcomer, inc(newcomer), ttl(), &empty, &[])
+        .await
+        .expect("heartbeat");
+    assert!(started.new_session);
+    let mut want = vec![member, idle, newcomer];
+    want.sort();
+    assert_eq!(listed(&store.nodes().await.expect("nodes")), want);
 }

@@ -324,6 +324,14 @@ impl Model {
                     metadata: metadata.clone(),
                 },
             );
+            // H9: dead nodes in no group go.
+            let members: std::collections::BTreeSet<WorkerId> = self
+                .groups
+                .values()
+                .flat_map(|g| g.members.keys().copied())
+                .collect();
+            self.nodes
+                .retain(|&w, n| w == node || now < n.expires_at || members.contains(&w));
         } else if let Some(n) = self.nodes.get_mut(&node) {
             n.expires_at = expires_at;
             n.heartbeat_at = now;

@@ -431,6 +431,18 @@ BEGIN
             EXIT;
         END LOOP;
         IF v_started THEN
+            -- H9: other nodes whose sessions are dead and that are members of no group
+            -- (they died before joining, or after leaving). Rare (session starts only),
+            -- and the table holds a row per process. A row another transaction holds (its
+            -- own new session starting) is left; deleting one makes the node's next
+            -- heartbeat start afresh, as its expiry already had. Nothing references node
+            -- rows but member rows (none here) and bucket owners (a dead owner either way).
+            DELETE FROM lease.nodes y
+             WHERE y.node_id IN (SELECT z.node_id FROM lease.nodes z
+                                  WHERE z.expires_at <= v_t AND z.node_id <> p_node
+                                    AND NOT EXISTS (SELECT 1 FROM lease.members x
+                                                     WHERE x.node_id = z.node_id)
+                                    FOR UPDATE SKIP LOCKED);
             -- The first heartbeat on a timeline records when it was first seen (V2). A session
             -- of an earlier timeline is never extended, so every first heartbeat on a new one
             -- starts a session and comes here.
