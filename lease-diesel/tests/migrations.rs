@@ -491,16 +491,9 @@ async fn a_deployment_of_the_earlier_first_migration_only_is_adopted() {
     let me = WorkerId::new();
     let g = group("upgraded");
     store.ensure_group(&g, shards(2)).await.expect("ensure");
-    support::beat_as(
-        &store,
-        &g,
-        me,
-        process(me),
-        ttl_ms(5_000),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("heartbeat on the adopted schema");
+    support::beat(&store, &g, me, ttl_ms(5_000), &MemberMetadata::empty())
+        .await
+        .expect("heartbeat on the adopted schema");
 }
 
 // ---- item 6: the start-up check writes nothing ---------------------------------------------
@@ -676,16 +669,9 @@ async fn a_monitor_role_on_a_read_only_connection_checks_and_reads() {
     let g = group("watched");
     owner.ensure_group(&g, shards(4)).await.expect("ensure");
     let me = WorkerId::new();
-    let beat = support::beat_as(
-        &owner,
-        &g,
-        me,
-        process(me),
-        ttl_ms(30_000),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("heartbeat");
+    let beat = support::beat(&owner, &g, me, ttl_ms(30_000), &MemberMetadata::empty())
+        .await
+        .expect("heartbeat");
     owner
         .claim(&g, me, beat.session, 4, Takeover::Allowed)
         .await
@@ -766,31 +752,17 @@ async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
         .await
         .expect("ensure an existing group");
     let (short, me) = (WorkerId::new(), WorkerId::new());
-    let brief = support::beat_as(
-        &worker,
-        &g,
-        short,
-        process(short),
-        ttl_ms(300),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("a short-lived member joins");
+    let brief = support::beat(&worker, &g, short, ttl_ms(300), &MemberMetadata::empty())
+        .await
+        .expect("a short-lived member joins");
     let held = worker
         .claim(&g, short, brief.session, 2, Takeover::Allowed)
         .await
         .expect("the short-lived member claims");
     assert_eq!(held.len(), 2);
-    let beat = support::beat_as(
-        &worker,
-        &g,
-        me,
-        process(me),
-        ttl_ms(30_000),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("heartbeat");
+    let beat = support::beat(&worker, &g, me, ttl_ms(30_000), &MemberMetadata::empty())
+        .await
+        .expect("heartbeat");
     wait_server_past(&mut admin, brief.expires_at).await;
     // The dead member's row is still there: the claim judges it dead in lease.owner_is_dead,
     // share-locking it.
@@ -799,16 +771,9 @@ async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
         .await
         .expect("claim");
     assert_eq!(won.len(), 4, "the free and the dead member's buckets");
-    support::beat_as(
-        &worker,
-        &g,
-        me,
-        process(me),
-        ttl_ms(30_000),
-        &MemberMetadata::empty(),
-    )
-    .await
-    .expect("a heartbeat removing the dead member");
+    support::beat(&worker, &g, me, ttl_ms(30_000), &MemberMetadata::empty())
+        .await
+        .expect("a heartbeat removing the dead member");
     assert_eq!(
         worker.snapshot(&g).await.expect("snapshot").members.len(),
         1,
