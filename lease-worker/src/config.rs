@@ -81,13 +81,10 @@ pub enum ConfigError {
 pub struct LeaseWorker {
     pub(crate) group: GroupName,
     pub(crate) shards: ShardCount,
-    pub(crate) ttl: Ttl,
-    pub(crate) renew_interval: Duration,
-    pub(crate) margin: Duration,
+    /// The timing of the node it runs as.
+    pub(crate) timing: Timing,
     pub(crate) worker: WorkerId,
     pub(crate) metadata: MemberMetadata,
-    pub(crate) wake_debounce: Duration,
-    pub(crate) ack_limit: Option<Duration>,
     pub(crate) cancel: CancellationToken,
     /// Shared with clones: one of them runs at a time.
     pub(crate) running: RunFlag,
@@ -149,17 +146,17 @@ impl LeaseWorker {
 
     /// The session ttl.
     pub fn ttl(&self) -> Ttl {
-        self.ttl
+        self.timing.ttl
     }
 
     /// The renew interval.
     pub fn renew_interval(&self) -> Duration {
-        self.renew_interval
+        self.timing.renew_interval
     }
 
     /// The safety margin of self-fencing.
     pub fn safety_margin(&self) -> Duration {
-        self.margin
+        self.timing.margin
     }
 }
 
@@ -236,13 +233,9 @@ impl LeaseWorkerBuilder {
         Ok(LeaseWorker {
             group: self.group,
             shards: self.shards,
-            ttl: timing.ttl,
-            renew_interval: timing.renew_interval,
-            margin: timing.margin,
+            timing,
             worker: self.worker.unwrap_or_default(),
             metadata: self.metadata,
-            wake_debounce: timing.wake_debounce,
-            ack_limit: timing.ack_limit,
             cancel: self.cancel.unwrap_or_default(),
             running: RunFlag::default(),
         })
@@ -475,19 +468,6 @@ impl LeaseNodeBuilder {
             cancel: self.cancel.unwrap_or_default(),
             running: RunFlag::default(),
         })
-    }
-}
-
-impl LeaseWorker {
-    /// The node this worker runs as: its timing, id, metadata and token.
-    pub(crate) fn timing(&self) -> Timing {
-        Timing {
-            ttl: self.ttl,
-            renew_interval: self.renew_interval,
-            margin: self.margin,
-            wake_debounce: self.wake_debounce,
-            ack_limit: self.ack_limit,
-        }
     }
 }
 

@@ -1235,7 +1235,7 @@ impl LeaseWorker {
         let cancel = self.cancel.child_token();
         let mut parts = launch(
             self.worker,
-            self.timing(),
+            self.timing,
             self.metadata.clone(),
             store.clone(),
             cancel.clone(),
