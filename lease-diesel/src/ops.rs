@@ -132,7 +132,8 @@ pub async fn ensure_group(
     }
 }
 
-/// [`LeaseStore::heartbeat`](lease_core::LeaseStore::heartbeat) on `conn`: one statement.
+/// [`LeaseStore::heartbeat`](lease_core::LeaseStore::heartbeat) on `conn`: one statement, or
+/// two when the steady statement finds a group to look at.
 pub async fn heartbeat(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
@@ -220,7 +221,7 @@ pub(crate) async fn heartbeat_on_timeline(
             earliest_until,
         )
         .await?;
-        if let Some(row) = fast.filter(|r| r.steady) {
+        if let Some(row) = fast {
             let mut unchanged: Vec<GroupStamp> = seen.into_iter().cloned().collect();
             unchanged.sort_by(|a, b| a.group.cmp(&b.group));
             let beat = Heartbeat {
@@ -300,9 +301,10 @@ pub(crate) async fn heartbeat_on_timeline(
     Ok((beat, timeline))
 }
 
-/// [`sql::STEADY_RENEWAL`]: `Some` with the renewal if the node's live session was renewed,
-/// `None` if there was none to renew (or it expired while the renewal waited for its row), and
-/// the full heartbeat must decide. Only outside a transaction: its refusal is an error, which
+/// [`sql::STEADY_RENEWAL`]: `Some` with the renewal if the node's live session was renewed
+/// with every group unchanged; `None` (nothing written) if there was no live session, a group
+/// to look at, or the session expired while the renewal waited for its row: the full
+/// heartbeat decides. Only outside a transaction: its refusal is an error, which
 /// would abort the caller's transaction.
 #[allow(clippy::too_many_arguments)]
 async fn steady_renewal(

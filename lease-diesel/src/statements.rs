@@ -1,4 +1,6 @@
-//! The SQL of each operation: one statement each, one round trip each.
+//! The SQL of each operation: one statement each, one round trip each, but for the heartbeat
+//! (its steady statement first, the function when that finds something to look at) and the
+//! resize (its steps in one transaction).
 //!
 //! Every statement takes the client clock as a nullable parameter and reads time as
 //! `COALESCE(<that>, clock_timestamp())`: one SQL text for both clock modes. Expiry is compared
@@ -14,8 +16,9 @@
 //! migration 7).
 //!
 //! Every statement locks in one order: the node row, member rows, bucket rows, and last the
-//! group's change counter (`lease.group_changes`), whose lock a statement holds only from its
-//! end to its commit.
+//! group's change counter (`lease.group_changes`). An operation on one group holds that lock
+//! from its statement's end to its commit; the heartbeat function, which may move several
+//! groups' counters, and a new session take them in the order of the groups' names by bytes.
 
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
@@ -65,9 +68,9 @@ pub(crate) struct GroupCountsRow {
 /// Rows: one with the session and the groups answered unchanged (`group_name` null), and one
 /// per group whose view is given. `mine` false: another incarnation holds the live session
 /// (nothing was written; `expires_at` is that session's). A function rather than a statement
-/// of CTEs: a steady tick is then one plain `UPDATE` and an index-only scan, where a statement
-/// with the views' CTEs paid for initialising all of them on every call (measured: 7x the
-/// server time of a one-row `UPDATE`; the function: about 2.5x).
+/// of CTEs: a statement with the views' CTEs paid for initialising all of them on every call
+/// (measured: 7x the server time of a one-row `UPDATE`; the function: about 2.5x). A steady
+/// tick outside a transaction does not come here: [`STEADY_RENEWAL`] answers it.
 pub(crate) const HEARTBEAT: &str = r#"
 SELECT h.session_id, h.heartbeat_at, h.expires_at, h.started, h.mine, h.timeline, h.recorded,
        h.unchanged_groups, h.unchanged_versions, h.unchanged_until, h.group_name,
@@ -81,8 +84,10 @@ SELECT h.session_id, h.heartbeat_at, h.expires_at, h.started, h.mine, h.timeline
 /// say whether its groups and their change counters are those of the stamps handed in (`$6`
 /// groups sorted by bytes, `$7` their versions) with no stamp's `until` reached (`$8` the
 /// earliest, null if none has one). No row: no live session of this node, incarnation and
-/// timeline; nothing was written. `steady` false: renewed, but some group must be looked at
-/// ([`HEARTBEAT`] does that). One clock reading for liveness and the new expiry; the clock
+/// timeline, or not steady; nothing was written, and [`HEARTBEAT`] renews and looks at the
+/// groups. The groups are read with the statement's snapshot, taken before it waits for the
+/// row's lock: a join, claim or release committed during that wait is seen at the next tick
+/// (the counter then differs). One clock reading for liveness and the new expiry; the clock
 /// is read again once the row is locked (RETURNING runs after the lock), and a session that
 /// expired while this waited for the lock makes the statement fail through
 /// `lease.renewal_too_late()`, which undoes the renewal. The same work as [`HEARTBEAT`]'s
@@ -96,17 +101,17 @@ UPDATE lease.nodes n
   FROM t
  WHERE n.node_id = $1 AND n.incarnation = $2 AND n.expires_at > t.v
    AND n.timeline = lease.timeline()
+   AND ($8::timestamptz IS NULL OR $8::timestamptz > t.v)
+   AND (SELECT COALESCE(array_agg(m.group_name ORDER BY m.group_name COLLATE "C"), '{}')
+                 = $6::text[]
+               AND COALESCE(array_agg(c.version ORDER BY m.group_name COLLATE "C"), '{}')
+                 = $7::bigint[]
+          FROM lease.members m
+          JOIN lease.group_changes c ON c.group_name = m.group_name
+         WHERE m.node_id = $1)
 RETURNING n.session_id, n.heartbeat_at, n.expires_at, n.timeline,
           CASE WHEN COALESCE($5::timestamptz, pg_catalog.clock_timestamp()) >= n.prior_expires_at
-               THEN lease.renewal_too_late() ELSE false END AS late,
-          COALESCE((SELECT COALESCE(array_agg(m.group_name ORDER BY m.group_name COLLATE "C"),
-                                    '{}') = $6::text[]
-                           AND COALESCE(array_agg(c.version ORDER BY m.group_name COLLATE "C"),
-                                        '{}') = $7::bigint[]
-                      FROM lease.members m
-                      JOIN lease.group_changes c ON c.group_name = m.group_name
-                     WHERE m.node_id = $1)
-                   AND ($8::timestamptz IS NULL OR $8::timestamptz > t.v), false) AS steady
+               THEN lease.renewal_too_late() ELSE false END AS late
 "#;
 
 /// Row of [`STEADY_RENEWAL`].
@@ -120,8 +125,6 @@ pub(crate) struct SteadyRow {
     pub expires_at: DateTime<Utc>,
     #[diesel(sql_type = BigInt)]
     pub timeline: i64,
-    #[diesel(sql_type = Bool)]
-    pub steady: bool,
 }
 
 /// The message of `lease.renewal_too_late()`.
