@@ -796,6 +796,8 @@ impl Machine {
     /// A wake-up's re-plan that does not wait for the applications: due, the node healthy and
     /// not stopping, some group shared, nothing but deliveries left of the tick.
     fn busy_wake_at(&self) -> Option<Instant> {
+        // Almost always none: answer that before scanning the groups' queued steps.
+        let at = self.woken_at?;
         if self.stopping.is_some()
             || self.failures > 0
             || !self.has_active_groups()
@@ -804,7 +806,7 @@ impl Machine {
         {
             return None;
         }
-        self.woken_at
+        Some(at)
     }
 
     /// Whether some group is shared (not being removed): only then does the node tick.
