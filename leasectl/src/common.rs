@@ -190,7 +190,7 @@ pub fn store_failure(e: StoreError) -> Failure {
             found,
         } => Failure::Usage(format!(
             "--shards: group {group:?} exists with {found} shards, not {configured}; \
-             a group's shard count cannot change"
+             a group's shard count changes only with leasectl resize"
         )),
         other => Failure::Runtime(Chain(&other).to_string()),
     }

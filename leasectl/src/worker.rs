@@ -386,7 +386,11 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
             Ok(handle) => handle,
             Err(e) => {
                 cancel.cancel();
-                node.wait().await.ok();
+                // The groups added before stop with the node: a failure to leave one of them
+                // is said too, before the group that could not be added.
+                if let Err(stopped) = node.wait().await {
+                    output::error_line(format!("leasectl: {}", Chain(&stopped)));
+                }
                 return Err(match &e {
                     GroupError::Store(e) => group_failure(g, e),
                     other => Failure::Runtime(Chain(other).to_string()),
