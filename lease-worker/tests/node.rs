@@ -2,7 +2,8 @@
 //! it): groups added and removed on a running node, each with its own handler or leases, what
 //! is refused and why, and how a node that cannot leave its groups says so.
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lease_core::{GroupName, LeaseStore, RevokeReason, ShardCount};
@@ -207,12 +208,13 @@ async fn a_node_that_cannot_leave_names_the_groups() {
     assert_eq!(listed.nodes[0].groups.len(), 2);
 }
 
-/// A handler that takes its time over every assignment.
-struct Slow(Duration);
+/// A handler that takes its time over every assignment, counting those it began.
+struct Slow(Duration, Arc<AtomicUsize>);
 
 #[async_trait::async_trait]
 impl lease_worker::OwnershipHandler for Slow {
     async fn on_assigned(&self, _: lease_core::Assignment) {
+        self.1.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.0).await;
     }
 
@@ -250,12 +252,21 @@ async fn a_busy_group_does_not_hold_up_another_groups_wake_ups() {
         quick.owned().borrow().len() == 4
     })
     .await;
+    let begun = Arc::new(AtomicUsize::new(0));
     let slow = x
-        .add_group(name("slow"), n(4), Slow(Duration::from_secs(60)))
+        .add_group(
+            name("slow"),
+            n(4),
+            Slow(Duration::from_secs(60), begun.clone()),
+        )
         .await
         .expect("slow");
-    // Its application is on its first assignment.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until(
+        "slow's application on its first assignment",
+        SLOW_RENEW,
+        || begun.load(Ordering::SeqCst) == 1,
+    )
+    .await;
     assert!(slow.owned().borrow().is_empty());
     let y = start(store.clone());
     let (h, _y_events) = event_channel(16);
@@ -274,6 +285,11 @@ async fn a_busy_group_does_not_hold_up_another_groups_wake_ups() {
     assert!(
         slow.owned().borrow().is_empty(),
         "slow finished an assignment"
+    );
+    assert_eq!(
+        begun.load(Ordering::SeqCst),
+        1,
+        "slow's application began another assignment"
     );
     y.abort();
     x.abort();
