@@ -164,9 +164,9 @@ const NEEDS: &[Need] = &[
         monitor: &["SELECT"],
         fencing: &[],
     },
-    // The heartbeat updates the node's row, inserts it, starts sessions, ends dead members'
-    // sessions and deletes dead nodes' rows; claims, releases and joins share-lock it and
-    // owner_is_dead ends a dead owner's session (UPDATE); leave deletes a node in no group.
+    // The heartbeat updates the node's row, inserts it, starts sessions and deletes dead
+    // nodes' rows; claims, releases, joins and owner_is_dead share-lock rows (FOR SHARE needs
+    // UPDATE); leave deletes a node in no group.
     Need {
         on: Object::Table("lease.nodes"),
         worker: &["SELECT", "INSERT", "UPDATE", "DELETE"],
@@ -258,7 +258,7 @@ const NEEDS: &[Need] = &[
     },
     // The heartbeat's view of one group.
     Need {
-        on: Object::Function("lease.group_view(text, uuid, uuid, timestamptz, timestamptz)"),
+        on: Object::Function("lease.group_view(text, uuid, uuid, timestamptz)"),
         worker: &["EXECUTE"],
         monitor: &[],
         fencing: &[],

@@ -2,7 +2,7 @@
 -- ends, as on the way up), bucket owners are workers again, the functions of migration 6.
 DROP FUNCTION lease.heartbeat(uuid, uuid, interval, text, timestamptz, uuid, text[], bigint[],
                               timestamptz[]);
-DROP FUNCTION lease.group_view(text, uuid, uuid, timestamptz, timestamptz);
+DROP FUNCTION lease.group_view(text, uuid, uuid, timestamptz);
 DROP FUNCTION lease.leave(text, uuid, uuid, timestamptz);
 DROP FUNCTION lease.renewal_too_late();
 -- As migration 5 made it.

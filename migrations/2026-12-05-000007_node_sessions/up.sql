@@ -38,9 +38,9 @@ CREATE TABLE lease.nodes (
 -- session removes the node's member rows (lease.heartbeat, under the node row's lock, so a join
 -- under the old session has committed or fails), so a member is live iff its node's session
 -- is. `owned` counts the group's buckets of the current generation held under that session:
--- exact while the session is live (a bucket leaves a live session only by release or leave,
--- which update it), so a view reads W member rows instead of counting N buckets. Renewals
--- never write here.
+-- exact while the session is live (a bucket leaves a live session only by a release, which
+-- updates it, or a leave, which deletes the row; a resize zeroes it), so a view reads W member
+-- rows instead of counting N buckets. Renewals never write here.
 DROP TABLE lease.members;
 CREATE TABLE lease.members (
     group_name text        NOT NULL REFERENCES lease.groups (name) ON DELETE CASCADE,
@@ -158,7 +158,7 @@ $$;
 -- "unchanged" next time) if a member found dead was not removed (it may have renewed after the
 -- view's snapshot, which left it out).
 CREATE FUNCTION lease.group_view(
-    p_group text, p_node uuid, p_session uuid, p_now timestamptz, p_at timestamptz
+    p_group text, p_node uuid, p_session uuid, p_now timestamptz
 ) RETURNS TABLE (
     stamp_version bigint, until timestamptz, shard_count integer,
     generation bigint, previous_count integer, draining bigint, workers uuid[],
@@ -261,11 +261,13 @@ $$;
 -- A node's heartbeat (rules H1-H8, V1): extend its live session or start one, and for every
 -- group it is a member of, say "unchanged" or give the view. One call, one round trip.
 --
--- A steady tick is one plain UPDATE of the node's row (HOT: the only row written) returning
+-- Its renewal is one plain UPDATE of the node's row (HOT: the only row written) returning
 -- its member rows' groups (an index-only scan) and their counters: a group whose counter is
 -- the one the node handed in, with the stamp's `until` (the earliest expiry among the other
 -- members when the view was given) still ahead, is unchanged without reading anything else
--- (H8). The other groups get lease.group_view. `p_seen_groups` must be sorted by bytes.
+-- (H8). The other groups are looked at again or get lease.group_view. `p_seen_groups` must be
+-- sorted by bytes. (Outside a transaction, lease-diesel answers a steady tick with a plain
+-- statement of its own, STEADY_RENEWAL, and calls this only when that finds a change.)
 --
 -- Rows: one with the session and the groups answered unchanged (`group_name` NULL), and one
 -- per group whose view is given.
@@ -532,7 +534,7 @@ BEGIN
             END IF;
         END IF;
         SELECT * INTO v_view
-          FROM lease.group_view(v_names[v_i], p_node, v_session, v_t, p_at);
+          FROM lease.group_view(v_names[v_i], p_node, v_session, v_t);
         group_name := v_names[v_i];
         stamp_version := v_view.stamp_version;
         until := v_view.until;
@@ -661,7 +663,7 @@ BEGIN
                            r.role_name);
             EXECUTE format('GRANT EXECUTE ON FUNCTION lease.heartbeat(uuid, uuid, interval, text, timestamptz, uuid, text[], bigint[], timestamptz[]) TO %s',
                            r.role_name);
-            EXECUTE format('GRANT EXECUTE ON FUNCTION lease.group_view(text, uuid, uuid, timestamptz, timestamptz) TO %s',
+            EXECUTE format('GRANT EXECUTE ON FUNCTION lease.group_view(text, uuid, uuid, timestamptz) TO %s',
                            r.role_name);
             EXECUTE format('GRANT EXECUTE ON FUNCTION lease.renewal_too_late() TO %s',
                            r.role_name);
