@@ -128,12 +128,6 @@ pub fn pairs(from: ShardCount, to: ShardCount) -> u64 {
     u64::from(from.get()) / u64::from(keys::gcd(from, to)) * u64::from(to.get())
 }
 
-/// The buckets among `0..n` congruent to `r` modulo `gcd`: one class of a resize, whose new
-/// buckets all wait for all its old ones.
-pub fn class(n: ShardCount, gcd: u32, r: u32) -> Vec<Bucket> {
-    (r..n.get()).step_by(gcd as usize).map(Bucket).collect()
-}
-
 /// Buckets of a draining generation not retired yet.
 pub fn not_retired(draining: &[BucketInfo]) -> u32 {
     let live = draining
@@ -385,8 +379,13 @@ impl<'a> Plan<'a> {
     fn rows(&self) -> Vec<(String, Bucket)> {
         let mut rows = Vec::with_capacity(self.from.get() as usize);
         for r in 0..self.gcd {
-            let new = bucket_list(&class(self.to, self.gcd, r));
-            for (i, old) in class(self.from, self.gcd, r).into_iter().enumerate() {
+            // Class r: the old and the new buckets congruent to r modulo the gcd, each new
+            // one waiting for every old one.
+            let new = bucket_list(&keys::children(self.from, self.to, Bucket(r)));
+            for (i, old) in keys::parents(self.from, self.to, Bucket(r))
+                .into_iter()
+                .enumerate()
+            {
                 rows.push((if i == 0 { new.clone() } else { String::new() }, old));
             }
         }

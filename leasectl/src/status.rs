@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::common::{DbArgs, Failure, group_arg, rfc3339, store_failure};
 use crate::output;
-use crate::resize::{PAIRS_LIMIT, bucket_list, class, not_retired, pairs};
+use crate::resize::{PAIRS_LIMIT, bucket_list, not_retired, pairs};
 
 /// Lines of new buckets waiting shown in the text form; the rest are summed up in one line.
 const WAITING_SHOWN: usize = 32;
@@ -199,7 +199,7 @@ fn draining_lines(snap: &GroupSnapshot) -> Vec<String> {
     let gcd = keys::gcd(previous, snap.shard_count);
     let waiting: Vec<(Vec<Bucket>, Vec<Bucket>)> = (0..gcd)
         .map(|r| {
-            let old: Vec<Bucket> = class(previous, gcd, r)
+            let old: Vec<Bucket> = keys::parents(previous, snap.shard_count, Bucket(r))
                 .into_iter()
                 .filter(|b| {
                     snap.draining
@@ -207,7 +207,7 @@ fn draining_lines(snap: &GroupSnapshot) -> Vec<String> {
                         .is_some_and(|i| i.state == BucketState::Live)
                 })
                 .collect();
-            (class(snap.shard_count, gcd, r), old)
+            (keys::children(previous, snap.shard_count, Bucket(r)), old)
         })
         .filter(|(_, old)| !old.is_empty())
         .collect();
