@@ -3,6 +3,9 @@
 //! only once its lease is dropped, a lease held too long leaves the bucket stuck (kept, not
 //! released) until it is dropped, and a shutdown revokes every lease.
 
+mod support;
+use support::until;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -80,14 +83,6 @@ async fn take(leases: &mut Leases, n: usize) -> Vec<BucketLease> {
         got.push(lease);
     }
     got
-}
-
-async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// A shed bucket moves to the joiner only once the application dropped its lease: the

@@ -2,6 +2,9 @@
 //! it): groups added and removed on a running node, each with its own handler or leases, what
 //! is refused and why, and how a node that cannot leave its groups says so.
 
+mod support;
+use support::until;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -31,14 +34,6 @@ fn node<S: LeaseStore + 'static>(store: S) -> NodeHandle {
         .expect("config")
         .start(store)
         .expect("start")
-}
-
-async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// A group is added once; a group the node does not have cannot be removed; a stopped node
