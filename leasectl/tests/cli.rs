@@ -10,28 +10,9 @@ use std::time::{Duration, Instant};
 
 use lease::LeaseStore;
 use serde_json::Value;
-use support::{FreezableProxy, Running, WorkerProcess, free_port, leasectl, wait_for};
-
-/// `leasectl args`, on `url` if given, logging nothing.
-fn command(args: &[&str], url: Option<&str>) -> Command {
-    let mut cmd = leasectl();
-    cmd.args(args)
-        .env_remove("DATABASE_URL")
-        .env("LEASE_LOG", "off");
-    if let Some(url) = url {
-        cmd.env("DATABASE_URL", url);
-    }
-    cmd
-}
-
-fn run(args: &[&str], url: Option<&str>) -> (i32, String, String) {
-    let out = command(args, url).output().expect("running leasectl");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use support::{
+    FreezableProxy, Running, WorkerProcess, command, free_port, leasectl, run, wait_for,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_exits_2_and_names_the_flag() {

@@ -3,31 +3,9 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
-use support::{WorkerProcess, leasectl, parse_nodes_status, wait_for};
-
-/// `leasectl args`, on `url` if given, logging nothing.
-fn command(args: &[&str], url: Option<&str>) -> Command {
-    let mut cmd = leasectl();
-    cmd.args(args)
-        .env_remove("DATABASE_URL")
-        .env("LEASE_LOG", "off");
-    if let Some(url) = url {
-        cmd.env("DATABASE_URL", url);
-    }
-    cmd
-}
-
-fn run(args: &[&str], url: Option<&str>) -> (i32, String, String) {
-    let out = command(args, url).output().expect("running leasectl");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use support::{WorkerProcess, parse_nodes_status, run, wait_for};
 
 /// The two forms of `--group` do not mix, and a plain name needs `--shards`: exit 2 with a
 /// message naming the flag, before any database is looked at.

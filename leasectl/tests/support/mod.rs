@@ -41,6 +41,28 @@ pub fn leasectl() -> Command {
     Command::new(env!("CARGO_BIN_EXE_leasectl"))
 }
 
+/// `leasectl args`, on `url` if given, logging nothing.
+pub fn command(args: &[&str], url: Option<&str>) -> Command {
+    let mut cmd = leasectl();
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .env("LEASE_LOG", "off");
+    if let Some(url) = url {
+        cmd.env("DATABASE_URL", url);
+    }
+    cmd
+}
+
+/// Runs `leasectl args` on `url`: its exit code, stdout and stderr.
+pub fn run(args: &[&str], url: Option<&str>) -> (i32, String, String) {
+    let out = command(args, url).output().expect("running leasectl");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// One line of `leasectl worker --json`, checked against the documented format.
 #[derive(Clone, Debug)]
 pub struct Event {
