@@ -126,10 +126,7 @@ impl Policy for Ours {
         let targets = policy::targets(
             self.shards.get(),
             &(0..w)
-                .map(|i| MemberLoad {
-                    worker: worker_id(i),
-                    owned: 0,
-                })
+                .map(|i| MemberLoad::new(worker_id(i), 0))
                 .collect::<Vec<_>>(),
         );
         for (i, target) in targets.iter().enumerate() {
@@ -340,10 +337,7 @@ fn minimum_claims(n: u32, running: &[usize], loads: &[u32]) -> u32 {
     let members: Vec<MemberLoad> = running
         .iter()
         .zip(loads)
-        .map(|(&i, &owned)| MemberLoad {
-            worker: worker_id(i),
-            owned,
-        })
+        .map(|(&i, &owned)| MemberLoad::new(worker_id(i), owned))
         .collect();
     policy::targets(n, &members)
         .iter()

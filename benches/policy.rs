@@ -24,9 +24,11 @@ const SIZES: [(u32, u32); 5] = [
 /// middle member's id and buckets: the steady-state input of `plan`.
 fn settled(n: u32, w: u32) -> (GroupView, WorkerId, Vec<Bucket>) {
     let members: Vec<MemberLoad> = (0..w)
-        .map(|i| MemberLoad {
-            worker: WorkerId::from_uuid(Uuid::from_u128(u128::from(i) + 1)),
-            owned: n / w + u32::from(i < n % w),
+        .map(|i| {
+            MemberLoad::new(
+                WorkerId::from_uuid(Uuid::from_u128(u128::from(i) + 1)),
+                n / w + u32::from(i < n % w),
+            )
         })
         .collect();
     let me = w / 2;
@@ -41,6 +43,7 @@ fn settled(n: u32, w: u32) -> (GroupView, WorkerId, Vec<Bucket>) {
         generation: Default::default(),
         previous: None,
         draining: 0,
+        quarantined: 0,
     };
     (view, members[me as usize].worker, mine)
 }
@@ -60,10 +63,7 @@ fn bench(c: &mut Criterion) {
     for (n, w) in SIZES {
         let (mut view, _, _) = settled(n, w);
         let me = WorkerId::from_uuid(Uuid::from_u128(u128::MAX));
-        view.members.push(MemberLoad {
-            worker: me,
-            owned: 0,
-        });
+        view.members.push(MemberLoad::new(me, 0));
         group.bench_with_input(
             BenchmarkId::new("joiner", format!("N={n},W={}", w + 1)),
             &(view, me),

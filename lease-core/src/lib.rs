@@ -71,5 +71,5 @@ pub use store::{LeaseStore, Takeover};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, Ttl, store_precision};
 pub use view::{
     BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupStamp, GroupView, Heartbeat, Lease,
-    MemberInfo, MemberLoad, NodeInfo, NodesSnapshot, ViewStamp,
+    MemberInfo, MemberLoad, MemberMode, NodeInfo, NodesSnapshot, ViewStamp,
 };

@@ -14,14 +14,11 @@
 //! ```
 //! use lease_core::{policy, Bucket, GroupView, MemberLoad, ShardCount, WorkerId};
 //! let (a, b) = (WorkerId::new(), WorkerId::new());
-//! let view = GroupView {
-//!     shard_count: ShardCount::new(12)?,
-//!     members: vec![MemberLoad { worker: a, owned: 12 }, MemberLoad { worker: b, owned: 0 }],
-//!     claimable: 0,
-//!     generation: Default::default(),
-//!     previous: None,
-//!     draining: 0,
-//! };
+//! let view = GroupView::new(
+//!     ShardCount::new(12)?,
+//!     vec![MemberLoad::new(a, 12), MemberLoad::new(b, 0)],
+//!     0,
+//! );
 //! let mine: Vec<Bucket> = (0..12).map(Bucket).collect();
 //! let plan = policy::plan(&view, a, &mine);
 //! assert_eq!(plan.target, 6);
@@ -98,7 +95,7 @@ pub fn plan(view: &GroupView, me: WorkerId, mine: &[Bucket]) -> Plan {
         .filter(|m| m.worker != me)
         .copied()
         .collect();
-    members.push(MemberLoad { worker: me, owned });
+    members.push(MemberLoad::new(me, owned));
     let target = targets(view.shard_count.get(), &members)
         .into_iter()
         .find(|t| t.worker == me)
@@ -147,10 +144,7 @@ mod tests {
         owned
             .iter()
             .enumerate()
-            .map(|(i, &o)| MemberLoad {
-                worker: worker(i as u32),
-                owned: o,
-            })
+            .map(|(i, &o)| MemberLoad::new(worker(i as u32), o))
             .collect()
     }
 
@@ -163,6 +157,7 @@ mod tests {
             generation: Default::default(),
             previous: None,
             draining: 0,
+            quarantined: 0,
         }
     }
 
@@ -200,16 +195,7 @@ mod tests {
 
     #[test]
     fn ties_break_by_worker_id() {
-        let members = vec![
-            MemberLoad {
-                worker: worker(9),
-                owned: 2,
-            },
-            MemberLoad {
-                worker: worker(3),
-                owned: 2,
-            },
-        ];
+        let members = vec![MemberLoad::new(worker(9), 2), MemberLoad::new(worker(3), 2)];
         let t = targets(3, &members);
         assert_eq!((t[0].target, t[1].target), (1, 2));
     }
@@ -367,12 +353,13 @@ mod tests {
                         members: held
                             .iter()
                             .enumerate()
-                            .map(|(k, h)| MemberLoad { worker: worker(k as u32), owned: h.len() as u32 })
+                            .map(|(k, h)| MemberLoad::new(worker(k as u32), h.len() as u32))
                             .collect(),
                         claimable: free.len() as u32,
                         generation: Default::default(),
                         previous: None,
                         draining: 0,
+                        quarantined: 0,
                     };
                     let p = plan(&v, worker(i as u32), &held[i]);
                     for b in &p.shed {

@@ -22,13 +22,66 @@ pub struct Lease {
     pub expires_at: Timestamp,
 }
 
-/// A live member and how many buckets it owns.
+/// A live member, how many buckets it owns and the operators' controls on it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct MemberLoad {
     /// The member.
     pub worker: WorkerId,
     /// Buckets it owns under its live session.
     pub owned: u32,
+    /// Its weight: targets are proportional to weights (default 1; 0 asks for no bucket).
+    pub weight: u32,
+    /// Whether it claims, keeps or sheds (see [`MemberMode`]).
+    pub mode: MemberMode,
+}
+
+impl MemberLoad {
+    /// A member of weight 1, active, owning `owned` buckets.
+    pub fn new(worker: WorkerId, owned: u32) -> Self {
+        Self {
+            worker,
+            owned,
+            weight: 1,
+            mode: MemberMode::Active,
+        }
+    }
+}
+
+/// What an operator asked of a member of a group (`leasectl cordon`, `drain`, `uncordon`).
+/// Stored per (group, node) in the store: it outlives the member's session and applies again
+/// when the node joins the group after a restart, until `uncordon`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+#[non_exhaustive]
+pub enum MemberMode {
+    /// Claims up to its share and sheds the excess (the default).
+    #[default]
+    Active,
+    /// Claims nothing and keeps what it holds: weight 0 in effect, and what it holds is left
+    /// out of the others' shares.
+    Cordoned,
+    /// Claims nothing and sheds everything it holds (revoke reason `drained`).
+    Draining,
+}
+
+impl MemberMode {
+    /// The mode's name as stored and printed: `active`, `cordoned`, `draining`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Cordoned => "cordoned",
+            Self::Draining => "draining",
+        }
+    }
+
+    /// The mode named by [`as_str`](Self::as_str); `None` for another name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "active" => Some(Self::Active),
+            "cordoned" => Some(Self::Cordoned),
+            "draining" => Some(Self::Draining),
+            _ => None,
+        }
+    }
 }
 
 /// The part of a group's state the fair-share policy decides on.
@@ -53,6 +106,9 @@ pub struct GroupView {
     /// Buckets of the draining generation (of `previous` buckets) not retired yet: 0 when no
     /// resize is draining.
     pub draining: u32,
+    /// Buckets of the current generation under quarantine: nobody may claim them, and their
+    /// owner gives them up. The policy shares the others.
+    pub quarantined: u32,
 }
 
 impl GroupView {
@@ -65,6 +121,7 @@ impl GroupView {
             generation: Generation::default(),
             previous: None,
             draining: 0,
+            quarantined: 0,
         }
     }
 
@@ -260,6 +317,8 @@ pub struct BucketInfo {
     pub expires_at: Option<Timestamp>,
     /// The effective state at `observed_at`.
     pub state: BucketState,
+    /// Until when the bucket is under quarantine (unclaimable), when it is at `observed_at`.
+    pub quarantined_until: Option<Timestamp>,
 }
 
 /// One member row in a [`GroupSnapshot`]: a node's membership of the group, with its node's
@@ -282,6 +341,10 @@ pub struct MemberInfo {
     pub owned: u32,
     /// What the node attached at its last heartbeat.
     pub metadata: MemberMetadata,
+    /// The member's weight.
+    pub weight: u32,
+    /// What an operator asked of the member.
+    pub mode: MemberMode,
 }
 
 /// Everything a store knows about a group, at one instant of its clock.
@@ -315,6 +378,8 @@ impl GroupSnapshot {
             .map(|m| MemberLoad {
                 worker: m.worker,
                 owned: m.owned,
+                weight: m.weight,
+                mode: m.mode,
             })
             .collect()
     }
@@ -324,7 +389,12 @@ impl GroupSnapshot {
         let claimable = self
             .buckets
             .iter()
-            .filter(|b| b.state != BucketState::Live)
+            .filter(|b| b.state != BucketState::Live && b.quarantined_until.is_none())
+            .count();
+        let quarantined = self
+            .buckets
+            .iter()
+            .filter(|b| b.quarantined_until.is_some())
             .count();
         GroupView {
             shard_count: self.shard_count,
@@ -339,6 +409,7 @@ impl GroupSnapshot {
                     .count(),
             )
             .unwrap_or(u32::MAX),
+            quarantined: u32::try_from(quarantined).unwrap_or(u32::MAX),
         }
     }
 

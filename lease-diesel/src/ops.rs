@@ -18,8 +18,8 @@ use diesel_async::{
 use lease_core::{
     Bucket, BucketInfo, BucketState, FencingToken, Generation, GroupBeat, GroupName, GroupSnapshot,
     GroupStamp, GroupView, Heartbeat, Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata,
-    NodeInfo, NodesSnapshot, Operation, ResizeOutcome, SessionId, ShardCount, StoreError, Takeover,
-    Timestamp, Ttl, ViewStamp, WorkerId,
+    MemberMode, NodeInfo, NodesSnapshot, Operation, ResizeOutcome, SessionId, ShardCount,
+    StoreError, Takeover, Timestamp, Ttl, ViewStamp, WorkerId,
 };
 use uuid::Uuid;
 
@@ -393,15 +393,9 @@ fn group_beat(
     if workers.len() != loads.len() {
         return Err(corrupt(op, "member and load lists differ in length".into()));
     }
-    let mut members = vec![MemberLoad {
-        worker: node,
-        owned: own_load,
-    }];
+    let mut members = vec![MemberLoad::new(node, own_load)];
     for (&w, &n) in workers.iter().zip(&loads) {
-        members.push(MemberLoad {
-            worker: WorkerId::from_uuid(w),
-            owned: count(op, n)?,
-        });
+        members.push(MemberLoad::new(WorkerId::from_uuid(w), count(op, n)?));
     }
     members.sort_by_key(|m| m.worker);
     let held: u32 = members.iter().map(|m| m.owned).sum();
@@ -415,6 +409,7 @@ fn group_beat(
             generation: generation(op, row.generation.ok_or_else(missing)?)?,
             previous,
             draining,
+            quarantined: 0,
         },
         owned,
         stamp: stamp(op, row.stamp_version, row.until)?,
@@ -607,6 +602,8 @@ pub async fn snapshot(
             },
             metadata: MemberMetadata::new(m.metadata)
                 .map_err(|e| corrupt(Operation::Snapshot, format!("node metadata: {e}")))?,
+            weight: 1,
+            mode: MemberMode::Active,
         });
     }
     let info = |(b, owner, session, token): ShardRow| {
@@ -625,6 +622,7 @@ pub async fn snapshot(
             token: FencingToken(token),
             expires_at,
             state,
+            quarantined_until: None,
         })
     };
     let buckets = shard_rows

@@ -57,9 +57,9 @@ use futures_util::StreamExt;
 use lease_core::{
     BackendFailure, Bucket, BucketInfo, BucketState, Change, ChangeFeed, Clock, FencingToken,
     GroupBeat, GroupName, GroupSnapshot, GroupStamp, GroupView, Heartbeat, Incarnation, Lease,
-    LeaseStore, MemberInfo, MemberLoad, MemberMetadata, NodeInfo, NodesSnapshot, Operation,
-    SessionId, ShardCount, StoreError, SystemClock, Takeover, Timestamp, Ttl, ViewStamp, WorkerId,
-    store_precision,
+    LeaseStore, MemberInfo, MemberLoad, MemberMetadata, MemberMode, NodeInfo, NodesSnapshot,
+    Operation, SessionId, ShardCount, StoreError, SystemClock, Takeover, Timestamp, Ttl, ViewStamp,
+    WorkerId, store_precision,
 };
 use lease_core::{Generation, ResizeOutcome, resize};
 use tokio::sync::broadcast;
@@ -211,6 +211,7 @@ impl GroupState {
             token: FencingToken(row.token),
             expires_at: session.map(|n| n.expires_at),
             state,
+            quarantined_until: None,
         }
     }
 
@@ -277,10 +278,7 @@ impl GroupState {
             .members
             .iter()
             .filter(|(w, _)| node_live(nodes, **w, now))
-            .map(|(&w, m)| MemberLoad {
-                worker: w,
-                owned: m.held.len() as u32,
-            })
+            .map(|(&w, m)| MemberLoad::new(w, m.held.len() as u32))
             .collect();
         let claimable = (self.shards.get() as usize - self.live_held(nodes, now)) as u32;
         let until = self
@@ -299,6 +297,7 @@ impl GroupState {
                 generation: self.generation,
                 previous: self.previous,
                 draining,
+                quarantined: 0,
             },
             owned,
             stamp: ViewStamp::new(self.version, until),
@@ -743,6 +742,8 @@ impl LeaseStore for MemoryLeaseStore {
                     live,
                     owned: if live { m.held.len() as u32 } else { 0 },
                     metadata: n.metadata.clone(),
+                    weight: 1,
+                    mode: MemberMode::Active,
                 })
             })
             .collect();

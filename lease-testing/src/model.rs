@@ -16,7 +16,7 @@ use lease_core::{
 };
 use lease_core::{
     BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo,
-    MemberLoad, NodeInfo, NodesSnapshot, ViewStamp,
+    MemberLoad, MemberMode, NodeInfo, NodesSnapshot, ViewStamp,
 };
 use lease_core::{Generation, ResizeOutcome};
 use lease_core::{Timestamp, Ttl, store_precision};
@@ -164,6 +164,7 @@ impl ModelGroup {
             token: FencingToken(b.token),
             expires_at,
             state,
+            quarantined_until: None,
         }
     }
 
@@ -173,10 +174,7 @@ impl ModelGroup {
             .members
             .keys()
             .filter(|&&w| live_node(nodes, w, now).is_some())
-            .map(|&w| MemberLoad {
-                worker: w,
-                owned: self.owned_by(nodes, w, now).len() as u32,
-            })
+            .map(|&w| MemberLoad::new(w, self.owned_by(nodes, w, now).len() as u32))
             .collect();
         let claimable = self
             .buckets
@@ -203,6 +201,7 @@ impl ModelGroup {
                 generation: self.generation,
                 previous: self.previous,
                 draining: self.draining(nodes, now),
+                quarantined: 0,
             },
             owned,
             stamp: ViewStamp::default(),
@@ -562,6 +561,8 @@ impl Model {
                     live,
                     owned: g.owned_by(nodes, w, now).len() as u32,
                     metadata: n.metadata.clone(),
+                    weight: 1,
+                    mode: MemberMode::Active,
                 })
             })
             .collect();

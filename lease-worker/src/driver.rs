@@ -1357,16 +1357,7 @@ mod tests {
                             expires_at: now,
                         })
                         .collect();
-                    let mut members = vec![
-                        MemberLoad {
-                            worker: node,
-                            owned: 4,
-                        },
-                        MemberLoad {
-                            worker: other,
-                            owned: 4,
-                        },
-                    ];
+                    let mut members = vec![MemberLoad::new(node, 4), MemberLoad::new(other, 4)];
                     members.sort_by_key(|m| m.worker);
                     GroupBeat {
                         group: group.clone(),

@@ -119,14 +119,12 @@ impl Run {
                 group: group(),
                 view: GroupView {
                     shard_count: ShardCount::new(8).expect("count"),
-                    members: vec![MemberLoad {
-                        worker: self.worker,
-                        owned: 0,
-                    }],
+                    members: vec![MemberLoad::new(self.worker, 0)],
                     claimable: 8,
                     generation: Default::default(),
                     previous: None,
                     draining: 0,
+                    quarantined: 0,
                 },
                 owned: Vec::new(),
                 stamp: ViewStamp::default(),

@@ -320,15 +320,9 @@ impl World {
                         });
                         continue;
                     }
-                    let mut members = vec![MemberLoad {
-                        worker: me(),
-                        owned: s.held.len() as u32,
-                    }];
+                    let mut members = vec![MemberLoad::new(me(), s.held.len() as u32)];
                     for (i, o) in s.others.iter().enumerate() {
-                        members.push(MemberLoad {
-                            worker: other(i),
-                            owned: o.len() as u32,
-                        });
+                        members.push(MemberLoad::new(other(i), o.len() as u32));
                     }
                     members.sort_by_key(|m| m.worker);
                     let claimable = shards(g) - self.taken(g).len() as u32;

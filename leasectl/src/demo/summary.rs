@@ -169,6 +169,8 @@ mod tests {
                     live: true,
                     owned: 0,
                     metadata: MemberMetadata::empty(),
+                    weight: 1,
+                    mode: Default::default(),
                 })
                 .collect(),
             buckets: Vec::new(),
