@@ -24,6 +24,9 @@ pub enum Change {
     /// The group's shard count was changed: owners of the old generation's buckets should
     /// revoke and release them.
     Resized,
+    /// An operator changed a member's weight or mode, or a bucket's quarantine: targets
+    /// may have moved.
+    Controlled,
     /// Changes were dropped because the receiver fell behind, or the store lost its channel
     /// for a while; re-plan anyway.
     Missed,

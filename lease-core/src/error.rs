@@ -95,6 +95,16 @@ pub enum StoreError {
         /// Old buckets not retired yet.
         draining: u32,
     },
+    /// An operator's control named a node that is not a member of the group and has no
+    /// control stored there (a mistyped worker id, or a node that left before it was ever
+    /// controlled). Nothing was written; retrying cannot help until the node joins.
+    #[error("worker {worker} is not a member of group {group:?}; nothing was changed")]
+    NotAMember {
+        /// The group.
+        group: GroupName,
+        /// The node named.
+        worker: WorkerId,
+    },
     /// A value failed validation.
     #[error(transparent)]
     InvalidInput(#[from] InvalidInput),
@@ -143,6 +153,10 @@ pub enum Operation {
     Changes,
     /// [`resize`](crate::LeaseStore::resize).
     Resize,
+    /// [`control`](crate::LeaseStore::control).
+    Control,
+    /// [`quarantine`](crate::LeaseStore::quarantine).
+    Quarantine,
 }
 
 impl Operation {
@@ -160,6 +174,8 @@ impl Operation {
             Self::IsCurrent => "is_current",
             Self::Changes => "changes",
             Self::Resize => "resize",
+            Self::Control => "control",
+            Self::Quarantine => "quarantine",
         }
     }
 }
@@ -279,6 +295,7 @@ impl StoreError {
             Self::BucketOutOfRange { .. } => ErrorKind::BucketOutOfRange,
             Self::ResizeFromMismatch { .. } => ErrorKind::ResizeFromMismatch,
             Self::ResizeInProgress { .. } => ErrorKind::ResizeInProgress,
+            Self::NotAMember { .. } => ErrorKind::NotAMember,
             Self::InvalidInput(_) => ErrorKind::InvalidInput,
             Self::Backend { .. } => ErrorKind::Backend,
         }
@@ -324,6 +341,8 @@ pub enum ErrorKind {
     ResizeFromMismatch,
     /// See [`StoreError::ResizeInProgress`].
     ResizeInProgress,
+    /// See [`StoreError::NotAMember`].
+    NotAMember,
     /// See [`StoreError::InvalidInput`].
     InvalidInput,
     /// See [`StoreError::Backend`].

@@ -21,10 +21,16 @@ pub enum RevokeReason {
     /// released once the handler returns, so that the new buckets sharing its keys can be
     /// claimed (the application may checkpoint first).
     Resharded,
+    /// An operator drained the worker (`leasectl drain`), or set its weight to 0: it gives up
+    /// everything it holds and claims nothing until `uncordon` (or a weight above 0).
+    Drained,
+    /// An operator put the bucket under quarantine (`leasectl quarantine`): nobody may claim
+    /// it until the quarantine ends or is lifted.
+    Quarantined,
 }
 
 impl RevokeReason {
-    /// `shed`, `lost`, `expired`, `shutdown` or `resharded`.
+    /// `shed`, `lost`, `expired`, `shutdown`, `resharded`, `drained` or `quarantined`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Shed => "shed",
@@ -32,6 +38,8 @@ impl RevokeReason {
             Self::Expired => "expired",
             Self::Shutdown => "shutdown",
             Self::Resharded => "resharded",
+            Self::Drained => "drained",
+            Self::Quarantined => "quarantined",
         }
     }
 }

@@ -53,4 +53,26 @@ pub enum InvalidInput {
     /// Member metadata containing a NUL character.
     #[error("member metadata contains a NUL character")]
     MetadataHasNul,
+    /// A weight above the maximum.
+    #[error("weight {value} is out of range; it must be between 0 and {max}")]
+    WeightOutOfRange {
+        /// The value given.
+        value: u64,
+        /// The largest allowed.
+        max: u32,
+    },
+    /// A weight that is not a whole number.
+    #[error("weight {value:?} is not a whole number")]
+    WeightNotANumber {
+        /// The text given (at most 64 characters of it).
+        value: String,
+    },
+    /// A quarantine too short or too long.
+    #[error("quarantine of {value:?} is out of range; it must be between 1ms and {max:?}")]
+    QuarantineOutOfRange {
+        /// The value given.
+        value: Duration,
+        /// The longest allowed.
+        max: Duration,
+    },
 }

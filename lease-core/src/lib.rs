@@ -45,6 +45,7 @@
 #![warn(missing_docs)]
 
 mod change;
+pub mod control;
 mod error;
 mod event;
 mod ids;
@@ -57,6 +58,7 @@ mod time;
 mod view;
 
 pub use change::{Change, ChangeFeed};
+pub use control::{MemberControl, QuarantineFor, Weight};
 pub use error::{BackendFailure, Chain, ErrorKind, Operation, StoreError};
 pub use event::{Assignment, OwnershipEvent, RevokeReason};
 pub use ids::{

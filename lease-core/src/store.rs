@@ -5,6 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::change::ChangeFeed;
+use crate::control::{MemberControl, QuarantineFor};
 use crate::error::StoreError;
 use crate::ids::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
@@ -161,16 +162,18 @@ pub trait LeaseStore: Send + Sync {
     ///   in snapshots.
     /// - **H4** For each group the node is a member of, the view lists every live member, idle
     ///   ones with 0, with the buckets of the current generation it owns, sorted by node id,
-    ///   the node itself included; `claimable` counts the current generation's buckets no live
-    ///   session owns (waiting ones included); `generation`, `previous` and `draining` are the
+    ///   the node itself included, each with its weight and mode (K1); `claimable` counts the
+    ///   current generation's buckets no live session owns and not under quarantine (waiting
+    ///   ones included); `quarantined` counts the current generation's buckets under
+    ///   quarantine (Q1), and the beat's `quarantined` lists those of them the node owns; `generation`, `previous` and `draining` are the
     ///   group's (Z1, Z3); `owned` is exactly the node's leases in the group under `session`
     ///   in both generations, sorted by bucket, each with its generation's shard count and
     ///   expiring with the session. Groups come sorted by name.
     /// - **H8** A group of `seen` may be answered in `unchanged` (with a stamp to hand in next
     ///   time) instead of with its view only if the view and the node's leases in the group
     ///   are those it was given with the stamp it handed in (the leases now expiring with the
-    ///   session): nothing changed since (no join, leave, claim, release, resize or member's
-    ///   session ending). A store may always give the view instead. Groups of `seen` the node
+    ///   session): nothing changed since (no join, leave, claim, release, resize, member's
+    ///   session ending, control (K3), quarantine set or lifted, or quarantine ending). A store may always give the view instead. Groups of `seen` the node
     ///   is not a member of are ignored. (So a group answered unchanged has no dead member
     ///   for H3 to remove.)
     /// - **H5** It never changes a bucket or a token; a renewal writes only the node's row,
@@ -225,6 +228,15 @@ pub trait LeaseStore: Send + Sync {
     ///   is left alone. [`Takeover::Allowed`] takes both kinds; [`Takeover::AllowedWithin`]
     ///   (`d`) takes both kinds if the store's time now is at most `d` after the session's
     ///   last renewal, and only the first kind otherwise.
+    /// - **C9** Sticky claims: among the claimable buckets, those whose last owner (the node
+    ///   of the last session that held them, kept when they are released, left or taken
+    ///   from a dead session) is `worker` come first, in claim order; then the others, in
+    ///   claim order. A restarted worker with a stable id gets back what it had.
+    /// - **C10** A bucket under quarantine (Q1) is not claimable.
+    /// - **C11** A member whose mode is [`MemberMode::Cordoned`](crate::MemberMode::Cordoned)
+    ///   or [`MemberMode::Draining`](crate::MemberMode::Draining) claims nothing: the call
+    ///   returns no lease and writes nothing (a plan made before the control took effect
+    ///   cannot undo it).
     /// - **C8** Only buckets of the current generation are claimed. While a resize drains, a
     ///   bucket is claimable only if, in addition, every old bucket it shares keys with
     ///   ([`resize::parents`](crate::resize::parents)) is retired: released, or (when the
@@ -332,6 +344,55 @@ pub trait LeaseStore: Send + Sync {
         worker: WorkerId,
         token: FencingToken,
     ) -> Result<bool, StoreError>;
+
+    /// Set an operator's control on `node` in `group`: its weight or its mode.
+    ///
+    /// # Contract
+    ///
+    /// - **K1** A control is kept per (group, node), whatever the node's session: it outlives
+    ///   the session, a leave and a restart, and applies again when the node joins the group.
+    ///   A node never controlled has [`Weight::DEFAULT`](crate::Weight::DEFAULT) and
+    ///   [`MemberMode::Active`](crate::MemberMode::Active). Views and snapshots show each
+    ///   member's weight and mode.
+    /// - **K2** `node` must be a member of the group (live or not) or have a control stored
+    ///   there; otherwise the call fails with [`StoreError::NotAMember`] and writes nothing.
+    ///   An unknown group gives [`StoreError::GroupNotFound`].
+    /// - **K3** Setting a value moves the group's change counter (H8: every member's next
+    ///   heartbeat gives the view) and sends [`Change::Controlled`](crate::Change::Controlled),
+    ///   unless the value is the one stored (then nothing is written). It never changes a
+    ///   bucket, a token or a session: a drained member sheds through its own releases.
+    async fn control(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        control: MemberControl,
+    ) -> Result<(), StoreError>;
+
+    /// Put `bucket` of `group` under quarantine for `duration` (from the store's time now),
+    /// or lift its quarantine (`None`).
+    ///
+    /// # Contract
+    ///
+    /// - **Q1** A bucket under quarantine is not claimable (C10) until the store's time
+    ///   reaches its end or it is lifted; a new quarantine replaces the bucket's previous one.
+    ///   Views count it (`quarantined`) and snapshots show its end.
+    /// - **Q2** Its owner keeps the lease (F1 stays true) until it releases it; the owner's
+    ///   heartbeat lists it in the beat's `quarantined`, so the owner revokes it (reason
+    ///   `quarantined`) and releases.
+    /// - **Q3** Setting or lifting moves the group's change counter (H8) and sends
+    ///   [`Change::Controlled`](crate::Change::Controlled); lifting a bucket not under
+    ///   quarantine writes nothing. A view's stamp is not answered unchanged past the
+    ///   earliest end of a quarantine it counted.
+    /// - **Q4** A bucket outside the group's current count fails with
+    ///   [`StoreError::BucketOutOfRange`], an unknown group with
+    ///   [`StoreError::GroupNotFound`]; each writes nothing. A resize lifts every quarantine
+    ///   of the group (bucket numbers change meaning).
+    async fn quarantine(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        duration: Option<QuarantineFor>,
+    ) -> Result<(), StoreError>;
 
     /// Change the shard count of `group` from `from` to `to` while it runs: open generation
     /// g+1 with `to` unowned buckets and let generation g drain.
@@ -468,5 +529,23 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
         (**self).changes(group).await
+    }
+
+    async fn control(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        control: MemberControl,
+    ) -> Result<(), StoreError> {
+        (**self).control(group, node, control).await
+    }
+
+    async fn quarantine(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        duration: Option<QuarantineFor>,
+    ) -> Result<(), StoreError> {
+        (**self).quarantine(group, bucket, duration).await
     }
 }

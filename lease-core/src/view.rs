@@ -178,6 +178,9 @@ pub struct GroupBeat {
     pub owned: Vec<Lease>,
     /// Hand it back with the next heartbeat ([`GroupStamp`]).
     pub stamp: ViewStamp,
+    /// The node's buckets of the current generation under quarantine (Q2), sorted: to revoke
+    /// (reason `quarantined`) and release.
+    pub quarantined: Vec<Bucket>,
 }
 
 impl GroupBeat {

@@ -684,6 +684,33 @@ impl LeaseStore for PgLeaseStore {
         .await
     }
 
+    // TEMPORARY (this commit only): migration 8 brings the controls to Postgres.
+    async fn control(
+        &self,
+        _group: &GroupName,
+        _node: WorkerId,
+        _control: lease_core::MemberControl,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::backend_detail(
+            Operation::Control,
+            lease_core::BackendFailure::SchemaMismatch,
+            "controls need migration 8",
+        ))
+    }
+
+    async fn quarantine(
+        &self,
+        _group: &GroupName,
+        _bucket: Bucket,
+        _duration: Option<lease_core::QuarantineFor>,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::backend_detail(
+            Operation::Quarantine,
+            lease_core::BackendFailure::SchemaMismatch,
+            "quarantines need migration 8",
+        ))
+    }
+
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
         if !self.notifier.can_listen() {
             if let Some(pooler) = &self.pooler

@@ -413,6 +413,7 @@ fn group_beat(
         },
         owned,
         stamp: stamp(op, row.stamp_version, row.until)?,
+        quarantined: Vec::new(),
         group,
     })
 }

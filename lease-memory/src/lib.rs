@@ -62,16 +62,19 @@ use lease_core::{
     WorkerId, store_precision,
 };
 use lease_core::{Generation, ResizeOutcome, resize};
+use lease_core::{MemberControl, QuarantineFor, Weight};
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
 
 /// How many unread changes a feed buffers before reporting [`Change::Missed`].
 const FEED_CAPACITY: usize = 256;
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct BucketRow {
     owner: Option<(WorkerId, SessionId)>,
     token: i64,
+    /// C9: the node of the last session that held it.
+    last_node: Option<WorkerId>,
 }
 
 /// A node's session: the only row a renewal writes.
@@ -121,6 +124,11 @@ struct GroupState {
     old: Vec<BucketRow>,
     /// The change counter of H8: moves with every change a view could show.
     version: u64,
+    /// K1: controls set, by node (absent: weight 1, active).
+    controls: BTreeMap<WorkerId, (u32, MemberMode)>,
+    /// Q1: buckets of the current generation under quarantine, and when it ends (past ends
+    /// are ignored, and dropped by the next quarantine call).
+    quarantines: BTreeMap<Bucket, Timestamp>,
 }
 
 /// Whether `node`'s session is `session` and live.
@@ -211,8 +219,24 @@ impl GroupState {
             token: FencingToken(row.token),
             expires_at: session.map(|n| n.expires_at),
             state,
-            quarantined_until: None,
+            quarantined_until: self.quarantined(Bucket(i as u32), now),
         }
+    }
+
+    /// K1: a node's weight and mode.
+    fn control(&self, node: WorkerId) -> (u32, MemberMode) {
+        self.controls
+            .get(&node)
+            .copied()
+            .unwrap_or((Weight::DEFAULT.get(), MemberMode::Active))
+    }
+
+    /// Q1: when `bucket`'s quarantine ends, if it is under one at `now`.
+    fn quarantined(&self, bucket: Bucket, now: Timestamp) -> Option<Timestamp> {
+        self.quarantines
+            .get(&bucket)
+            .copied()
+            .filter(|&end| now < end)
     }
 
     fn live_held(&self, nodes: &Nodes, now: Timestamp) -> usize {
@@ -278,16 +302,43 @@ impl GroupState {
             .members
             .iter()
             .filter(|(w, _)| node_live(nodes, **w, now))
-            .map(|(&w, m)| MemberLoad::new(w, m.held.len() as u32))
+            .map(|(&w, m)| {
+                let (weight, mode) = self.control(w);
+                MemberLoad {
+                    worker: w,
+                    owned: m.held.len() as u32,
+                    weight,
+                    mode,
+                }
+            })
             .collect();
-        let claimable = (self.shards.get() as usize - self.live_held(nodes, now)) as u32;
+        let quarantined: Vec<(Bucket, Timestamp)> = self
+            .quarantines
+            .iter()
+            .filter(|&(_, &end)| now < end)
+            .map(|(&b, &end)| (b, end))
+            .collect();
+        let held_quarantined = quarantined
+            .iter()
+            .filter(|(b, _)| self.is_owned_live(nodes, &self.buckets[b.0 as usize], now))
+            .count();
+        let claimable = (self.shards.get() as usize
+            - self.live_held(nodes, now)
+            - (quarantined.len() - held_quarantined)) as u32;
+        // Q3: not "unchanged" past a quarantine's end, nor past another member's expiry.
         let until = self
             .members
             .keys()
             .filter(|&&w| w != node)
             .filter_map(|w| nodes.get(w).filter(|n| n.is_live(now)))
             .map(|n| n.expires_at)
+            .chain(quarantined.iter().map(|&(_, end)| end))
             .min();
+        let own_quarantined = owned
+            .iter()
+            .filter(|l| l.shards == self.shards && self.quarantined(l.bucket, now).is_some())
+            .map(|l| l.bucket)
+            .collect();
         GroupBeat {
             group: group.clone(),
             view: GroupView {
@@ -297,10 +348,11 @@ impl GroupState {
                 generation: self.generation,
                 previous: self.previous,
                 draining,
-                quarantined: 0,
+                quarantined: quarantined.len() as u32,
             },
             owned,
             stamp: ViewStamp::new(self.version, until),
+            quarantined: own_quarantined,
         }
     }
 }
@@ -402,13 +454,7 @@ impl LeaseStore for MemoryLeaseStore {
                 found: g.shards,
             }),
             None => {
-                let buckets = shards
-                    .buckets()
-                    .map(|_| BucketRow {
-                        owner: None,
-                        token: 0,
-                    })
-                    .collect();
+                let buckets = shards.buckets().map(|_| BucketRow::default()).collect();
                 state.groups.insert(
                     group.clone(),
                     GroupState {
@@ -419,6 +465,8 @@ impl LeaseStore for MemoryLeaseStore {
                         previous: None,
                         old: Vec::new(),
                         version: 0,
+                        controls: BTreeMap::new(),
+                        quarantines: BTreeMap::new(),
                     },
                 );
                 Ok(())
@@ -499,10 +547,13 @@ impl LeaseStore for MemoryLeaseStore {
             let draining = g.draining(nodes, now);
             let beat = g.beat(nodes, &name, node, draining, expires_at, now);
             // H8: the same version means no change a view could show (a member whose session
-            // ended was removed just above, which moved it).
-            let same = seen
-                .iter()
-                .any(|s| s.group == name && s.stamp.version() == g.version);
+            // ended was removed just above, which moved it), unless a quarantine the view
+            // counted has ended since (Q3: its `until`).
+            let same = seen.iter().any(|s| {
+                s.group == name
+                    && s.stamp.version() == g.version
+                    && s.stamp.until().is_none_or(|u| now < u)
+            });
             if same {
                 unchanged.push(GroupStamp {
                     group: name,
@@ -584,13 +635,17 @@ impl LeaseStore for MemoryLeaseStore {
                 });
             }
         };
+        // C11: a cordoned or draining member claims nothing.
+        if g.control(worker).1 != MemberMode::Active {
+            return Ok(Vec::new());
+        }
         let take_dead = takeover.takes_dead(now - renewed_at);
         let effective = if take_dead {
             Takeover::Allowed
         } else {
             Takeover::Deferred
         };
-        let mut picked: Vec<usize> = g
+        let (mut picked, others): (Vec<usize>, Vec<usize>) = g
             .shards
             .claim_order(worker)
             .map(|b| b.0 as usize)
@@ -601,10 +656,14 @@ impl LeaseStore for MemoryLeaseStore {
                     g.buckets[i].owner.is_none()
                 }
             })
+            // C10: not under quarantine.
+            .filter(|&i| g.quarantined(Bucket(i as u32), now).is_none())
             // C8: the resize barrier, with the takeover C7 allows now.
             .filter(|&i| g.parents_retired(nodes, i, now, effective))
-            .take(want as usize)
-            .collect();
+            // C9: the buckets it last held first.
+            .partition(|&i| g.buckets[i].last_node == Some(worker));
+        picked.extend(others);
+        picked.truncate(want as usize);
         picked.sort_unstable();
         let mut won = Vec::with_capacity(picked.len());
         for i in picked {
@@ -618,6 +677,7 @@ impl LeaseStore for MemoryLeaseStore {
                 m.held.remove(&bucket);
             }
             g.buckets[i].token += 1;
+            g.buckets[i].last_node = Some(worker);
             won.push(Lease {
                 bucket,
                 shards: g.shards,
@@ -742,8 +802,8 @@ impl LeaseStore for MemoryLeaseStore {
                     live,
                     owned: if live { m.held.len() as u32 } else { 0 },
                     metadata: n.metadata.clone(),
-                    weight: 1,
-                    mode: MemberMode::Active,
+                    weight: g.control(worker).0,
+                    mode: g.control(worker).1,
                 })
             })
             .collect();
@@ -847,14 +907,16 @@ impl LeaseStore for MemoryLeaseStore {
         let buckets = to
             .buckets()
             .map(|new| BucketRow {
-                owner: None,
                 token: resize::parents(from, to, new)
                     .iter()
                     .map(|p| g.buckets[p.0 as usize].token)
                     .max()
                     .unwrap_or(0),
+                ..BucketRow::default()
             })
             .collect();
+        // Q4: bucket numbers change meaning.
+        g.quarantines.clear();
         g.old = std::mem::replace(&mut g.buckets, buckets);
         for m in g.members.values_mut() {
             m.held_old = std::mem::take(&mut m.held);
@@ -866,6 +928,67 @@ impl LeaseStore for MemoryLeaseStore {
         let generation = g.generation;
         state.notify(group, Change::Resized);
         Ok(ResizeOutcome::Started { generation })
+    }
+
+    async fn control(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        control: MemberControl,
+    ) -> Result<(), StoreError> {
+        let (mut state, _now) = self.lock(Operation::Control)?;
+        let g = state.group_mut(group)?;
+        // K2: a member, or a node controlled before.
+        if !g.members.contains_key(&node) && !g.controls.contains_key(&node) {
+            return Err(StoreError::NotAMember {
+                group: group.clone(),
+                worker: node,
+            });
+        }
+        let (mut weight, mut mode) = g.control(node);
+        match control {
+            MemberControl::Weight(w) => weight = w.get(),
+            MemberControl::Mode(m) => mode = m,
+            _ => {}
+        }
+        // K3: the value stored already writes nothing.
+        if (weight, mode) == g.control(node) {
+            return Ok(());
+        }
+        g.controls.insert(node, (weight, mode));
+        g.bump();
+        state.notify(group, Change::Controlled);
+        Ok(())
+    }
+
+    async fn quarantine(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        duration: Option<QuarantineFor>,
+    ) -> Result<(), StoreError> {
+        let (mut state, now) = self.lock(Operation::Quarantine)?;
+        let g = state.group_mut(group)?;
+        if !g.shards.contains(bucket) {
+            return Err(StoreError::BucketOutOfRange {
+                group: group.clone(),
+                bucket,
+                shard_count: g.shards,
+            });
+        }
+        g.quarantines.retain(|_, end| now < *end);
+        match duration {
+            Some(d) => {
+                g.quarantines
+                    .insert(bucket, store_precision(now + d.as_chrono()));
+            }
+            // Q3: lifting a bucket not under quarantine writes nothing.
+            None if g.quarantines.remove(&bucket).is_none() => return Ok(()),
+            None => {}
+        }
+        g.bump();
+        state.notify(group, Change::Controlled);
+        Ok(())
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {

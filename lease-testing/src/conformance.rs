@@ -27,6 +27,10 @@ use lease_core::{Change, ChangeFeed};
 use lease_core::{Clock, ManualClock, Ttl};
 use lease_core::{ErrorKind, StoreError};
 use lease_core::{Generation, ResizeOutcome};
+use lease_core::{MemberControl, QuarantineFor, Weight};
+
+mod controls;
+pub use controls::*;
 
 /// The name of every case, in the order the macro runs them.
 pub const CASES: &[&str] = &[
@@ -86,6 +90,13 @@ pub const CASES: &[&str] = &[
     "unchanged_is_answered_only_when_nothing_changed",
     "nodes_lists_every_node_with_its_groups",
     "a_new_session_removes_dead_nodes_in_no_group",
+    "controls_show_in_views_and_snapshots",
+    "controls_outlive_sessions",
+    "cordoned_and_draining_members_claim_nothing",
+    "quarantined_buckets_are_not_claimable",
+    "the_owner_keeps_a_quarantined_bucket_until_it_releases",
+    "quarantine_is_checked_and_lifted_by_resizes",
+    "claims_take_the_buckets_last_held_first",
 ];
 
 /// The name of every case of the resize contract (Z1-Z5 and what they change in the other
@@ -207,6 +218,13 @@ macro_rules! conformance_suite {
             unchanged_is_answered_only_when_nothing_changed,
             nodes_lists_every_node_with_its_groups,
             a_new_session_removes_dead_nodes_in_no_group,
+            controls_show_in_views_and_snapshots,
+            controls_outlive_sessions,
+            cordoned_and_draining_members_claim_nothing,
+            quarantined_buckets_are_not_claimable,
+            the_owner_keeps_a_quarantined_bucket_until_it_releases,
+            quarantine_is_checked_and_lifted_by_resizes,
+            claims_take_the_buckets_last_held_first,
         );
     };
 }
@@ -2171,6 +2189,31 @@ pub async fn unchanged_is_answered_only_when_nothing_changed<S: LeaseStore>(
     clock.advance(secs(1));
     judge(&store, a, &mut last, true, "b's session ended").await;
     assert_eq!(last.view.members.len(), 1, "{:?}", last.view.members);
+    // K3: a control moves the counter, unless it sets the value stored.
+    let two = MemberControl::Weight(Weight::new(2).expect("weight"));
+    store.control(&g, a, two).await.expect("control");
+    judge(&store, a, &mut last, true, "a's weight set").await;
+    store.control(&g, a, two).await.expect("control");
+    judge(&store, a, &mut last, false, "a's weight set to the same").await;
+    // Q3: so do setting and lifting a quarantine, and its end.
+    let five = QuarantineFor::new(secs(5)).ok();
+    store
+        .quarantine(&g, Bucket(9), five)
+        .await
+        .expect("quarantine");
+    judge(&store, a, &mut last, true, "a quarantine set").await;
+    judge(&store, a, &mut last, false, "a renewal under quarantine").await;
+    clock.advance(secs(5));
+    judge(&store, a, &mut last, true, "the quarantine ended").await;
+    store.quarantine(&g, Bucket(9), None).await.expect("lift");
+    judge(&store, a, &mut last, false, "no quarantine to lift").await;
+    store
+        .quarantine(&g, Bucket(9), five)
+        .await
+        .expect("quarantine");
+    judge(&store, a, &mut last, true, "a quarantine set again").await;
+    store.quarantine(&g, Bucket(9), None).await.expect("lift");
+    judge(&store, a, &mut last, true, "the quarantine lifted").await;
 }
 
 /// N1, N2, H3: `nodes` lists every node row with its session, liveness, metadata and groups;

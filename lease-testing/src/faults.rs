@@ -14,6 +14,7 @@ use lease_core::{
 };
 use lease_core::{Clock, ManualClock, Timestamp, Ttl, store_precision};
 use lease_core::{GroupSnapshot, GroupStamp, Heartbeat, Lease, NodesSnapshot};
+use lease_core::{MemberControl, QuarantineFor};
 
 /// A [`Clock`] that reads tokio's clock, so a store's expiry follows `tokio::time::pause` and
 /// `advance` in tests. Starts at the same instant as [`ManualClock::new`].
@@ -220,6 +221,26 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
     ) -> Result<ResizeOutcome, StoreError> {
         self.gate(Operation::Resize).await?;
         self.inner.resize(group, from, to).await
+    }
+
+    async fn control(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        control: MemberControl,
+    ) -> Result<(), StoreError> {
+        self.gate(Operation::Control).await?;
+        self.inner.control(group, node, control).await
+    }
+
+    async fn quarantine(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        duration: Option<QuarantineFor>,
+    ) -> Result<(), StoreError> {
+        self.gate(Operation::Quarantine).await?;
+        self.inner.quarantine(group, bucket, duration).await
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {

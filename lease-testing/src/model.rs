@@ -19,12 +19,24 @@ use lease_core::{
     MemberLoad, MemberMode, NodeInfo, NodesSnapshot, ViewStamp,
 };
 use lease_core::{Generation, ResizeOutcome};
+use lease_core::{MemberControl, QuarantineFor, Weight};
 use lease_core::{Timestamp, Ttl, store_precision};
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct ModelBucket {
     owner: Option<(WorkerId, SessionId)>,
     token: i64,
+    /// C9: the node of the last session that held it.
+    last_node: Option<WorkerId>,
+    /// Q1: when its quarantine ends.
+    quarantine: Option<Timestamp>,
+}
+
+impl ModelBucket {
+    /// Q1: under quarantine at `now`.
+    fn quarantined(&self, now: Timestamp) -> Option<Timestamp> {
+        self.quarantine.filter(|&end| now < end)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -51,6 +63,8 @@ struct ModelGroup {
     /// The previous generation's buckets (of `previous`), kept after the drain ends; the drain
     /// runs while one of them is not retired (see `draining`).
     old: Vec<ModelBucket>,
+    /// K1: the controls set, by node (absent: weight 1, active).
+    controls: BTreeMap<WorkerId, (u32, MemberMode)>,
 }
 
 /// The node's session if it is live at `now`.
@@ -123,6 +137,14 @@ impl ModelGroup {
             .all(|p| self.retired(nodes, &self.old[p.0 as usize], now, takeover))
     }
 
+    /// K1: a node's weight and mode.
+    fn control(&self, node: WorkerId) -> (u32, MemberMode) {
+        self.controls
+            .get(&node)
+            .copied()
+            .unwrap_or((Weight::DEFAULT.get(), MemberMode::Active))
+    }
+
     fn lease(&self, nodes: &Nodes, bucket: Bucket, worker: WorkerId) -> Option<Lease> {
         let b = &self.buckets[bucket.0 as usize];
         Some(Lease {
@@ -164,7 +186,7 @@ impl ModelGroup {
             token: FencingToken(b.token),
             expires_at,
             state,
-            quarantined_until: None,
+            quarantined_until: b.quarantined(now),
         }
     }
 
@@ -174,12 +196,25 @@ impl ModelGroup {
             .members
             .keys()
             .filter(|&&w| live_node(nodes, w, now).is_some())
-            .map(|&w| MemberLoad::new(w, self.owned_by(nodes, w, now).len() as u32))
+            .map(|&w| {
+                let (weight, mode) = self.control(w);
+                MemberLoad {
+                    worker: w,
+                    owned: self.owned_by(nodes, w, now).len() as u32,
+                    weight,
+                    mode,
+                }
+            })
             .collect();
         let claimable = self
             .buckets
             .iter()
-            .filter(|b| self.live_owner(nodes, b, now).is_none())
+            .filter(|b| self.live_owner(nodes, b, now).is_none() && b.quarantined(now).is_none())
+            .count() as u32;
+        let quarantined = self
+            .buckets
+            .iter()
+            .filter(|b| b.quarantined(now).is_some())
             .count() as u32;
         let mut owned: Vec<Lease> = self
             .owned_by(nodes, node, now)
@@ -201,8 +236,14 @@ impl ModelGroup {
                 generation: self.generation,
                 previous: self.previous,
                 draining: self.draining(nodes, now),
-                quarantined: 0,
+                quarantined,
             },
+            quarantined: owned
+                .iter()
+                .filter(|l| l.shards == self.shards)
+                .filter(|l| self.buckets[l.bucket.0 as usize].quarantined(now).is_some())
+                .map(|l| l.bucket)
+                .collect(),
             owned,
             stamp: ViewStamp::default(),
         }
@@ -263,13 +304,7 @@ impl Model {
                 found: g.shards,
             }),
             None => {
-                let buckets = shards
-                    .buckets()
-                    .map(|_| ModelBucket {
-                        owner: None,
-                        token: 0,
-                    })
-                    .collect();
+                let buckets = shards.buckets().map(|_| ModelBucket::default()).collect();
                 self.groups.insert(
                     group.clone(),
                     ModelGroup {
@@ -279,6 +314,7 @@ impl Model {
                         generation: Generation::default(),
                         previous: None,
                         old: Vec::new(),
+                        controls: BTreeMap::new(),
                     },
                 );
                 Ok(())
@@ -418,13 +454,17 @@ impl Model {
                 worker,
             })?;
         // C7: dead sessions' buckets only when the takeover allows it now.
+        // C11: a cordoned or draining member claims nothing.
+        if g.control(worker).1 != MemberMode::Active {
+            return Ok(Vec::new());
+        }
         let take_dead = takeover.takes_dead(now - renewed_at);
         let effective = if take_dead {
             Takeover::Allowed
         } else {
             Takeover::Deferred
         };
-        let mut claimable: Vec<usize> = g
+        let (mut claimable, others): (Vec<usize>, Vec<usize>) = g
             .shards
             .claim_order(worker)
             .map(|b| b.0 as usize)
@@ -435,15 +475,20 @@ impl Model {
                     g.buckets[i].owner.is_none()
                 }
             })
+            // C10: not under quarantine.
+            .filter(|&i| g.buckets[i].quarantined(now).is_none())
             // C8: the resize barrier.
             .filter(|&i| g.parents_retired(nodes, i, now, effective))
-            .take(want as usize)
-            .collect();
+            // C9: the buckets it last held first.
+            .partition(|&i| g.buckets[i].last_node == Some(worker));
+        claimable.extend(others);
+        claimable.truncate(want as usize);
         claimable.sort_unstable();
         let mut won = Vec::new();
         for i in claimable {
             let b = &mut g.buckets[i];
             b.owner = Some((worker, session));
+            b.last_node = Some(worker);
             b.token += 1;
             won.push(Bucket(i as u32));
         }
@@ -561,8 +606,8 @@ impl Model {
                     live,
                     owned: g.owned_by(nodes, w, now).len() as u32,
                     metadata: n.metadata.clone(),
-                    weight: 1,
-                    mode: MemberMode::Active,
+                    weight: g.control(w).0,
+                    mode: g.control(w).1,
                 })
             })
             .collect();
@@ -677,12 +722,12 @@ impl Model {
         let buckets = to
             .buckets()
             .map(|new| ModelBucket {
-                owner: None,
                 token: resize::parents(from, to, new)
                     .iter()
                     .map(|p| g.buckets[p.0 as usize].token)
                     .max()
                     .unwrap_or(0),
+                ..ModelBucket::default()
             })
             .collect();
         g.old = std::mem::replace(&mut g.buckets, buckets);
@@ -692,5 +737,52 @@ impl Model {
         Ok(ResizeOutcome::Started {
             generation: g.generation,
         })
+    }
+
+    /// See [`LeaseStore::control`](lease_core::LeaseStore::control).
+    pub fn control(
+        &mut self,
+        group: &GroupName,
+        node: WorkerId,
+        control: MemberControl,
+    ) -> Result<(), StoreError> {
+        let g = self.group_mut(group)?;
+        // K2: a member, or a node controlled before.
+        if !g.members.contains_key(&node) && !g.controls.contains_key(&node) {
+            return Err(StoreError::NotAMember {
+                group: group.clone(),
+                worker: node,
+            });
+        }
+        let (mut weight, mut mode) = g.control(node);
+        match control {
+            MemberControl::Weight(w) => weight = w.get(),
+            MemberControl::Mode(m) => mode = m,
+            _ => {}
+        }
+        g.controls.insert(node, (weight, mode));
+        Ok(())
+    }
+
+    /// See [`LeaseStore::quarantine`](lease_core::LeaseStore::quarantine).
+    pub fn quarantine(
+        &mut self,
+        group: &GroupName,
+        bucket: Bucket,
+        duration: Option<QuarantineFor>,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let now = store_precision(now);
+        let g = self.group_mut(group)?;
+        let shard_count = g.shards;
+        let Some(b) = g.buckets.get_mut(bucket.0 as usize) else {
+            return Err(StoreError::BucketOutOfRange {
+                group: group.clone(),
+                bucket,
+                shard_count,
+            });
+        };
+        b.quarantine = duration.map(|d| store_precision(now + d.as_chrono()));
+        Ok(())
     }
 }

@@ -1364,6 +1364,7 @@ mod tests {
                         view: GroupView::new(shards, members, 0),
                         owned,
                         stamp: ViewStamp::default(),
+                        quarantined: Vec::new(),
                     }
                 })
                 .collect();

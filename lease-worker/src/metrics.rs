@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `lease_owned_buckets` | gauge | buckets the application owns now |
 //! | `lease_claimed_total` | counter | buckets won by claims |
-//! | `lease_revoked_total` | counter | revocations, by `reason` (shed, lost, expired, shutdown, resharded) |
+//! | `lease_revoked_total` | counter | revocations, by `reason` (shed, lost, expired, shutdown, resharded, drained, quarantined) |
 //! | `lease_store_errors_total` | counter | failed or timed-out store calls (the group's, and the node's heartbeats) |
 //! | `lease_stuck_total` | counter | revocations the application did not acknowledge in time |
 //! | `lease_tick_seconds` | histogram | duration of a tick |
@@ -30,6 +30,8 @@ pub(crate) struct Metrics {
     expired: Counter,
     shutdown: Counter,
     resharded: Counter,
+    drained: Counter,
+    quarantined: Counter,
     errors: Counter,
     stuck: Counter,
     tick: Histogram,
@@ -50,6 +52,8 @@ impl Metrics {
             expired: revoked(RevokeReason::Expired),
             shutdown: revoked(RevokeReason::Shutdown),
             resharded: revoked(RevokeReason::Resharded),
+            drained: revoked(RevokeReason::Drained),
+            quarantined: revoked(RevokeReason::Quarantined),
             errors: counter!("lease_store_errors_total", "group" => g.clone()),
             stuck: counter!("lease_stuck_total", "group" => g.clone()),
             tick: histogram!("lease_tick_seconds", "group" => g.clone()),
@@ -74,6 +78,8 @@ impl Metrics {
             RevokeReason::Expired => &self.expired,
             RevokeReason::Shutdown => &self.shutdown,
             RevokeReason::Resharded => &self.resharded,
+            RevokeReason::Drained => &self.drained,
+            RevokeReason::Quarantined => &self.quarantined,
         }
         .increment(1);
     }

@@ -128,6 +128,7 @@ impl Run {
                 },
                 owned: Vec::new(),
                 stamp: ViewStamp::default(),
+                quarantined: Vec::new(),
             }]
         } else {
             Vec::new()

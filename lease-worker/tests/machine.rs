@@ -335,6 +335,7 @@ impl World {
                             .map(|(&bucket, &token)| self.lease(g, bucket, token))
                             .collect(),
                         stamp,
+                        quarantined: Vec::new(),
                     });
                 }
                 Input::Heartbeat(Ok(Heartbeat {

@@ -1,0 +1,290 @@
+//! Conformance cases of the operators' controls: weights and modes (K1-K3, C11), quarantine
+//! (Q1-Q4, C10) and sticky claims (C9).
+
+use lease_core::{Bucket, MemberControl, MemberMode, QuarantineFor, Weight};
+use lease_core::{BucketState, ErrorKind, LeaseStore, ManualClock, WorkerId};
+
+use super::{
+    TTL_SECS, assert_kind, beat, bs, claim, nums, release, resize, secs, session, setup, workers,
+};
+
+fn weight(w: u32) -> MemberControl {
+    MemberControl::Weight(Weight::new(w).expect("a valid weight"))
+}
+
+fn mode(m: MemberMode) -> MemberControl {
+    MemberControl::Mode(m)
+}
+
+fn quarantine_for(s: u64) -> Option<QuarantineFor> {
+    Some(QuarantineFor::new(secs(s)).expect("a valid quarantine"))
+}
+
+/// K1: views and snapshots carry each member's weight and mode; a node never controlled has
+/// weight 1 and is active; setting one leaves the other as it was.
+pub async fn controls_show_in_views_and_snapshots<S: LeaseStore>(store: S, _clock: ManualClock) {
+    let g = setup(&store, "orders", 8).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    let view = beat(&store, &g, b).await.view;
+    assert!(
+        view.members
+            .iter()
+            .all(|m| m.weight == 1 && m.mode == MemberMode::Active),
+        "defaults: {:?}",
+        view.members
+    );
+    store.control(&g, a, weight(3)).await.expect("weight");
+    store
+        .control(&g, a, mode(MemberMode::Cordoned))
+        .await
+        .expect("cordon");
+    let view = beat(&store, &g, b).await.view;
+    let of = |w: WorkerId| {
+        view.members
+            .iter()
+            .find(|m| m.worker == w)
+            .map(|m| (m.weight, m.mode))
+    };
+    assert_eq!(of(a), Some((3, MemberMode::Cordoned)), "{view:?}");
+    assert_eq!(of(b), Some((1, MemberMode::Active)), "{view:?}");
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    let info = |w: WorkerId| {
+        snap.members
+            .iter()
+            .find(|m| m.worker == w)
+            .map(|m| (m.weight, m.mode))
+    };
+    assert_eq!(info(a), Some((3, MemberMode::Cordoned)));
+    assert_eq!(info(b), Some((1, MemberMode::Active)));
+    assert_eq!(snap.live_members(), snap.view().members);
+}
+
+/// K1, K2: a control outlives the node's session and its leave, and applies again when it
+/// joins; a node controlled before may be controlled while away; a stranger is refused.
+pub async fn controls_outlive_sessions<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 4).await;
+    let [a, b, stranger] = workers(3)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    store
+        .control(&g, a, mode(MemberMode::Draining))
+        .await
+        .expect("drain");
+    store.leave(&g, a, None).await.expect("leave");
+    // Away, but controlled before: accepted.
+    store.control(&g, a, weight(2)).await.expect("weight");
+    // Its session ends too, then it comes back.
+    clock.advance(secs(TTL_SECS + 1));
+    let back = beat(&store, &g, a).await;
+    assert!(back.new_session);
+    let me = back
+        .view
+        .members
+        .iter()
+        .find(|m| m.worker == a)
+        .copied()
+        .expect("a is a member");
+    assert_eq!((me.weight, me.mode), (2, MemberMode::Draining));
+    assert_kind(
+        store.control(&g, stranger, weight(2)).await,
+        ErrorKind::NotAMember,
+        "a node that was never a member",
+    );
+    assert_kind(
+        store.control(&super::group("nowhere"), a, weight(2)).await,
+        ErrorKind::GroupNotFound,
+        "an unknown group",
+    );
+    assert!(
+        store
+            .snapshot(&g)
+            .await
+            .expect("snapshot")
+            .members
+            .iter()
+            .all(|m| m.worker != stranger),
+        "a refused control wrote a member"
+    );
+}
+
+/// C11: a cordoned or draining member's claim takes nothing; an active one's takes again.
+pub async fn cordoned_and_draining_members_claim_nothing<S: LeaseStore>(
+    store: S,
+    _clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 4).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    assert_eq!(nums(&claim(&store, &g, a, 1).await), vec![0]);
+    for m in [MemberMode::Cordoned, MemberMode::Draining] {
+        store.control(&g, a, mode(m)).await.expect("control");
+        assert!(
+            claim(&store, &g, a, 4).await.is_empty(),
+            "a {} member claimed",
+            m.as_str()
+        );
+    }
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert_eq!(snap.live_leases().len(), 1, "a control moved a bucket");
+    store
+        .control(&g, a, mode(MemberMode::Active))
+        .await
+        .expect("uncordon");
+    assert_eq!(nums(&claim(&store, &g, a, 4).await), vec![1, 2, 3]);
+}
+
+/// Q1, C10: a bucket under quarantine is not claimable and views count it, until its end by
+/// the store's clock or until lifted; snapshots show the end.
+pub async fn quarantined_buckets_are_not_claimable<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 4).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    store
+        .quarantine(&g, Bucket(0), quarantine_for(30))
+        .await
+        .expect("quarantine");
+    store
+        .quarantine(&g, Bucket(2), quarantine_for(5))
+        .await
+        .expect("quarantine");
+    let view = beat(&store, &g, a).await.view;
+    assert_eq!((view.quarantined, view.claimable), (2, 2), "{view:?}");
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    let ends: Vec<Option<_>> = snap.buckets.iter().map(|b| b.quarantined_until).collect();
+    assert!(ends[0].is_some() && ends[2].is_some(), "{ends:?}");
+    assert!(ends[1].is_none() && ends[3].is_none(), "{ends:?}");
+    assert!(
+        ends[2] < ends[0],
+        "the shorter quarantine ends first: {ends:?}"
+    );
+    assert_eq!(snap.view(), view);
+    assert_eq!(nums(&claim(&store, &g, a, 4).await), vec![1, 3]);
+    // Bucket 2's quarantine ends; bucket 0's is lifted.
+    clock.advance(secs(5));
+    beat(&store, &g, a).await;
+    assert_eq!(nums(&claim(&store, &g, a, 4).await), vec![2]);
+    store.quarantine(&g, Bucket(0), None).await.expect("lift");
+    let view = beat(&store, &g, a).await.view;
+    assert_eq!((view.quarantined, view.claimable), (0, 1), "{view:?}");
+    assert_eq!(nums(&claim(&store, &g, a, 4).await), vec![0]);
+}
+
+/// Q2: the owner of a quarantined bucket keeps it (fencing stays true) and its heartbeat
+/// names it; once released nobody may claim it, the owner included.
+pub async fn the_owner_keeps_a_quarantined_bucket_until_it_releases<S: LeaseStore>(
+    store: S,
+    _clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    let won = claim(&store, &g, a, 2).await;
+    store
+        .quarantine(&g, Bucket(1), quarantine_for(60))
+        .await
+        .expect("quarantine");
+    assert!(
+        store
+            .is_current(&g, Bucket(1), a, won[1].token)
+            .await
+            .expect("is_current"),
+        "a quarantine fenced the owner out"
+    );
+    let hb = super::node_beat(&store, a, &[]).await;
+    let mine = hb.group(&g).expect("a's view");
+    assert_eq!(mine.quarantined, bs(&[1]));
+    let others = super::node_beat(&store, b, &[]).await;
+    assert!(others.group(&g).expect("b's view").quarantined.is_empty());
+    assert_eq!(release(&store, &g, a, &[1]).await, vec![1]);
+    assert!(
+        claim(&store, &g, b, 4)
+            .await
+            .iter()
+            .all(|l| l.bucket != Bucket(1))
+    );
+    assert!(claim(&store, &g, a, 4).await.is_empty());
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert_eq!(snap.buckets[1].state, BucketState::Unowned);
+}
+
+/// Q4: a bucket out of range or an unknown group is refused and writes nothing; a resize
+/// lifts every quarantine.
+pub async fn quarantine_is_checked_and_lifted_by_resizes<S: LeaseStore>(
+    store: S,
+    _clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 4).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    assert_kind(
+        store.quarantine(&g, Bucket(4), quarantine_for(60)).await,
+        ErrorKind::BucketOutOfRange,
+        "bucket 4 of 4",
+    );
+    assert_kind(
+        store
+            .quarantine(&super::group("nowhere"), Bucket(0), quarantine_for(60))
+            .await,
+        ErrorKind::GroupNotFound,
+        "an unknown group",
+    );
+    assert!(
+        store
+            .snapshot(&g)
+            .await
+            .expect("snapshot")
+            .buckets
+            .iter()
+            .all(|b| b.quarantined_until.is_none()),
+        "a refused quarantine wrote"
+    );
+    store
+        .quarantine(&g, Bucket(3), quarantine_for(60))
+        .await
+        .expect("quarantine");
+    resize(&store, &g, 4, 8).await;
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert!(
+        snap.buckets.iter().all(|b| b.quarantined_until.is_none()),
+        "a quarantine survived the resize: {:?}",
+        snap.buckets
+    );
+    assert_eq!(beat(&store, &g, a).await.view.quarantined, 0);
+}
+
+/// C9: a claim takes the buckets its node last held first, whether they were released or
+/// left behind by a dead session, then the others in claim order.
+pub async fn claims_take_the_buckets_last_held_first<S: LeaseStore>(store: S, clock: ManualClock) {
+    let g = setup(&store, "orders", 8).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    assert_eq!(nums(&claim(&store, &g, a, 4).await), vec![0, 1, 2, 3]);
+    assert_eq!(nums(&claim(&store, &g, b, 2).await), vec![4, 5]);
+    // b releases 5 and later asks for two: 5 first, then the lowest other.
+    assert_eq!(release(&store, &g, b, &[5]).await, vec![5]);
+    // a's session dies with 0..4; b takes 6, 7 (never held by anyone).
+    clock.advance(secs(TTL_SECS - 1));
+    beat(&store, &g, b).await;
+    clock.advance(secs(1));
+    let b_session = session(&store, &g, b).await;
+    let won = store
+        .claim(&g, b, b_session, 2, lease_core::Takeover::Deferred)
+        .await
+        .expect("claim");
+    assert_eq!(nums(&won), vec![5, 6]);
+    // a comes back with a new session: it gets its own 0..4 back before 7.
+    let back = beat(&store, &g, a).await;
+    assert!(back.new_session);
+    assert_eq!(nums(&claim(&store, &g, a, 5).await), vec![0, 1, 2, 3, 7]);
+}
