@@ -813,11 +813,15 @@ impl LeaseStore for MemoryLeaseStore {
             .enumerate()
             .map(|(i, row)| g.bucket_info(nodes, i, row, now))
             .collect();
+        // Quarantines are of the current generation's buckets only (Q4).
         let draining = g
             .old
             .iter()
             .enumerate()
-            .map(|(i, row)| g.bucket_info(nodes, i, row, now))
+            .map(|(i, row)| BucketInfo {
+                quarantined_until: None,
+                ..g.bucket_info(nodes, i, row, now)
+            })
             .collect();
         Ok(GroupSnapshot {
             group: group.clone(),

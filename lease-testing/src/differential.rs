@@ -64,6 +64,7 @@ use lease_core::{
     ResizeOutcome, ViewStamp,
 };
 use lease_core::{Clock, ManualClock, Timestamp, Ttl};
+use lease_core::{MemberControl, MemberMode, QuarantineFor, Weight};
 
 /// The groups operations pick from: a plain name and one full of quotes and SQL.
 pub const GROUPS: [&str; 2] = ["orders", "it's \"odd\"; DROP TABLE lease.shards; --"];
@@ -219,6 +220,41 @@ pub enum Op {
         /// Milliseconds.
         ms: u64,
     },
+    /// `control(group, worker, control)`: a weight (`Some`) or a mode.
+    Control {
+        /// Index into [`GROUPS`].
+        group: usize,
+        /// Worker index.
+        worker: usize,
+        /// The weight to set, or `None` to set `mode`.
+        weight: Option<u32>,
+        /// The mode to set when `weight` is `None`.
+        mode: MemberMode,
+    },
+    /// `quarantine(group, bucket, duration)`: for `ms` milliseconds, or lift (`None`).
+    Quarantine {
+        /// Index into [`GROUPS`].
+        group: usize,
+        /// Bucket (now and then one past the count).
+        bucket: u32,
+        /// Milliseconds, `None` to lift.
+        ms: Option<u64>,
+    },
+}
+
+impl Op {
+    /// The control a [`Op::Control`] sets.
+    fn member_control(weight: Option<u32>, mode: MemberMode) -> MemberControl {
+        match weight.map(Weight::new) {
+            Some(Ok(w)) => MemberControl::Weight(w),
+            _ => MemberControl::Mode(mode),
+        }
+    }
+
+    /// The duration a [`Op::Quarantine`] sets.
+    fn quarantine_for(ms: Option<u64>) -> Option<QuarantineFor> {
+        ms.and_then(|ms| QuarantineFor::new(Duration::from_millis(ms)).ok())
+    }
 }
 
 /// The result of one operation, in a form two stores can be compared by.
@@ -512,6 +548,23 @@ pub fn apply_to_model(
             Outcome::Resized,
         ),
         Op::Advance { .. } => Outcome::Done,
+        Op::Control {
+            group: g,
+            worker: w,
+            weight,
+            mode,
+        } => outcome(
+            model.control(&group(g), worker(w), Op::member_control(weight, mode)),
+            |()| Outcome::Done,
+        ),
+        Op::Quarantine {
+            group: g,
+            bucket,
+            ms,
+        } => outcome(
+            model.quarantine(&group(g), Bucket(bucket), Op::quarantine_for(ms), now),
+            |()| Outcome::Done,
+        ),
     }
 }
 
@@ -659,6 +712,27 @@ pub async fn apply_to_store(
             Outcome::Resized,
         ),
         Op::Advance { .. } => Outcome::Done,
+        Op::Control {
+            group: g,
+            worker: w,
+            weight,
+            mode,
+        } => outcome(
+            store
+                .control(&group(g), worker(w), Op::member_control(weight, mode))
+                .await,
+            |()| Outcome::Done,
+        ),
+        Op::Quarantine {
+            group: g,
+            bucket,
+            ms,
+        } => outcome(
+            store
+                .quarantine(&group(g), Bucket(bucket), Op::quarantine_for(ms))
+                .await,
+            |()| Outcome::Done,
+        ),
     }
 }
 
@@ -750,6 +824,12 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
         3 => is_current,
         3 => prop::sample::select(vec![1u64, 500, 1_000, 2_999, 3_000, 7_000])
             .prop_map(|ms| Op::Advance { ms }),
+        2 => (g.clone(), w.clone(), prop_oneof![2 => (0u32..4).prop_map(Some), 3 => Just(None)],
+              prop::sample::select(vec![MemberMode::Active, MemberMode::Cordoned, MemberMode::Draining]))
+            .prop_map(|(group, worker, weight, mode)| Op::Control { group, worker, weight, mode }),
+        2 => (g.clone().prop_flat_map(move |group| (Just(group), bucket_in(group))),
+              prop_oneof![3 => prop::sample::select(vec![500u64, 3_000]).prop_map(Some), 1 => Just(None)])
+            .prop_map(|((group, bucket), ms)| Op::Quarantine { group, bucket, ms }),
         // Mostly from the group's count (a resize that can start), now and then from another.
         3 => (g.clone(), prop::bool::weighted(0.85), prop::sample::select(RESIZE_COUNTS.to_vec()), prop::sample::select(RESIZE_COUNTS.to_vec()))
             .prop_map(move |(group, current, other, to)| Op::Resize {
@@ -786,11 +866,15 @@ pub struct Reach {
     pub two_groups: u32,
     /// A node left one group while staying a member of the other.
     pub leave_one: u32,
+    /// A claim by a live member an operator had cordoned or drained (C11).
+    pub cordoned_claim: u32,
+    /// A claim while a bucket of the group was under quarantine (C10).
+    pub quarantine_claim: u32,
 }
 
 impl Reach {
     /// The names and counts, in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u32); 11] {
+    pub fn fields(&self) -> [(&'static str, u32); 13] {
         [
             (
                 "claim takes over another worker's dead lease",
@@ -806,6 +890,14 @@ impl Reach {
             ("claim while a drain runs", self.drain_claim),
             ("heartbeat of a node in both groups", self.two_groups),
             ("leave one group, keep the other", self.leave_one),
+            (
+                "claim by a cordoned or draining member",
+                self.cordoned_claim,
+            ),
+            (
+                "claim while a bucket is under quarantine",
+                self.quarantine_claim,
+            ),
         ]
     }
 
@@ -884,6 +976,16 @@ impl Reach {
                 let Ok(snap) = before.snapshot(&group(g), now) else {
                     return;
                 };
+                if snap
+                    .members
+                    .iter()
+                    .any(|m| m.worker == worker(w) && m.live && m.mode != MemberMode::Active)
+                {
+                    self.cordoned_claim += 1;
+                }
+                if snap.buckets.iter().any(|b| b.quarantined_until.is_some()) {
+                    self.quarantine_claim += 1;
+                }
                 if !won.is_empty() && !snap.draining.is_empty() {
                     self.drain_claim += 1;
                 }
@@ -914,7 +1016,9 @@ fn op_group(op: &Op) -> usize {
         | Op::Leave { group, .. }
         | Op::Snapshot { group }
         | Op::IsCurrent { group, .. }
-        | Op::Resize { group, .. } => group,
+        | Op::Resize { group, .. }
+        | Op::Control { group, .. }
+        | Op::Quarantine { group, .. } => group,
         Op::Advance { .. } | Op::Heartbeat { .. } | Op::Nodes => 0,
     }
 }

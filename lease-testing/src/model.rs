@@ -731,6 +731,10 @@ impl Model {
             })
             .collect();
         g.old = std::mem::replace(&mut g.buckets, buckets);
+        // Q4: a resize lifts every quarantine.
+        for b in &mut g.old {
+            b.quarantine = None;
+        }
         g.shards = to;
         g.previous = Some(from);
         g.generation = g.generation.next();
