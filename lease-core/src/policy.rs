@@ -655,4 +655,322 @@ mod tests {
             prop_assert_eq!(minimum_moves(n, &loads(&owned)), brute_force_minimum(n, &owned));
         }
     }
+
+    /// A proptest config with `default_cases` cases unless `PROPTEST_CASES` says otherwise, and
+    /// no failure persistence files (shrunk failures are printed instead).
+    fn config(default_cases: u32) -> ProptestConfig {
+        ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default_cases),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// The rule before weights, modes and quarantine: `n / w` each, and `n % w` members get
+    /// one more, those above `n / w` first, then by id. Kept as the oracle for equal weights.
+    fn old_targets(shard_count: u32, members: &[MemberLoad]) -> Vec<u32> {
+        let w = members.len() as u32;
+        if w == 0 {
+            return Vec::new();
+        }
+        let base = shard_count / w;
+        let extra = (shard_count % w) as usize;
+        let mut ranked: Vec<usize> = (0..members.len()).collect();
+        ranked.sort_by(|&i, &j| {
+            let above = |k: usize| members[k].owned > base;
+            above(j)
+                .cmp(&above(i))
+                .then(members[i].worker.cmp(&members[j].worker))
+        });
+        let mut out = vec![base; members.len()];
+        for &i in ranked.iter().take(extra) {
+            out[i] += 1;
+        }
+        out
+    }
+
+    fn mode_strategy() -> impl Strategy<Value = MemberMode> {
+        prop_oneof![2 => Just(Active), 1 => Just(Cordoned), 1 => Just(Draining)]
+    }
+
+    /// A random group: `n` buckets (up to `max_n`), `quarantined` of them, and up to
+    /// `max_members` members of weights up to `max_weight` in any mode, owning at most
+    /// `n - quarantined` buckets in all.
+    fn weighted_strategy(
+        max_n: u32,
+        max_members: usize,
+        max_weight: u32,
+    ) -> impl Strategy<Value = (u32, u32, Vec<MemberLoad>)> {
+        (1u32..=max_n, 1usize..=max_members).prop_flat_map(move |(n, w)| {
+            (
+                Just(n),
+                0..=n,
+                proptest::collection::vec((0..=n, 0..=max_weight, mode_strategy()), w),
+            )
+                .prop_map(|(n, quarantined, spec)| {
+                    let mut left = n - quarantined;
+                    let members = spec
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, (owned, weight, mode))| {
+                            let owned = owned.min(left);
+                            left -= owned;
+                            member(i as u32, owned, weight, mode)
+                        })
+                        .collect();
+                    (n, quarantined, members)
+                })
+        })
+    }
+
+    /// What `targets` shares and with what weight in all: `(N', W)`.
+    fn shared(shareable: u32, members: &[MemberLoad]) -> (u64, u64) {
+        let cordoned: u32 = members
+            .iter()
+            .filter(|m| m.mode == Cordoned)
+            .map(|m| m.owned)
+            .sum();
+        let weight = members
+            .iter()
+            .filter(|m| m.mode == Active)
+            .map(|m| u64::from(m.weight))
+            .sum();
+        (u64::from(shareable.saturating_sub(cordoned)), weight)
+    }
+
+    /// The fewest moves from `members`' loads to any target vector the largest-remainder rule
+    /// allows (each sharing member at the floor of its exact share or one more, summing to
+    /// `N'`, and no member left at its floor with a strictly larger remainder than one given
+    /// more), by trying every choice; also whether `ours` is one of those vectors.
+    fn brute_force_weighted(shareable: u32, members: &[MemberLoad], ours: &[u32]) -> (u32, bool) {
+        let (n, total) = shared(shareable, members);
+        let weight = |m: &MemberLoad| {
+            if m.mode == Active {
+                u64::from(m.weight)
+            } else {
+                0
+            }
+        };
+        let excess = |t: &[u32]| -> u32 {
+            members
+                .iter()
+                .zip(t)
+                .map(|(m, &t)| m.owned.saturating_sub(t))
+                .sum()
+        };
+        let fixed = |m: &MemberLoad| if m.mode == Cordoned { m.owned } else { 0 };
+        if total == 0 {
+            let only: Vec<u32> = members.iter().map(fixed).collect();
+            return (excess(&only), ours == only.as_slice());
+        }
+        let sharing: Vec<usize> = (0..members.len())
+            .filter(|&i| members[i].mode != Cordoned)
+            .collect();
+        let floor = |i: usize| (n * weight(&members[i]) / total) as u32;
+        let remainder = |i: usize| n * weight(&members[i]) % total;
+        let mut best = u32::MAX;
+        let mut found = false;
+        for mask in 0u32..(1 << sharing.len()) {
+            let plus = |k: usize| mask >> k & 1 == 1;
+            let mut t: Vec<u32> = members.iter().map(fixed).collect();
+            for (k, &i) in sharing.iter().enumerate() {
+                t[i] = floor(i) + u32::from(plus(k));
+            }
+            let sum: u64 = sharing.iter().map(|&i| u64::from(t[i])).sum();
+            let largest_first = sharing.iter().enumerate().all(|(k, &i)| {
+                plus(k)
+                    || sharing
+                        .iter()
+                        .enumerate()
+                        .all(|(l, &j)| !plus(l) || remainder(i) <= remainder(j))
+            });
+            if sum != n || !largest_first {
+                continue;
+            }
+            best = best.min(excess(&t));
+            found |= ours == t.as_slice();
+        }
+        (best, found)
+    }
+
+    /// Ticks members one after another in the orders given (each seeing the others' moves so
+    /// far), with buckets numbered as `owned` lists them and the top `quarantined` ones out of
+    /// reach; returns each member's buckets and the unowned claimable ones after each round.
+    fn tick_rounds(
+        n: u32,
+        quarantined: u32,
+        members: &[MemberLoad],
+        orders: &[Vec<u32>],
+    ) -> Vec<(Vec<Vec<Bucket>>, Vec<Bucket>)> {
+        let mut held: Vec<Vec<Bucket>> = Vec::new();
+        let mut next = 0;
+        for m in members {
+            held.push(mine(next, m.owned));
+            next += m.owned;
+        }
+        let mut free: Vec<Bucket> = (next..n - quarantined).map(Bucket).collect();
+        let mut rounds = Vec::new();
+        for order in orders {
+            let mut turn: Vec<usize> = (0..members.len()).collect();
+            turn.sort_by_key(|&i| order[i]);
+            for i in turn {
+                let loads: Vec<MemberLoad> = members
+                    .iter()
+                    .zip(&held)
+                    .map(|(m, h)| MemberLoad {
+                        owned: h.len() as u32,
+                        ..*m
+                    })
+                    .collect();
+                let v = GroupView {
+                    claimable: free.len() as u32,
+                    ..weighted_view(n, quarantined, &loads)
+                };
+                let p = plan(&v, members[i].worker, &held[i]);
+                for b in &p.shed {
+                    held[i].retain(|x| x != b);
+                    free.push(*b);
+                }
+                for _ in 0..p.claim {
+                    held[i].push(free.pop().expect("claim within claimable"));
+                }
+            }
+            rounds.push((held.clone(), free.clone()));
+        }
+        rounds
+    }
+
+    proptest! {
+        #![proptest_config(config(256))]
+
+        /// Targets sum to N' plus the cordoned holdings, each sharing target is within one of
+        /// its exact share, cordoned members keep what they own and draining ones get 0.
+        #[test]
+        fn weighted_targets_apportion_within_one(
+            (n, quarantined, members) in weighted_strategy(200, 12, 1000),
+        ) {
+            let shareable = n - quarantined;
+            let t = targets_of(shareable, &members);
+            let (n_shared, total) = shared(shareable, &members);
+            let cordoned: u64 = members
+                .iter()
+                .filter(|m| m.mode == Cordoned)
+                .map(|m| u64::from(m.owned))
+                .sum();
+            if total > 0 {
+                prop_assert_eq!(t.iter().map(|&t| u64::from(t)).sum::<u64>(), n_shared + cordoned);
+            }
+            for (m, &t) in members.iter().zip(&t) {
+                match m.mode {
+                    Cordoned => prop_assert_eq!(t, m.owned),
+                    Draining => prop_assert_eq!(t, 0),
+                    _ if total == 0 => prop_assert_eq!(t, 0),
+                    _ => {
+                        let gap = i128::from(t) * i128::from(total)
+                            - i128::from(n_shared) * i128::from(m.weight);
+                        prop_assert!(gap.unsigned_abs() < u128::from(total), "{m:?} got {t}");
+                    }
+                }
+            }
+        }
+
+        /// Equal weights, all active, no quarantine: exactly the targets of the rule before
+        /// weights.
+        #[test]
+        fn equal_weights_reproduce_the_old_rule((n, owned) in snapshot_strategy(), weight in 1u32..=5) {
+            let members: Vec<MemberLoad> = loads(&owned)
+                .into_iter()
+                .map(|m| MemberLoad { weight, ..m })
+                .collect();
+            prop_assert_eq!(targets_of(n, &members), old_targets(n, &members));
+        }
+
+        /// Every member's plan follows its mode, and agrees with the targets every other member
+        /// computes.
+        #[test]
+        fn plans_follow_each_members_mode(
+            (n, quarantined, members) in weighted_strategy(200, 12, 5),
+        ) {
+            let v = weighted_view(n, quarantined, &members);
+            let all = targets(shareable(&v), &members);
+            let mut next = 0;
+            for (i, m) in members.iter().enumerate() {
+                let held = mine(next, m.owned);
+                next += m.owned;
+                let p = plan(&v, m.worker, &held);
+                prop_assert_eq!(p.target, all[i].target);
+                prop_assert!(p.claim <= v.claimable);
+                prop_assert!(p.claim == 0 || p.shed.is_empty());
+                match m.mode {
+                    Cordoned => {
+                        prop_assert_eq!(p.claim, 0);
+                        prop_assert!(p.shed.is_empty());
+                    }
+                    Draining => {
+                        prop_assert_eq!(p.claim, 0);
+                        let mut everything = held.clone();
+                        everything.reverse();
+                        prop_assert_eq!(p.shed, everything);
+                    }
+                    _ => {
+                        let after = m.owned + p.claim - p.shed.len() as u32;
+                        if p.claim > 0 { prop_assert!(after <= p.target); }
+                        if !p.shed.is_empty() { prop_assert_eq!(after, p.target); }
+                        prop_assert!(m.owned <= p.target || !p.shed.is_empty());
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config(128))]
+
+        /// On small groups, `minimum_moves` of our targets is the fewest moves to any target
+        /// vector the largest-remainder rule allows, and our targets are one of them.
+        #[test]
+        fn weighted_minimum_moves_match_brute_force(
+            (n, quarantined, members) in weighted_strategy(12, 5, 4),
+        ) {
+            let shareable = n - quarantined;
+            let ours = targets_of(shareable, &members);
+            let (best, found) = brute_force_weighted(shareable, &members, &ours);
+            prop_assert!(found, "targets {ours:?} break the largest-remainder rule");
+            prop_assert_eq!(minimum_moves(shareable, &members), best);
+        }
+
+        /// From any split, in any modes and weights, with members ticking one after another in
+        /// any order, two rounds of ticks reach the targets: every member at its target, and,
+        /// when some member weighs anything, every bucket not quarantined owned. A third round
+        /// moves nothing.
+        #[test]
+        fn two_rounds_of_ticks_reach_any_weighted_split(
+            (n, quarantined, members) in weighted_strategy(200, 12, 5),
+            orders in proptest::collection::vec(proptest::collection::vec(any::<u32>(), 12), 3),
+        ) {
+            let rounds = tick_rounds(n, quarantined, &members, &orders);
+            let (held, free) = &rounds[1];
+            let settled: Vec<MemberLoad> = members
+                .iter()
+                .zip(held)
+                .map(|(m, h)| MemberLoad { owned: h.len() as u32, ..*m })
+                .collect();
+            let loads: Vec<u32> = settled.iter().map(|m| m.owned).collect();
+            prop_assert_eq!(&loads, &targets_of(n - quarantined, &settled), "free {:?}", free);
+            for (m, &l) in members.iter().zip(&loads) {
+                match m.mode {
+                    Cordoned => prop_assert_eq!(l, m.owned),
+                    Draining => prop_assert_eq!(l, 0),
+                    _ => {}
+                }
+            }
+            if shared(n - quarantined, &members).1 > 0 {
+                prop_assert!(free.is_empty(), "unowned after two rounds: {free:?}, loads {loads:?}");
+            }
+            prop_assert_eq!(&rounds[2], &rounds[1]);
+        }
+    }
 }
