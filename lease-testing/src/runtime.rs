@@ -52,6 +52,9 @@ use lease_worker::{
 
 use crate::{Faults, FaultyStore, RecordingHandler};
 
+mod controls;
+pub use controls::*;
+
 /// The name of every case, in the order the macro runs them.
 pub const CASES: &[&str] = &[
     "cold_start_of_eight_workers_balances_within_three_ticks",
@@ -77,6 +80,10 @@ pub const CASES: &[&str] = &[
     "a_node_in_three_groups_shares_each_by_its_own_count",
     "groups_added_and_removed_at_run_time_leave_the_others_alone",
     "a_paused_node_fences_in_every_group_before_any_bucket_is_taken",
+    "a_drained_worker_hands_everything_over_and_returns_on_uncordon",
+    "a_cordoned_worker_keeps_its_buckets_and_takes_no_more",
+    "weights_split_a_group_in_proportion",
+    "a_quarantined_bucket_is_revoked_and_stays_unowned_until_lifted",
 ];
 
 /// Run every case against a store built by `$make`, an expression callable as
@@ -127,6 +134,10 @@ macro_rules! __runtime_cases {
             a_node_in_three_groups_shares_each_by_its_own_count,
             groups_added_and_removed_at_run_time_leave_the_others_alone,
             a_paused_node_fences_in_every_group_before_any_bucket_is_taken,
+            a_drained_worker_hands_everything_over_and_returns_on_uncordon,
+            a_cordoned_worker_keeps_its_buckets_and_takes_no_more,
+            weights_split_a_group_in_proportion,
+            a_quarantined_bucket_is_revoked_and_stays_unowned_until_lifted,
         );
     };
 }

@@ -8,7 +8,7 @@
 //! Each group's application runs on a task of its own, one event at a time: a slow handler in
 //! one group delays neither the node's renewals nor the other groups' events.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
@@ -19,7 +19,8 @@ use async_trait::async_trait;
 use futures_util::FutureExt;
 use lease_core::{
     Assignment, Bucket, Chain, Change, ChangeFeed, FencingToken, GroupName, Incarnation,
-    LeaseStore, MemberMetadata, RevokeReason, ShardCount, StoreError, WorkerId,
+    LeaseStore, MemberControl, MemberMetadata, RevokeReason, ShardCount, StoreError, Weight,
+    WorkerId,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -228,8 +229,24 @@ struct Driver {
     single_result: Option<Result<(), WorkerFailed>>,
     /// Groups that could not be left while the node stopped.
     not_left: Vec<GroupName>,
+    /// The weights the application set, applied again after every join (see
+    /// [`GroupHandle::set_weight`]).
+    weights: Weights,
     /// Held until the task ends: the configuration is running meanwhile.
     _running: Running,
+}
+
+/// The weights the application set per group, shared by the node task and its handles.
+type Weights = Arc<std::sync::Mutex<HashMap<GroupName, Weight>>>;
+
+/// The weight the application set for `group`, if any. A poisoned lock (a panic while the
+/// map was held, which its short sections cannot cause) still gives the map.
+fn weight_of(weights: &Weights, group: &GroupName) -> Option<Weight> {
+    weights
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(group)
+        .copied()
 }
 
 fn now() -> std::time::Instant {
@@ -415,6 +432,7 @@ impl Driver {
         let store = self.store.clone();
         let rules = self.machine.rules().clone();
         let metadata = self.metadata.clone();
+        let weights = self.weights.clone();
         let made = call.clone();
         let task = tokio::spawn(async move {
             let node = rules.node;
@@ -426,6 +444,16 @@ impl Driver {
                 ),
                 StoreCall::Join { group, session } => {
                     let result = store.join(&group, node, session).await;
+                    // Read after the join: a weight set while it was under way, whose own
+                    // control found no member yet, is applied here (K1 keeps it after).
+                    if result.is_ok()
+                        && let Some(w) = weight_of(&weights, &group)
+                        && let Err(e) = store.control(&group, node, MemberControl::Weight(w)).await
+                    {
+                        tracing::warn!(group = %group, weight = %w, error = %Chain(&e),
+                            "could not set the group's weight after joining; the node keeps \
+                             the weight the store has");
+                    }
                     Input::Joined(group, result)
                 }
                 StoreCall::Claim {
@@ -564,6 +592,16 @@ impl Driver {
                 "the node was evicted from the group (its buckets were released behind its \
                  back): revoking them and joining again"
             ),
+            Report::Coverage {
+                group,
+                unowned,
+                quarantined,
+                at,
+            } => {
+                if let Some(slot) = self.groups.get_mut(&group) {
+                    slot.metrics.coverage(unowned, quarantined, at);
+                }
+            }
         }
     }
 
@@ -713,6 +751,7 @@ struct Launch {
     commands: mpsc::UnboundedSender<Command>,
     apps: mpsc::UnboundedSender<(GroupName, AppEvent)>,
     trust: Trust,
+    weights: Weights,
     driver: Driver,
 }
 
@@ -728,6 +767,7 @@ fn launch(
     let (commands_tx, commands) = mpsc::unbounded_channel();
     let (apps_tx, apps) = mpsc::unbounded_channel();
     let (trust, watching) = watch::channel(None);
+    let weights = Weights::default();
     let driver = Driver {
         machine: Machine::new(rules(node, timing), now()),
         store,
@@ -741,12 +781,14 @@ fn launch(
         single,
         single_result: None,
         not_left: Vec::new(),
+        weights: weights.clone(),
         _running: running,
     };
     Launch {
         commands: commands_tx,
         apps: apps_tx,
         trust: watching,
+        weights,
         driver,
     }
 }
@@ -762,6 +804,7 @@ pub struct NodeHandle {
     apps: mpsc::UnboundedSender<(GroupName, AppEvent)>,
     store: Arc<dyn LeaseStore>,
     trust: Trust,
+    weights: Weights,
 }
 
 impl std::fmt::Debug for NodeHandle {
@@ -837,12 +880,14 @@ impl GroupError {
 
 /// One group of a running node: what its application owns, and how to remove it. Dropping it
 /// leaves the group running (remove it with [`NodeHandle::remove_group`], or stop the node).
-#[derive(Debug)]
 pub struct GroupHandle {
     group: GroupName,
     owned: watch::Receiver<Owned>,
     ended: watch::Receiver<Ended>,
     commands: mpsc::UnboundedSender<Command>,
+    node: WorkerId,
+    store: Arc<dyn LeaseStore>,
+    weights: Weights,
 }
 
 /// Wait until a group's end is published; the node ending without publishing it (it crashed,
@@ -893,6 +938,36 @@ impl GroupHandle {
     /// failed, or its node stopped.
     pub async fn wait(&mut self) -> Result<(), GroupError> {
         wait_ended(&mut self.ended).await
+    }
+
+    /// Set the node's weight in the group: its share of the buckets is proportional to it
+    /// (see [`policy`](lease_core::policy)). Stored in the store (rule K1), so it holds after
+    /// restarts until set again, by this or by `leasectl weight`; every member sees it at its
+    /// next heartbeat. Before the group's first join completes it is applied right after
+    /// the join, and after every later join.
+    pub async fn set_weight(&self, weight: Weight) -> Result<(), GroupError> {
+        self.weights
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(self.group.clone(), weight);
+        match self
+            .store
+            .control(&self.group, self.node, MemberControl::Weight(weight))
+            .await
+        {
+            // Not joined yet: the join applies it.
+            Ok(()) | Err(StoreError::NotAMember { .. }) => Ok(()),
+            Err(e) => Err(GroupError::Store(e)),
+        }
+    }
+}
+
+impl std::fmt::Debug for GroupHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupHandle")
+            .field("group", &self.group)
+            .field("node", &self.node)
+            .finish_non_exhaustive()
     }
 }
 
@@ -969,6 +1044,9 @@ impl NodeHandle {
                 owned,
                 ended,
                 commands: self.commands.clone(),
+                node: self.node,
+                store: self.store.clone(),
+                weights: self.weights.clone(),
             }),
             Ok(Added::Duplicate) => Err(GroupError::AlreadyAdded { group }),
             Ok(Added::Stopping) | Err(_) => Err(GroupError::NodeEnded),
@@ -1075,6 +1153,7 @@ impl LeaseNode {
             apps: parts.apps,
             store,
             trust: parts.trust,
+            weights: parts.weights,
         })
     }
 }

@@ -76,8 +76,8 @@ use std::time::{Duration, Instant};
 use chrono::TimeDelta;
 use lease_core::{
     Assignment, Bucket, FencingToken, Generation, GroupBeat, GroupName, GroupStamp, Heartbeat,
-    Incarnation, Lease, Operation, RevokeReason, SessionId, ShardCount, StoreError, Takeover,
-    Timestamp, Ttl, ViewStamp, WorkerId, policy,
+    Incarnation, Lease, MemberMode, Operation, RevokeReason, SessionId, ShardCount, StoreError,
+    Takeover, Timestamp, Ttl, ViewStamp, WorkerId, policy,
 };
 
 use crate::events::{WorkerError, WorkerFailed};
@@ -314,6 +314,18 @@ pub enum Report {
         /// The group.
         group: GroupName,
     },
+    /// What the group looked like at this heartbeat: made at every heartbeat that gives the
+    /// group's view or says it is unchanged, so that a stall shows while nothing changes.
+    Coverage {
+        /// The group.
+        group: GroupName,
+        /// Buckets of the current generation no live member owns.
+        unowned: u32,
+        /// Buckets under quarantine.
+        quarantined: u32,
+        /// When the heartbeat was answered (the node's clock).
+        at: Instant,
+    },
 }
 
 /// A step of the store's clock, seen between two heartbeats.
@@ -398,6 +410,9 @@ struct Group {
     /// Buckets of `held` that belong to a draining generation: revoked, released, never
     /// assigned.
     draining: BTreeSet<Bucket>,
+    /// Buckets of the current generation the node holds under quarantine (Q2): let go like
+    /// draining ones, with reason `quarantined`.
+    quarantined: BTreeSet<Bucket>,
     /// Whether the node is a member under its current session, as far as the machine knows.
     member: bool,
     /// The last full view of the group the store gave, kept for "unchanged" answers, and the
@@ -441,6 +456,7 @@ impl Group {
             shards,
             resized_from: None,
             draining: BTreeSet::new(),
+            quarantined: BTreeSet::new(),
             member: false,
             last: None,
             stamp: None,
@@ -1316,8 +1332,15 @@ impl Machine {
         // however it was revoked; any other acknowledged bucket the store says is ours is
         // assigned again.
         let release = revoked.is_some_and(|r| {
-            matches!(r.reason, RevokeReason::Shed | RevokeReason::Resharded) && r.session == session
-        }) || (g.draining.contains(&bucket) && g.held.contains_key(&bucket));
+            matches!(
+                r.reason,
+                RevokeReason::Shed
+                    | RevokeReason::Resharded
+                    | RevokeReason::Drained
+                    | RevokeReason::Quarantined
+            ) && r.session == session
+        }) || ((g.draining.contains(&bucket) || g.quarantined.contains(&bucket))
+            && g.held.contains_key(&bucket));
         if leaving {
             return;
         }
@@ -1462,7 +1485,7 @@ impl Machine {
             match view {
                 Some(view) => {
                     g.member = true;
-                    self.reconcile(i, &view);
+                    self.reconcile(now, i, &view);
                 }
                 None => {
                     if g.member {
@@ -1503,8 +1526,15 @@ impl Machine {
     }
 
     /// Plan group `i` on the store's word about it: its view and the node's leases in it.
-    fn reconcile(&mut self, i: usize, beat: &GroupBeat) {
+    fn reconcile(&mut self, now: Instant, i: usize, beat: &GroupBeat) {
         let node = self.rules.node;
+        let owned: u32 = beat.view.members.iter().map(|m| m.owned).sum();
+        self.reports.push_back(Report::Coverage {
+            group: self.groups[i].name.clone(),
+            unowned: beat.view.shard_count.get().saturating_sub(owned),
+            quarantined: beat.view.quarantined,
+            at: now,
+        });
         let g = &mut self.groups[i];
         if beat.view.shard_count != g.shards {
             if beat.view.previous == Some(g.shards) {
@@ -1531,6 +1561,7 @@ impl Machine {
         }
         g.resized_from = beat.view.previous;
         g.draining = beat.draining_buckets().into_iter().collect();
+        g.quarantined = beat.quarantined.iter().copied().collect();
         let held: Owned = beat.owned.iter().map(|l| (l.bucket, l.token)).collect();
         g.held.clone_from(&held);
         // Revocations still queued (a fence's, a new session's) stay first; their buckets are
@@ -1559,21 +1590,28 @@ impl Machine {
         // claim whose answer was lost, leases kept alive that it fenced), unless it is on its
         // way out.
         let mut assigning: BTreeMap<Bucket, FencingToken> = BTreeMap::new();
-        // Buckets of a draining generation are let go: revoked first if the application
-        // holds them, released at once if it does not.
-        let mut resharded: Vec<Step> = Vec::new();
+        // Buckets of a draining generation and buckets under quarantine are let go: revoked
+        // first if the application holds them, released at once if it does not.
+        let mut let_go: Vec<Step> = Vec::new();
         for (&bucket, &token) in &held {
             let holds_it = !out.contains(&bucket) && told.get(&bucket) == Some(&token);
             let busy = g.unreleased.contains(&bucket)
                 || g.revoking.contains_key(&bucket)
                 || g.stuck.contains_key(&bucket)
                 || out.contains(&bucket);
-            if g.draining.contains(&bucket) {
+            let letting_go = if g.draining.contains(&bucket) {
+                Some(RevokeReason::Resharded)
+            } else if g.quarantined.contains(&bucket) {
+                Some(RevokeReason::Quarantined)
+            } else {
+                None
+            };
+            if let Some(reason) = letting_go {
                 if holds_it {
-                    resharded.push(Step::Deliver(Delivery::Revoke {
+                    let_go.push(Step::Deliver(Delivery::Revoke {
                         bucket,
                         token,
-                        reason: RevokeReason::Resharded,
+                        reason,
                     }));
                 } else if !busy {
                     g.unreleased.insert(bucket);
@@ -1589,6 +1627,7 @@ impl Machine {
             .copied()
             .filter(|b| {
                 !g.draining.contains(b)
+                    && !g.quarantined.contains(b)
                     && !g.unreleased.contains(b)
                     && !g.revoking.contains_key(b)
                     && !g.stuck.contains_key(b)
@@ -1596,7 +1635,12 @@ impl Machine {
             })
             .collect();
         let plan = policy::plan(&beat.view, node, &keeping);
-        let mut shed_now: Vec<Step> = resharded;
+        // An operator's drain (or weight 0) is why this node sheds, not the fair share.
+        let shed_reason = match beat.view.members.iter().find(|m| m.worker == node) {
+            Some(me) if me.mode == MemberMode::Draining || me.weight == 0 => RevokeReason::Drained,
+            _ => RevokeReason::Shed,
+        };
+        let mut shed_now: Vec<Step> = let_go;
         for bucket in &plan.shed {
             if assigning.remove(bucket).is_some() {
                 // Never handed to the application: it can go at once.
@@ -1605,7 +1649,7 @@ impl Machine {
                 shed_now.push(Step::Deliver(Delivery::Revoke {
                     bucket: *bucket,
                     token,
-                    reason: RevokeReason::Shed,
+                    reason: shed_reason,
                 }));
             }
         }

@@ -13,9 +13,12 @@
 //! | `lease_stuck_total` | counter | revocations the application did not acknowledge in time |
 //! | `lease_tick_seconds` | histogram | duration of a tick |
 //! | `lease_clock_steps_total` | counter | steps of the store's clock seen between heartbeats, by `direction` (forward, backward) |
+//! | `lease_unowned_buckets` | gauge | buckets of the group no live member owns, as of the node's last heartbeat (a stall that lasts shows here) |
+//! | `lease_unowned_bucket_seconds_total` | counter | unowned buckets integrated over time between the node's heartbeats; every member of the group counts the same, so aggregate with `max` by group, not `sum` |
+//! | `lease_quarantined_buckets` | gauge | buckets of the group under quarantine (`leasectl quarantine`) |
 //! | `lease_polling_fallback` | gauge | 1 while the worker has no change feed (the store cannot push wake-ups, e.g. Postgres behind a transaction pooler without a direct URL) and re-plans only at its renew interval; 0 while wake-ups are pushed |
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 
@@ -38,6 +41,13 @@ pub(crate) struct Metrics {
     polling: Gauge,
     steps_forward: Counter,
     steps_backward: Counter,
+    unowned: Gauge,
+    unowned_seconds: Counter,
+    quarantined_gauge: Gauge,
+    /// The last coverage seen: since when that many buckets were unowned, for the counter.
+    last_unowned: Option<(Instant, u32)>,
+    /// Bucket-milliseconds unowned not counted yet (under a second's worth).
+    unowned_ms: u64,
 }
 
 impl Metrics {
@@ -58,6 +68,11 @@ impl Metrics {
             stuck: counter!("lease_stuck_total", "group" => g.clone()),
             tick: histogram!("lease_tick_seconds", "group" => g.clone()),
             polling: gauge!("lease_polling_fallback", "group" => g.clone()),
+            unowned: gauge!("lease_unowned_buckets", "group" => g.clone()),
+            unowned_seconds: counter!("lease_unowned_bucket_seconds_total", "group" => g.clone()),
+            quarantined_gauge: gauge!("lease_quarantined_buckets", "group" => g.clone()),
+            last_unowned: None,
+            unowned_ms: 0,
             steps_forward: counter!("lease_clock_steps_total", "group" => g.clone(), "direction" => "forward"),
             steps_backward: counter!("lease_clock_steps_total", "group" => g, "direction" => "backward"),
         }
@@ -104,6 +119,24 @@ impl Metrics {
         } else {
             self.steps_backward.increment(1);
         }
+    }
+
+    /// The group's coverage at a heartbeat answered at `at`: the gauges, and the bucket-seconds
+    /// unowned since the previous one (a counter takes integers: whole bucket-seconds are
+    /// counted, the rest carried to the next heartbeat).
+    pub(crate) fn coverage(&mut self, unowned: u32, quarantined: u32, at: Instant) {
+        self.unowned.set(f64::from(unowned));
+        self.quarantined_gauge.set(f64::from(quarantined));
+        if let Some((since, n)) = self.last_unowned {
+            let ms =
+                u64::try_from(at.saturating_duration_since(since).as_millis()).unwrap_or(u64::MAX);
+            self.unowned_ms = self
+                .unowned_ms
+                .saturating_add(ms.saturating_mul(u64::from(n)));
+            self.unowned_seconds.increment(self.unowned_ms / 1_000);
+            self.unowned_ms %= 1_000;
+        }
+        self.last_unowned = Some((at, unowned));
     }
 
     pub(crate) fn tick(&self, took: Duration) {

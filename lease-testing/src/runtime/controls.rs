@@ -1,0 +1,156 @@
+//! Runtime cases of the operators' controls: drain, cordon, weights and quarantine, set in
+//! the store (as `leasectl` does, from anywhere) while workers run.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lease_core::{Bucket, LeaseStore, MemberControl, MemberMode, QuarantineFor, RevokeReason};
+use lease_core::{Weight, WorkerId};
+
+use super::{Env, Pool, RENEW, until};
+
+/// Wait until the workers' applications own exactly `want`; how long it took.
+async fn until_loads<S: LeaseStore + Clone + 'static>(
+    pool: &Pool<S>,
+    want: &BTreeMap<WorkerId, usize>,
+    limit: Duration,
+    what: &str,
+) -> Duration {
+    until(limit, what, || &pool.owned() == want, || pool.owned()).await
+}
+
+async fn control<S: LeaseStore + Clone + 'static>(pool: &Pool<S>, w: WorkerId, c: MemberControl) {
+    pool.store
+        .control(&pool.group, w, c)
+        .await
+        .expect("the control is stored");
+}
+
+/// A drained worker revokes everything (reason `drained`, never `shed`) and the other takes
+/// it all within two ticks; uncordoned, it gets its share back.
+pub async fn a_drained_worker_hands_everything_over_and_returns_on_uncordon<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    let mut pool = Pool::new(&env, "orders", 8, true);
+    let a = pool.start().await;
+    let b = pool.start().await;
+    pool.until_balanced(5 * RENEW, "cold start").await;
+    let shed_before = pool.revoked_at(a, RevokeReason::Shed).len();
+    control(&pool, a, MemberControl::Mode(MemberMode::Draining)).await;
+    let took = until_loads(
+        &pool,
+        &BTreeMap::from([(a, 0), (b, 8)]),
+        2 * RENEW + env.slack(),
+        "a drained",
+    )
+    .await;
+    eprintln!("drain of 4 buckets: the worker was empty after {took:?}");
+    assert_eq!(pool.revoked_at(a, RevokeReason::Drained).len(), 4);
+    assert_eq!(pool.revoked_at(a, RevokeReason::Shed).len(), shed_before);
+    assert_eq!(pool.check().handoffs, 4, "the drained buckets went to b");
+    control(&pool, a, MemberControl::Mode(MemberMode::Active)).await;
+    pool.until_balanced(2 * RENEW + env.slack(), "a uncordoned")
+        .await;
+    pool.shutdown().await;
+}
+
+/// A cordoned worker keeps what it holds and takes nothing more: a joiner shares the rest
+/// with the third worker, not with it.
+pub async fn a_cordoned_worker_keeps_its_buckets_and_takes_no_more<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    let mut pool = Pool::new(&env, "orders", 12, true);
+    let a = pool.start().await;
+    let b = pool.start().await;
+    pool.until_balanced(5 * RENEW, "cold start").await;
+    control(&pool, a, MemberControl::Mode(MemberMode::Cordoned)).await;
+    let c = pool.start().await;
+    until_loads(
+        &pool,
+        &BTreeMap::from([(a, 6), (b, 3), (c, 3)]),
+        3 * RENEW + env.slack(),
+        "the joiner shares b's buckets only",
+    )
+    .await;
+    assert!(
+        pool.revoked_at(a, RevokeReason::Shed).is_empty()
+            && pool.revoked_at(a, RevokeReason::Drained).is_empty(),
+        "a cordoned worker gave buckets up"
+    );
+    pool.shutdown().await;
+}
+
+/// Weights 3 : 1 split eight buckets 6 : 2, from a balanced start, with the fewest moves.
+pub async fn weights_split_a_group_in_proportion<S: LeaseStore + Clone + 'static>(env: Env<S>) {
+    let mut pool = Pool::new(&env, "orders", 8, true);
+    let a = pool.start().await;
+    let b = pool.start().await;
+    pool.until_balanced(5 * RENEW, "cold start").await;
+    let handoffs = pool.check().handoffs;
+    let three = Weight::new(3).expect("weight");
+    control(&pool, a, MemberControl::Weight(three)).await;
+    until_loads(
+        &pool,
+        &BTreeMap::from([(a, 6), (b, 2)]),
+        2 * RENEW + env.slack(),
+        "weights 3 : 1",
+    )
+    .await;
+    assert_eq!(
+        pool.check().handoffs - handoffs,
+        2,
+        "more moves than the two the weights call for"
+    );
+    pool.shutdown().await;
+}
+
+/// A quarantined bucket is revoked by its owner (reason `quarantined`) and nobody takes it,
+/// a joiner included, until the quarantine is lifted.
+pub async fn a_quarantined_bucket_is_revoked_and_stays_unowned_until_lifted<
+    S: LeaseStore + Clone + 'static,
+>(
+    env: Env<S>,
+) {
+    let mut pool = Pool::new(&env, "orders", 4, true);
+    let a = pool.start().await;
+    pool.until_owns(a, 4, 5 * RENEW).await;
+    let hour = QuarantineFor::new(Duration::from_secs(3_600)).ok();
+    pool.store
+        .quarantine(&pool.group, Bucket(2), hour)
+        .await
+        .expect("quarantine");
+    until(
+        2 * RENEW + env.slack(),
+        "bucket 2 revoked",
+        || pool.revoked_at(a, RevokeReason::Quarantined).len() == 1,
+        || pool.events_of(a),
+    )
+    .await;
+    let b = pool.start().await;
+    // Three buckets to share: 2 and 1 (which of them has two is the tie rule's).
+    until(
+        3 * RENEW + env.slack(),
+        "three buckets shared",
+        || {
+            let owned = pool.owned();
+            owned.values().sum::<usize>() == 3 && owned[&a].max(owned[&b]) == 2
+        },
+        || pool.owned(),
+    )
+    .await;
+    let snap = pool.store.snapshot(&pool.group).await.expect("snapshot");
+    assert!(
+        snap.buckets[2].owner.is_none() || snap.buckets[2].state != lease_core::BucketState::Live
+    );
+    pool.store
+        .quarantine(&pool.group, Bucket(2), None)
+        .await
+        .expect("lift");
+    pool.until_balanced(2 * RENEW + env.slack(), "bucket 2 back")
+        .await;
+    pool.shutdown().await;
+}
