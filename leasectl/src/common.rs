@@ -192,6 +192,18 @@ pub fn store_failure(e: StoreError) -> Failure {
             "--shards: group {group:?} exists with {found} shards, not {configured}; \
              a group's shard count changes only with leasectl resize"
         )),
+        StoreError::NotAMember { group, worker } => Failure::Usage(format!(
+            "--worker: worker {worker} is not a member of group {group:?} (`leasectl status \
+             --group {group}` lists the members); nothing was changed"
+        )),
+        StoreError::BucketOutOfRange {
+            group,
+            bucket,
+            shard_count,
+        } => Failure::Usage(format!(
+            "--bucket: group {group:?} has buckets 0 to {}, not {bucket}; nothing was changed",
+            shard_count.get() - 1
+        )),
         other => Failure::Runtime(Chain(&other).to_string()),
     }
 }

@@ -1,7 +1,8 @@
 //! `leasectl`: the command line of the lease engine.
 //!
 //! `leasectl demo` runs a scripted story entirely in memory; `migrate`, `grant`, `worker`,
-//! `status`, `release`, `resize` and `doctor` work on Postgres (`--database-url` or
+//! `status`, `release`, `resize`, `doctor` and the operators' controls (`cordon`, `drain`,
+//! `uncordon`, `weight`, `quarantine`, `unquarantine`) work on Postgres (`--database-url` or
 //! `DATABASE_URL`).
 //! Each subcommand is a module owning its arguments and its run function; [`common`] holds
 //! what they share: connecting, failures and exit codes.
@@ -12,6 +13,7 @@
 //! stops quietly with 0.
 
 mod common;
+mod controls;
 mod demo;
 mod doctor;
 mod duration;
@@ -71,6 +73,22 @@ enum Command {
     /// Check a database as a worker would use it: connection, TLS, server, schema, primary,
     /// clock, replication, wake-ups. Exit 0 when workers can run, 1 otherwise.
     Doctor(doctor::DoctorArgs),
+    /// Stop a worker from claiming in a group: it keeps what it holds (weight 0 in effect),
+    /// the others share the rest. Works on a live worker from any host; survives its restarts
+    /// until `uncordon`.
+    Cordon(controls::MemberArgs),
+    /// Make a worker give up everything it holds in a group (revoke, then release; reason
+    /// `drained`) and claim nothing until `uncordon`. --wait waits until it holds nothing.
+    Drain(controls::DrainArgs),
+    /// Undo `cordon` or `drain`: the worker claims its share again.
+    Uncordon(controls::MemberArgs),
+    /// Set a worker's weight in a group: targets are proportional to weights (default 1).
+    Weight(controls::WeightArgs),
+    /// Make a bucket unclaimable for a while (--for 5m), for a poison bucket that crashes
+    /// every worker that takes it: its owner revokes it (reason `quarantined`).
+    Quarantine(controls::QuarantineArgs),
+    /// Lift a bucket's quarantine: it is claimable again.
+    Unquarantine(controls::BucketArgs),
 }
 
 fn init_logging() {
@@ -111,6 +129,12 @@ fn main() -> ExitCode {
             Command::Release(args) => release::run(args).await,
             Command::Resize(args) => resize::run(args).await,
             Command::Doctor(args) => doctor::run(args).await,
+            Command::Cordon(args) => controls::cordon(args).await,
+            Command::Drain(args) => controls::drain(args).await,
+            Command::Uncordon(args) => controls::uncordon(args).await,
+            Command::Weight(args) => controls::weight(args).await,
+            Command::Quarantine(args) => controls::quarantine(args).await,
+            Command::Unquarantine(args) => controls::unquarantine(args).await,
         }
     });
     // A worker abandoned by a second signal may still wait on the database: do not wait for it.

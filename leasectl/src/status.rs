@@ -4,6 +4,7 @@
 //! and the groups it is in.
 
 use clap::Args;
+use lease::policy;
 use lease::resize as keys;
 use lease::{
     Bucket, BucketInfo, BucketState, GroupSnapshot, LeaseStore, NodeInfo, NodesSnapshot,
@@ -77,12 +78,23 @@ fn left(observed: Timestamp, t: Option<Timestamp>) -> String {
     }
 }
 
-/// The balance line: live members, buckets owned, and the spread of their loads.
+/// The balance line: live members, buckets owned, and the spread of their loads; balanced
+/// means every live member owns its target (equal shares, or by weight, cordoned members
+/// keeping what they hold, quarantined buckets left out).
 pub fn balance_line(snap: &GroupSnapshot) -> String {
-    let live = snap.live_members();
+    let view = snap.view();
+    let live = &view.members;
     let owned: u32 = live.iter().map(|m| m.owned).sum();
     let min = live.iter().map(|m| m.owned).min().unwrap_or(0);
     let max = live.iter().map(|m| m.owned).max().unwrap_or(0);
+    let on_target = policy::targets(policy::shareable(&view), live)
+        .iter()
+        .all(|t| t.owned == t.target);
+    let quarantined = if view.quarantined > 0 {
+        format!(", {} quarantined", view.quarantined)
+    } else {
+        String::new()
+    };
     let draining = not_retired(&snap.draining);
     // While a resize drains, the new buckets waiting for old ones cannot be owned: that, not
     // the workers, is why some bucket is not owned.
@@ -90,15 +102,16 @@ pub fn balance_line(snap: &GroupSnapshot) -> String {
         "no live members".to_owned()
     } else if draining > 0 {
         format!("resize draining: {draining} old bucket(s) not retired")
-    } else if owned == snap.shard_count.get() && max - min <= 1 {
+    } else if on_target {
         "balanced".to_owned()
-    } else if owned < snap.shard_count.get() {
+    } else if owned + view.quarantined < snap.shard_count.get() {
         "not every bucket owned".to_owned()
     } else {
         "unbalanced".to_owned()
     };
     format!(
-        "balance: {} live member(s), {owned}/{} buckets owned, min {min}, max {max}: {verdict}",
+        "balance: {} live member(s), {owned}/{} buckets owned{quarantined}, min {min}, max {max}: \
+         {verdict}",
         live.len(),
         snap.shard_count
     )
@@ -112,6 +125,7 @@ fn bucket_json(b: &BucketInfo) -> Value {
         "token": b.token.get(),
         "expires_at": b.expires_at.map(rfc3339),
         "state": b.state.as_str(),
+        "quarantined_until": b.quarantined_until.map(rfc3339),
     })
 }
 
@@ -145,6 +159,8 @@ fn status_json(snap: &GroupSnapshot) -> Value {
             "session": m.session.to_string(),
             "expires_at": rfc3339(m.expires_at),
             "owned": m.owned,
+            "weight": m.weight,
+            "mode": m.mode.as_str(),
         })).collect::<Vec<_>>(),
         "buckets": snap.buckets.iter().map(bucket_json).collect::<Vec<_>>(),
         "generation": snap.generation.get(),
@@ -241,8 +257,11 @@ fn draining_lines(snap: &GroupSnapshot) -> Vec<String> {
 }
 
 fn bucket_row(snap: &GroupSnapshot, b: &BucketInfo) -> String {
+    let quarantine = b.quarantined_until.map_or_else(String::new, |until| {
+        format!(", quarantined for {}", left(snap.observed_at, Some(until)))
+    });
     format!(
-        "{:>6}  {:<36}  {:>6}  {:>10}  {}",
+        "{:>6}  {:<36}  {:>6}  {:>10}  {}{quarantine}",
         b.bucket,
         b.owner.map_or_else(|| "-".to_owned(), |w| w.to_string()),
         b.token,
@@ -273,16 +292,18 @@ fn status_table(snap: &GroupSnapshot) -> String {
     lines.extend(draining_lines(snap));
     lines.push("members:".into());
     lines.push(format!(
-        "{:<36}  {:>5}  {:>10}  {:<7}  metadata",
-        "worker", "owned", "expires in", "state"
+        "{:<36}  {:>5}  {:>10}  {:<7}  {:>6}  {:<8}  metadata",
+        "worker", "owned", "expires in", "state", "weight", "mode"
     ));
     for m in &snap.members {
         lines.push(format!(
-            "{:<36}  {:>5}  {:>10}  {:<7}  {}",
+            "{:<36}  {:>5}  {:>10}  {:<7}  {:>6}  {:<8}  {}",
             m.worker,
             m.owned,
             expires_in(snap, Some(m.expires_at)),
             if m.live { "live" } else { "expired" },
+            m.weight,
+            m.mode.as_str(),
             m.metadata
         ));
     }

@@ -55,6 +55,11 @@ pub struct WorkerArgs {
     /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// This worker's weight in every group it runs: targets are proportional to weights
+    /// (default: the weight stored for it, 1 for a new member). Stored in the database, so it
+    /// holds until set again (here or by `leasectl weight`).
+    #[arg(long, value_parser = crate::controls::parse_weight)]
+    weight: Option<lease::Weight>,
 }
 
 /// Prints the worker's events on stdout, one line each, flushed at once. Once stdout fails the
@@ -379,10 +384,17 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
     // Each group's end, as it comes: one that ends without being asked stops the process.
     let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel();
     for (i, (g, printer)) in groups.iter().zip(&printers).enumerate() {
-        let mut handle = match node
+        let added = match node
             .add_group(g.group.clone(), g.shards, printer.clone())
             .await
         {
+            Ok(handle) => match args.weight {
+                Some(w) => handle.set_weight(w).await.map(|()| handle),
+                None => Ok(handle),
+            },
+            Err(e) => Err(e),
+        };
+        let mut handle = match added {
             Ok(handle) => handle,
             Err(e) => {
                 cancel.cancel();

@@ -526,6 +526,8 @@ pub fn reason_of(text: &str) -> RevokeReason {
         "expired" => RevokeReason::Expired,
         "shutdown" => RevokeReason::Shutdown,
         "resharded" => RevokeReason::Resharded,
+        "drained" => RevokeReason::Drained,
+        "quarantined" => RevokeReason::Quarantined,
         other => panic!("unknown revocation reason {other:?}"),
     }
 }

@@ -1,0 +1,231 @@
+//! The operators' controls: `cordon`, `drain`, `uncordon` and `weight` on a member of a group,
+//! `quarantine` and `unquarantine` on a bucket. Each is stored in the database, so it works
+//! from any host on live workers, survives their restarts, and takes effect at each member's
+//! next heartbeat (at once with wake-ups).
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use lease::postgres::PgLeaseStore;
+use lease::{
+    Bucket, GroupName, GroupSnapshot, LeaseStore, MemberControl, MemberMode, QuarantineFor, Weight,
+    WorkerId,
+};
+
+use crate::common::{DbArgs, Failure, group_arg, rfc3339, store_failure};
+use crate::{duration, output};
+
+/// How often `drain --wait` looks.
+const WAIT_POLL: Duration = Duration::from_millis(20);
+
+/// A member of a group: what `cordon`, `drain`, `uncordon` and `weight` act on.
+#[derive(Args, Debug)]
+pub struct MemberArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The group.
+    #[arg(long)]
+    group: String,
+    /// The worker (its UUID, as `status` shows it).
+    #[arg(long)]
+    worker: String,
+}
+
+impl MemberArgs {
+    async fn open(&self) -> Result<(PgLeaseStore, GroupName, WorkerId), Failure> {
+        let group = group_arg(&self.group)?;
+        let worker: WorkerId = self
+            .worker
+            .parse()
+            .map_err(|e| Failure::Usage(format!("--worker: {e}")))?;
+        Ok((self.db.open().await?, group, worker))
+    }
+}
+
+/// `leasectl drain`'s arguments.
+#[derive(Args, Debug)]
+pub struct DrainArgs {
+    #[command(flatten)]
+    member: MemberArgs,
+    /// Wait until the worker holds nothing in the group and say how long that took (at most
+    /// this long, e.g. `30s`; then exit 1).
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    wait: Option<Duration>,
+}
+
+/// `leasectl weight`'s arguments.
+#[derive(Args, Debug)]
+pub struct WeightArgs {
+    #[command(flatten)]
+    member: MemberArgs,
+    /// The weight: targets are proportional to it (default 1 for every member; 0 asks for
+    /// no bucket).
+    #[arg(long, value_parser = parse_weight)]
+    weight: Weight,
+}
+
+/// `leasectl quarantine`'s and `unquarantine`'s arguments.
+#[derive(Args, Debug)]
+pub struct BucketArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The group.
+    #[arg(long)]
+    group: String,
+    /// The bucket.
+    #[arg(long)]
+    bucket: u32,
+}
+
+/// `leasectl quarantine`'s arguments.
+#[derive(Args, Debug)]
+pub struct QuarantineArgs {
+    #[command(flatten)]
+    bucket: BucketArgs,
+    /// How long, e.g. `5m` (at most a year).
+    #[arg(long = "for", value_name = "DURATION", value_parser = parse_quarantine)]
+    duration: QuarantineFor,
+}
+
+/// A `--weight` value.
+pub fn parse_weight(text: &str) -> Result<Weight, String> {
+    text.parse::<Weight>().map_err(|e| e.to_string())
+}
+
+fn parse_quarantine(text: &str) -> Result<QuarantineFor, String> {
+    QuarantineFor::new(duration::parse(text)?).map_err(|e| e.to_string())
+}
+
+/// What the member holds in the group's snapshot, and whether it is live.
+fn held(snap: &GroupSnapshot, worker: WorkerId) -> Option<(u32, bool)> {
+    snap.members
+        .iter()
+        .find(|m| m.worker == worker)
+        .map(|m| (m.owned, m.live))
+}
+
+async fn set_mode(args: &MemberArgs, mode: MemberMode) -> Result<(), Failure> {
+    let (store, group, worker) = args.open().await?;
+    store
+        .control(&group, worker, MemberControl::Mode(mode))
+        .await
+        .map_err(store_failure)?;
+    let snap = store.snapshot(&group).await.map_err(store_failure)?;
+    let (owned, live) = held(&snap, worker).unwrap_or((0, false));
+    let state = if live { "live" } else { "not running" };
+    let g = group.as_str();
+    let done = match mode {
+        MemberMode::Cordoned => format!(
+            "cordoned worker {worker} ({state}) in group {g:?}: it keeps its {owned} bucket(s) \
+             and claims no more; the others share the rest. `leasectl uncordon` undoes it."
+        ),
+        MemberMode::Draining => format!(
+            "draining worker {worker} ({state}) in group {g:?}: it revokes (reason drained) and \
+             releases its {owned} bucket(s) at its next heartbeat, and claims none until \
+             `leasectl uncordon`."
+        ),
+        _ => format!(
+            "uncordoned worker {worker} ({state}) in group {g:?}: it claims its share again at \
+             its next heartbeat (it holds {owned} bucket(s) now)."
+        ),
+    };
+    output::line(&done).map_err(|e| e.failure_after(&done))
+}
+
+/// `leasectl cordon`.
+pub async fn cordon(args: MemberArgs) -> Result<(), Failure> {
+    set_mode(&args, MemberMode::Cordoned).await
+}
+
+/// `leasectl uncordon`.
+pub async fn uncordon(args: MemberArgs) -> Result<(), Failure> {
+    set_mode(&args, MemberMode::Active).await
+}
+
+/// `leasectl drain`, and with `--wait` the wait until the worker holds nothing.
+pub async fn drain(args: DrainArgs) -> Result<(), Failure> {
+    let started = Instant::now();
+    set_mode(&args.member, MemberMode::Draining).await?;
+    let Some(limit) = args.wait else {
+        return Ok(());
+    };
+    let (store, group, worker) = args.member.open().await?;
+    loop {
+        let snap = store.snapshot(&group).await.map_err(store_failure)?;
+        let (owned, _) = held(&snap, worker).unwrap_or((0, false));
+        let waited = started.elapsed();
+        if owned == 0 {
+            return output::line(format!(
+                "worker {worker} holds nothing in group {:?}: drained in {} ms",
+                group.as_str(),
+                waited.as_millis()
+            ))
+            .map_err(|e| e.failure());
+        }
+        if waited >= limit {
+            return Err(Failure::Runtime(format!(
+                "worker {worker} still holds {owned} bucket(s) of group {:?} after {}; is it \
+                 running? (a stopped worker's buckets pass on when its session expires)",
+                group.as_str(),
+                duration::show(limit)
+            )));
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
+}
+
+/// `leasectl weight`.
+pub async fn weight(args: WeightArgs) -> Result<(), Failure> {
+    let (store, group, worker) = args.member.open().await?;
+    store
+        .control(&group, worker, MemberControl::Weight(args.weight))
+        .await
+        .map_err(store_failure)?;
+    let done = format!(
+        "worker {worker} has weight {} in group {:?}: targets follow at the members' next \
+         heartbeats",
+        args.weight,
+        group.as_str()
+    );
+    output::line(&done).map_err(|e| e.failure_after(&done))
+}
+
+async fn set_quarantine(args: &BucketArgs, duration: Option<QuarantineFor>) -> Result<(), Failure> {
+    let group = group_arg(&args.group)?;
+    let store = args.db.open().await?;
+    let bucket = Bucket(args.bucket);
+    store
+        .quarantine(&group, bucket, duration)
+        .await
+        .map_err(store_failure)?;
+    let snap = store.snapshot(&group).await.map_err(store_failure)?;
+    let info = snap.buckets.get(bucket.get() as usize);
+    let owner = info
+        .filter(|b| b.state == lease::BucketState::Live)
+        .and_then(|b| b.owner);
+    let g = group.as_str();
+    let done = match (duration, info.and_then(|b| b.quarantined_until)) {
+        (Some(_), Some(until)) => format!(
+            "bucket {bucket} of group {g:?} is quarantined until {} (store clock): {} nobody \
+             claims it until then or `leasectl unquarantine`.",
+            rfc3339(until),
+            match owner {
+                Some(w) =>
+                    format!("its owner {w} revokes it (reason quarantined) at its next heartbeat;"),
+                None => "it has no live owner;".to_owned(),
+            }
+        ),
+        _ => format!("bucket {bucket} of group {g:?} is not quarantined: it is claimable again."),
+    };
+    output::line(&done).map_err(|e| e.failure_after(&done))
+}
+
+/// `leasectl quarantine`.
+pub async fn quarantine(args: QuarantineArgs) -> Result<(), Failure> {
+    set_quarantine(&args.bucket, Some(args.duration)).await
+}
+
+/// `leasectl unquarantine`.
+pub async fn unquarantine(args: BucketArgs) -> Result<(), Failure> {
+    set_quarantine(&args, None).await
+}

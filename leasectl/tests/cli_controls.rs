@@ -1,0 +1,190 @@
+//! The operators' controls as a user runs them: `worker --weight`, `weight`, `cordon`,
+//! `drain --wait`, `uncordon`, `quarantine` and `unquarantine` on live `leasectl worker`
+//! processes, from another process, and what `status` shows of them.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{WorkerProcess, run, wait_for};
+
+/// Bad values exit 2 naming the flag, before any database is looked at.
+#[test]
+fn bad_control_values_exit_2_and_name_the_flag() {
+    let worker = "6f1c1b39-2e3c-4a4e-9d59-0c3f0c1b7a11";
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "weight", "--group", "g", "--worker", worker, "--weight", "-1",
+            ],
+            "--weight",
+        ),
+        (
+            &[
+                "weight", "--group", "g", "--worker", worker, "--weight", "2000000",
+            ],
+            "--weight",
+        ),
+        (&["cordon", "--group", "g", "--worker", "nope"], "--worker"),
+        (
+            &["quarantine", "--group", "g", "--bucket", "0", "--for", "0s"],
+            "--for",
+        ),
+        (
+            &[
+                "quarantine",
+                "--group",
+                "g",
+                "--bucket",
+                "0",
+                "--for",
+                "400d",
+            ],
+            "--for",
+        ),
+        (&["worker", "--group", "g:4", "--weight", "x"], "--weight"),
+    ];
+    for (args, said) in cases {
+        let (code, out, err) = run(args, None);
+        assert_eq!(code, 2, "{args:?} exited {code}: {err}");
+        assert!(err.contains(said), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?} printed {out}");
+    }
+}
+
+fn owned(w: &WorkerProcess) -> usize {
+    w.owned_in("orders").len()
+}
+
+fn revoked_for(w: &WorkerProcess, reason: &str) -> usize {
+    w.events_in("orders")
+        .iter()
+        .filter(|e| e.event == "revoked" && e.reason.as_deref() == Some(reason))
+        .count()
+}
+
+/// Two workers on eight buckets, one started with `--weight 3`: 6 and 2. `weight` evens them;
+/// `cordon` keeps the other's four while a third worker arrives and gets none of them;
+/// `drain --wait` empties a worker (reason `drained`) and says how long it took; `uncordon`
+/// brings it back; `quarantine` takes a bucket out (reason `quarantined`) until
+/// `unquarantine`; `status` shows weights, modes and the quarantine. A stranger or a bucket
+/// out of range exits 2 and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controls_steer_live_workers_from_another_process() {
+    let db = lease_testdb::database().await;
+    let url = db.url.as_str();
+    let groups = [("orders", 8)];
+    let a = WorkerProcess::spawn_groups("a", url, &groups, "3s", "1s", &["--weight", "3"]);
+    let b = WorkerProcess::spawn_groups("b", url, &groups, "3s", "1s", &[]);
+    let limit = Duration::from_secs(30);
+    wait_for("weights 3 : 1", limit, || owned(&a) == 6 && owned(&b) == 2);
+    let (ida, idb) = (a.worker().expect("a"), b.worker().expect("b"));
+    let (ida, idb) = (ida.to_string(), idb.to_string());
+
+    let ok = |args: &[&str]| {
+        let (code, out, err) = run(args, Some(url));
+        assert_eq!(code, 0, "{args:?}: {err}");
+        out
+    };
+    let said = ok(&[
+        "weight", "--group", "orders", "--worker", &ida, "--weight", "1",
+    ]);
+    assert!(said.contains("has weight 1"), "{said}");
+    wait_for("weights 1 : 1", limit, || owned(&a) == 4 && owned(&b) == 4);
+
+    let said = ok(&["cordon", "--group", "orders", "--worker", &idb]);
+    assert!(said.contains("keeps its 4 bucket(s)"), "{said}");
+    let c = WorkerProcess::spawn_groups("c", url, &groups, "3s", "1s", &[]);
+    wait_for("c shares a's buckets only", limit, || {
+        owned(&a) == 2 && owned(&b) == 4 && owned(&c) == 2
+    });
+    assert_eq!(revoked_for(&b, "shed") + revoked_for(&b, "drained"), 0);
+    let status = ok(&["status", "--group", "orders"]);
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(&idb))
+        .unwrap_or_else(|| panic!("b not in {status}"));
+    assert!(line.contains("cordoned"), "{line}");
+    assert!(status.contains(": balanced"), "{status}");
+
+    let said = ok(&[
+        "drain", "--group", "orders", "--worker", &ida, "--wait", "20s",
+    ]);
+    let ms: u64 = said
+        .rsplit("drained in ")
+        .next()
+        .and_then(|t| t.trim().strip_suffix(" ms"))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no drain time in {said}"));
+    eprintln!("drain of 2 buckets with renew 1 s: empty after {ms} ms");
+    assert_eq!(owned(&a), 0);
+    wait_for("c takes a's two", limit, || owned(&c) == 4);
+    assert_eq!(revoked_for(&a, "drained"), 2);
+
+    ok(&["uncordon", "--group", "orders", "--worker", &ida]);
+    ok(&["uncordon", "--group", "orders", "--worker", &idb]);
+    wait_for("three share eight again", limit, || {
+        let mut loads = [owned(&a), owned(&b), owned(&c)];
+        loads.sort_unstable();
+        loads == [2, 3, 3]
+    });
+
+    let holder = [&a, &b, &c]
+        .into_iter()
+        .find(|w| w.owned_in("orders").contains_key(&0))
+        .expect("someone owns bucket 0");
+    let said = ok(&[
+        "quarantine",
+        "--group",
+        "orders",
+        "--bucket",
+        "0",
+        "--for",
+        "5m",
+    ]);
+    assert!(said.contains("revokes it (reason quarantined)"), "{said}");
+    wait_for("bucket 0 revoked", limit, || {
+        revoked_for(holder, "quarantined") == 1
+    });
+    let status = ok(&["status", "--group", "orders"]);
+    assert!(status.contains("quarantined for 29"), "{status}");
+    assert!(
+        status.contains("7/8 buckets owned, 1 quarantined"),
+        "{status}"
+    );
+    ok(&["unquarantine", "--group", "orders", "--bucket", "0"]);
+    wait_for("bucket 0 owned again", limit, || {
+        [&a, &b, &c]
+            .iter()
+            .any(|w| w.owned_in("orders").contains_key(&0))
+    });
+
+    let stranger = "6f1c1b39-2e3c-4a4e-9d59-0c3f0c1b7a11";
+    let (code, _, err) = run(
+        &["cordon", "--group", "orders", "--worker", stranger],
+        Some(url),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--worker") && err.contains("not a member"),
+        "{err}"
+    );
+    let (code, _, err) = run(
+        &[
+            "quarantine",
+            "--group",
+            "orders",
+            "--bucket",
+            "8",
+            "--for",
+            "1m",
+        ],
+        Some(url),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--bucket"), "{err}");
+    for mut w in [a, b, c] {
+        w.signal("TERM");
+        assert!(w.wait(Duration::from_secs(20)).success());
+    }
+}
