@@ -157,6 +157,8 @@ pub enum Operation {
     Control,
     /// [`quarantine`](crate::LeaseStore::quarantine).
     Quarantine,
+    /// [`hand_over`](crate::LeaseStore::hand_over).
+    HandOver,
 }
 
 impl Operation {
@@ -176,6 +178,7 @@ impl Operation {
             Self::Resize => "resize",
             Self::Control => "control",
             Self::Quarantine => "quarantine",
+            Self::HandOver => "hand_over",
         }
     }
 }

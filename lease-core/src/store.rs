@@ -155,7 +155,8 @@ pub trait LeaseStore: Send + Sync {
     ///   may leave one that another transaction holds for a later heartbeat.)
     /// - **H7** If the node has a live session started by another incarnation (a second
     ///   process with the same node id), the call fails with [`StoreError::WorkerIdInUse`]
-    ///   naming when that session expires, and writes nothing: the session is never shared.
+    ///   naming when that session expires, and writes nothing: the session is never shared
+    ///   (but see HO3: a session handed over is taken over).
     /// - **H3** In every group whose view it gives, the heartbeat removes the member rows of
     ///   other nodes whose sessions are dead (their buckets stay claimable), and the node
     ///   rows of those nodes that are then members of no group, so dead members do not linger
@@ -345,6 +346,33 @@ pub trait LeaseStore: Send + Sync {
         token: FencingToken,
     ) -> Result<bool, StoreError>;
 
+    /// Hand `node`'s live session over to the next process started with the same node id,
+    /// instead of ending it: a graceful stop that keeps the node's buckets for its successor.
+    /// The caller has stopped working on them (revoked them in its application) and makes no
+    /// more calls under the session.
+    ///
+    /// # Contract
+    ///
+    /// - **HO1** Only the incarnation that holds the node's live session hands it over: its
+    ///   expiry becomes the store's time now plus `keep`, and it is marked handed over; the
+    ///   result is the new expiry. Otherwise (no live session, or another incarnation's) it
+    ///   writes nothing and returns `None`.
+    /// - **HO2** A handed-over session stays live until that expiry, for everyone: its
+    ///   memberships, buckets and tokens stay as they were, nobody else can claim its
+    ///   buckets, and views list it with its load. [`nodes`](Self::nodes) shows it handed
+    ///   over. Past its expiry it is dead like any other (its buckets become claimable).
+    /// - **HO3** A heartbeat of the node by any incarnation while a handed-over session is
+    ///   live takes it over: the same session id, `new_session == false`, now of the caller's
+    ///   incarnation and no longer handed over, expiring `ttl` from now (H1 from then on), with
+    ///   its memberships and its buckets under their tokens. This is the only way a session
+    ///   passes from one process to another, and only after the first stopped.
+    async fn hand_over(
+        &self,
+        node: WorkerId,
+        incarnation: Incarnation,
+        keep: Ttl,
+    ) -> Result<Option<crate::Timestamp>, StoreError>;
+
     /// Set an operator's control on `node` in `group`: its weight or its mode.
     ///
     /// # Contract
@@ -355,7 +383,9 @@ pub trait LeaseStore: Send + Sync {
     ///   [`MemberMode::Active`](crate::MemberMode::Active). Views and snapshots show each
     ///   member's weight and mode.
     /// - **K2** `node` must be a member of the group (live or not) or have a control stored
-    ///   there; otherwise the call fails with [`StoreError::NotAMember`] and writes nothing.
+    ///   there (once a call changed its weight or mode, a control stays stored, even when set
+    ///   back to the defaults); otherwise the call fails with [`StoreError::NotAMember`] and
+    ///   writes nothing.
     ///   An unknown group gives [`StoreError::GroupNotFound`].
     /// - **K3** Setting a value moves the group's change counter (H8: every member's next
     ///   heartbeat gives the view) and sends [`Change::Controlled`](crate::Change::Controlled),
@@ -538,6 +568,15 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
         control: MemberControl,
     ) -> Result<(), StoreError> {
         (**self).control(group, node, control).await
+    }
+
+    async fn hand_over(
+        &self,
+        node: WorkerId,
+        incarnation: Incarnation,
+        keep: Ttl,
+    ) -> Result<Option<crate::Timestamp>, StoreError> {
+        (**self).hand_over(node, incarnation, keep).await
     }
 
     async fn quarantine(

@@ -271,6 +271,8 @@ pub struct NodeInfo {
     pub metadata: MemberMetadata,
     /// The groups it is a member of, sorted by name.
     pub groups: Vec<GroupName>,
+    /// Whether its session was handed over (HO1) and waits for a successor.
+    pub handed_over: bool,
 }
 
 /// Every node a store knows, at one instant of its clock.

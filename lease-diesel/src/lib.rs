@@ -711,6 +711,20 @@ impl LeaseStore for PgLeaseStore {
         ))
     }
 
+    // TEMPORARY: hand-overs need migration 8's column.
+    async fn hand_over(
+        &self,
+        _node: WorkerId,
+        _incarnation: lease_core::Incarnation,
+        _keep: Ttl,
+    ) -> Result<Option<lease_core::Timestamp>, StoreError> {
+        Err(StoreError::backend_detail(
+            Operation::HandOver,
+            lease_core::BackendFailure::SchemaMismatch,
+            "hand-overs need migration 8",
+        ))
+    }
+
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
         if !self.notifier.can_listen() {
             if let Some(pooler) = &self.pooler

@@ -765,6 +765,8 @@ pub async fn nodes(
             metadata: MemberMetadata::new(metadata)
                 .map_err(|e| corrupt(op, format!("node metadata: {e}")))?,
             groups,
+            // TEMPORARY: the hand-over column comes with migration 8.
+            handed_over: false,
         });
     }
     Ok(NodesSnapshot { observed_at, nodes })

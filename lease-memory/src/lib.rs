@@ -87,6 +87,8 @@ struct NodeRow {
     heartbeat_at: Timestamp,
     expires_at: Timestamp,
     metadata: MemberMetadata,
+    /// HO1: handed over, waiting for a successor.
+    handed_over: bool,
 }
 
 impl NodeRow {
@@ -486,7 +488,7 @@ impl LeaseStore for MemoryLeaseStore {
         if let Some(other) = state
             .nodes
             .get(&node)
-            .filter(|n| n.is_live(now) && n.incarnation != incarnation)
+            .filter(|n| n.is_live(now) && n.incarnation != incarnation && !n.handed_over)
         {
             return Err(StoreError::WorkerIdInUse {
                 worker: node,
@@ -513,6 +515,7 @@ impl LeaseStore for MemoryLeaseStore {
                     heartbeat_at: now,
                     expires_at,
                     metadata: metadata.clone(),
+                    handed_over: false,
                 },
             );
             // H9: dead nodes in no group go.
@@ -536,6 +539,9 @@ impl LeaseStore for MemoryLeaseStore {
             me.expires_at = expires_at;
             me.heartbeat_at = now;
             me.metadata = metadata.clone();
+            // HO3: a handed-over session is now this incarnation's.
+            me.incarnation = incarnation;
+            me.handed_over = false;
             me.session
         };
         let mut groups = Vec::new();
@@ -849,6 +855,7 @@ impl LeaseStore for MemoryLeaseStore {
                 live: n.is_live(now),
                 metadata: n.metadata.clone(),
                 groups: state.groups_of(node),
+                handed_over: n.handed_over,
             })
             .collect();
         Ok(NodesSnapshot {
@@ -932,6 +939,32 @@ impl LeaseStore for MemoryLeaseStore {
         let generation = g.generation;
         state.notify(group, Change::Resized);
         Ok(ResizeOutcome::Started { generation })
+    }
+
+    async fn hand_over(
+        &self,
+        node: WorkerId,
+        incarnation: Incarnation,
+        keep: Ttl,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        let (mut state, now) = self.lock(Operation::HandOver)?;
+        let Some(n) = state
+            .nodes
+            .get_mut(&node)
+            .filter(|n| n.is_live(now) && n.incarnation == incarnation)
+        else {
+            return Ok(None);
+        };
+        n.expires_at = now + keep.as_chrono();
+        n.handed_over = true;
+        let expires_at = n.expires_at;
+        // The other members' stamps hold the session's old expiry (H8's `until`).
+        for name in state.groups_of(node) {
+            if let Ok(g) = state.group_mut(&name) {
+                g.bump();
+            }
+        }
+        Ok(Some(expires_at))
     }
 
     async fn control(

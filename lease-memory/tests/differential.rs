@@ -41,7 +41,7 @@ fn the_generator_reaches_the_risky_states() {
         TestRng::deterministic_rng(RngAlgorithm::ChaCha),
     );
     let strategy = ReferenceModel::sequential_strategy(1..40);
-    let mut reached = [0usize; 13];
+    let mut reached = [0usize; 14];
     for _ in 0..SEQUENCES {
         let (mut state, ops, _) = strategy
             .new_tree(&mut runner)
@@ -56,9 +56,9 @@ fn the_generator_reaches_the_risky_states() {
     }
     // Floors: about half of what this generator reached when it was last changed (node
     // sessions: heartbeats per node, joins and listings share the operations; operators'
-    // controls), see the table.
+    // controls and hand-overs, which thin out the drains a little), see the table.
     let floors = [
-        0.10, 0.07, 0.18, 0.19, 0.26, 0.29, 0.03, 0.19, 0.008, 0.037, 0.044, 0.01, 0.11,
+        0.10, 0.07, 0.18, 0.19, 0.26, 0.29, 0.03, 0.19, 0.005, 0.037, 0.044, 0.009, 0.11, 0.009,
     ];
     let mut table = String::from("| state | sequences reaching it | floor |\n|---|---:|---:|\n");
     let mut low = Vec::new();

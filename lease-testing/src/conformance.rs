@@ -97,6 +97,8 @@ pub const CASES: &[&str] = &[
     "the_owner_keeps_a_quarantined_bucket_until_it_releases",
     "quarantine_is_checked_and_lifted_by_resizes",
     "claims_take_the_buckets_last_held_first",
+    "a_handed_over_session_is_taken_over_with_its_buckets",
+    "a_handed_over_session_without_successor_expires",
 ];
 
 /// The name of every case of the resize contract (Z1-Z5 and what they change in the other
@@ -225,6 +227,8 @@ macro_rules! conformance_suite {
             the_owner_keeps_a_quarantined_bucket_until_it_releases,
             quarantine_is_checked_and_lifted_by_resizes,
             claims_take_the_buckets_last_held_first,
+            a_handed_over_session_is_taken_over_with_its_buckets,
+            a_handed_over_session_without_successor_expires,
         );
     };
 }

@@ -231,6 +231,16 @@ pub enum Op {
         /// The mode to set when `weight` is `None`.
         mode: MemberMode,
     },
+    /// `hand_over(worker, incarnation, keep)`: the process stops, keeping its session for a
+    /// successor for `keep_ms`.
+    HandOver {
+        /// Worker index.
+        worker: usize,
+        /// Process index.
+        process: usize,
+        /// How long the session is kept, in milliseconds.
+        keep_ms: u64,
+    },
     /// `quarantine(group, bucket, duration)`: for `ms` milliseconds, or lift (`None`).
     Quarantine {
         /// Index into [`GROUPS`].
@@ -279,6 +289,8 @@ pub enum Outcome {
     Bool(bool),
     /// A resize's outcome.
     Resized(ResizeOutcome),
+    /// A hand-over's outcome: the session's new expiry, if it was handed over.
+    HandedOver(Option<Timestamp>),
     /// A failure, with every field: the error as it displays (a contract error shows all its
     /// fields, so two stores agree on it only if they agree on each).
     Failed(String),
@@ -342,6 +354,11 @@ impl Sessions {
 
     fn learn(&mut self, worker: usize, process: usize, session: SessionId) {
         self.0.insert((worker, process), session);
+    }
+
+    /// The process handed its session over (HO1): it makes no more calls under it.
+    fn forget(&mut self, worker: usize, process: usize) {
+        self.0.remove(&(worker, process));
     }
 }
 
@@ -565,6 +582,17 @@ pub fn apply_to_model(
             model.quarantine(&group(g), Bucket(bucket), Op::quarantine_for(ms), now),
             |()| Outcome::Done,
         ),
+        Op::HandOver {
+            worker: w,
+            process: p,
+            keep_ms,
+        } => {
+            let until = model.hand_over(worker(w), incarnation(w, p), ttl(keep_ms), now);
+            if until.is_some() {
+                sessions.forget(w, p);
+            }
+            Outcome::HandedOver(until)
+        }
     }
 }
 
@@ -733,6 +761,19 @@ pub async fn apply_to_store(
                 .await,
             |()| Outcome::Done,
         ),
+        Op::HandOver {
+            worker: w,
+            process: p,
+            keep_ms,
+        } => {
+            let r = store
+                .hand_over(worker(w), incarnation(w, p), ttl(keep_ms))
+                .await;
+            if matches!(r, Ok(Some(_))) {
+                sessions.forget(w, p);
+            }
+            outcome(r, Outcome::HandedOver)
+        }
     }
 }
 
@@ -830,6 +871,8 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
         2 => (g.clone().prop_flat_map(move |group| (Just(group), bucket_in(group))),
               prop_oneof![3 => prop::sample::select(vec![500u64, 3_000]).prop_map(Some), 1 => Just(None)])
             .prop_map(|((group, bucket), ms)| Op::Quarantine { group, bucket, ms }),
+        1 => (w.clone(), process(), prop::sample::select(vec![1_000u64, 3_000]))
+            .prop_map(|(worker, process, keep_ms)| Op::HandOver { worker, process, keep_ms }),
         // Mostly from the group's count (a resize that can start), now and then from another.
         3 => (g.clone(), prop::bool::weighted(0.85), prop::sample::select(RESIZE_COUNTS.to_vec()), prop::sample::select(RESIZE_COUNTS.to_vec()))
             .prop_map(move |(group, current, other, to)| Op::Resize {
@@ -870,11 +913,13 @@ pub struct Reach {
     pub cordoned_claim: u32,
     /// A claim while a bucket of the group was under quarantine (C10).
     pub quarantine_claim: u32,
+    /// A heartbeat took over a session another process handed over (HO3).
+    pub taken_over: u32,
 }
 
 impl Reach {
     /// The names and counts, in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u32); 13] {
+    pub fn fields(&self) -> [(&'static str, u32); 14] {
         [
             (
                 "claim takes over another worker's dead lease",
@@ -897,6 +942,10 @@ impl Reach {
             (
                 "claim while a bucket is under quarantine",
                 self.quarantine_claim,
+            ),
+            (
+                "heartbeat takes over a handed-over session",
+                self.taken_over,
             ),
         ]
     }
@@ -928,6 +977,16 @@ impl Reach {
                 self.resize += 1;
             }
             (Op::IsCurrent { .. }, Outcome::Bool(true)) => self.is_current += 1,
+            (Op::Heartbeat { worker: w, .. }, Outcome::Heartbeat(hb))
+                if !hb.new_session
+                    && before
+                        .nodes(now)
+                        .nodes
+                        .iter()
+                        .any(|n| n.node == worker(*w) && n.handed_over && n.live) =>
+            {
+                self.taken_over += 1;
+            }
             (Op::Heartbeat { .. }, Outcome::Heartbeat(hb)) if hb.groups.len() == GROUPS.len() => {
                 self.two_groups += 1;
             }
@@ -1019,7 +1078,7 @@ fn op_group(op: &Op) -> usize {
         | Op::Resize { group, .. }
         | Op::Control { group, .. }
         | Op::Quarantine { group, .. } => group,
-        Op::Advance { .. } | Op::Heartbeat { .. } | Op::Nodes => 0,
+        Op::Advance { .. } | Op::Heartbeat { .. } | Op::Nodes | Op::HandOver { .. } => 0,
     }
 }
 
@@ -1151,6 +1210,9 @@ pub struct Subject {
     beliefs: BTreeMap<(usize, usize, usize), BTreeMap<u32, Lease>>,
     /// Per (group, key hash): the highest token seen of a bucket containing the key.
     max_token: BTreeMap<(usize, u64), i64>,
+    /// Workers whose session was handed over (HO1) and not taken over yet: their live
+    /// leases are believed by no process until a successor's heartbeat.
+    handed_over: std::collections::BTreeSet<usize>,
 }
 
 /// The keys (hashes `0..KEYS`) in bucket `bucket` of a generation of `shards` buckets.
@@ -1218,6 +1280,7 @@ impl Subject {
                 // any other group it holds nothing (it left, was evicted, or its session is
                 // new).
                 let (w, p) = (*worker, *process);
+                self.handed_over.remove(&w);
                 self.beliefs.retain(|&(_, bw, bp), _| (bw, bp) != (w, p));
                 for g in &hb.groups {
                     self.beliefs.insert(
@@ -1277,6 +1340,17 @@ impl Subject {
                 self.beliefs.retain(|&(g, w, p), _| {
                     !(g == *group && w == *worker && process.is_none_or(|q| q == p))
                 });
+            }
+            (
+                Op::HandOver {
+                    worker, process, ..
+                },
+                Outcome::HandedOver(Some(_)),
+            ) => {
+                // HO: the process stopped working on its buckets before handing them over.
+                self.beliefs
+                    .retain(|&(_, w, p), _| !(w == *worker && p == *process));
+                self.handed_over.insert(*worker);
             }
             _ => {}
         }
@@ -1365,6 +1439,9 @@ impl Subject {
                         (l.shards == lease.shards).then_some((p, l.token.0))
                     })
                     .collect();
+                if believers.is_empty() && self.handed_over.contains(&w) {
+                    continue;
+                }
                 assert!(
                     believers.len() == 1 && believers[0].1 == lease.token.0,
                     "{}: store says worker {w} owns bucket {} with token {}; processes that \
@@ -1409,6 +1486,7 @@ where
                     views: Views::default(),
                     beliefs: BTreeMap::new(),
                     max_token: BTreeMap::new(),
+                    handed_over: std::collections::BTreeSet::new(),
                 }
             })
             .collect();

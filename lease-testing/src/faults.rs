@@ -233,6 +233,16 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
         self.inner.control(group, node, control).await
     }
 
+    async fn hand_over(
+        &self,
+        node: WorkerId,
+        incarnation: Incarnation,
+        keep: Ttl,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        self.gate(Operation::HandOver).await?;
+        self.inner.hand_over(node, incarnation, keep).await
+    }
+
     async fn quarantine(
         &self,
         group: &GroupName,

@@ -47,6 +47,8 @@ struct ModelNode {
     heartbeat_at: Timestamp,
     expires_at: Timestamp,
     metadata: MemberMetadata,
+    /// HO1: handed over, waiting for a successor.
+    handed_over: bool,
 }
 
 type Nodes = BTreeMap<WorkerId, ModelNode>;
@@ -333,7 +335,9 @@ impl Model {
         now: Timestamp,
     ) -> Result<Heartbeat, StoreError> {
         let now = store_precision(now);
-        if let Some(n) = live_node(&self.nodes, node, now).filter(|n| n.incarnation != incarnation)
+        // HO3: a handed-over session is taken over, not refused.
+        if let Some(n) = live_node(&self.nodes, node, now)
+            .filter(|n| n.incarnation != incarnation && !n.handed_over)
         {
             return Err(StoreError::WorkerIdInUse {
                 worker: node,
@@ -357,6 +361,7 @@ impl Model {
                     heartbeat_at: now,
                     expires_at,
                     metadata: metadata.clone(),
+                    handed_over: false,
                 },
             );
             // H9: dead nodes in no group go.
@@ -371,6 +376,8 @@ impl Model {
             n.expires_at = expires_at;
             n.heartbeat_at = now;
             n.metadata = metadata.clone();
+            n.incarnation = incarnation;
+            n.handed_over = false;
         }
         let session = self.nodes[&node].session;
         let mine = self.groups_of(node);
@@ -655,6 +662,7 @@ impl Model {
                     live: now < n.expires_at,
                     metadata: n.metadata.clone(),
                     groups: self.groups_of(node),
+                    handed_over: n.handed_over,
                 })
                 .collect(),
         }
@@ -743,6 +751,24 @@ impl Model {
         })
     }
 
+    /// See [`LeaseStore::hand_over`](lease_core::LeaseStore::hand_over).
+    pub fn hand_over(
+        &mut self,
+        node: WorkerId,
+        incarnation: Incarnation,
+        keep: Ttl,
+        now: Timestamp,
+    ) -> Option<Timestamp> {
+        let now = store_precision(now);
+        let n = self
+            .nodes
+            .get_mut(&node)
+            .filter(|n| now < n.expires_at && n.incarnation == incarnation)?;
+        n.expires_at = now + keep.as_chrono();
+        n.handed_over = true;
+        Some(n.expires_at)
+    }
+
     /// See [`LeaseStore::control`](lease_core::LeaseStore::control).
     pub fn control(
         &mut self,
@@ -764,7 +790,10 @@ impl Model {
             MemberControl::Mode(m) => mode = m,
             _ => {}
         }
-        g.controls.insert(node, (weight, mode));
+        // K3: the value stored already writes nothing (not even a control at the defaults).
+        if (weight, mode) != g.control(node) {
+            g.controls.insert(node, (weight, mode));
+        }
         Ok(())
     }
 

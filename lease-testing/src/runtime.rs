@@ -84,6 +84,7 @@ pub const CASES: &[&str] = &[
     "a_cordoned_worker_keeps_its_buckets_and_takes_no_more",
     "weights_split_a_group_in_proportion",
     "a_quarantined_bucket_is_revoked_and_stays_unowned_until_lifted",
+    "a_rolling_restart_with_hand_over_moves_nothing",
 ];
 
 /// Run every case against a store built by `$make`, an expression callable as
@@ -138,6 +139,7 @@ macro_rules! __runtime_cases {
             a_cordoned_worker_keeps_its_buckets_and_takes_no_more,
             weights_split_a_group_in_proportion,
             a_quarantined_bucket_is_revoked_and_stays_unowned_until_lifted,
+            a_rolling_restart_with_hand_over_moves_nothing,
         );
     };
 }
@@ -1642,11 +1644,18 @@ impl<S: LeaseStore + Clone + 'static> Nodes<S> {
 
     /// Start a node in these groups (added one after another, as an application would).
     async fn start(&mut self, groups: &[&str]) -> WorkerId {
+        self.start_with(groups, |b| b).await
+    }
+
+    /// [`start`](Self::start), the node's configuration changed by `configure`.
+    async fn start_with(
+        &mut self,
+        groups: &[&str],
+        configure: impl FnOnce(lease_worker::LeaseNodeBuilder) -> lease_worker::LeaseNodeBuilder,
+    ) -> WorkerId {
         let store = FaultyStore::new(self.store.clone());
         let faults = store.faults();
-        let handle = LeaseNode::builder()
-            .ttl(TTL)
-            .renew_interval(RENEW)
+        let handle = configure(LeaseNode::builder().ttl(TTL).renew_interval(RENEW))
             .build()
             .expect("a valid configuration")
             .start(store)
@@ -1771,6 +1780,12 @@ impl<S: LeaseStore + Clone + 'static> Nodes<S> {
                     .unwrap_or_else(|e| panic!("ownership log of {group}: {e}"))
             })
             .collect()
+    }
+
+    /// Stop node `id` gracefully and wait for it.
+    async fn stop(&mut self, id: WorkerId) {
+        let node = self.nodes.remove(&id).expect("a running node");
+        node.handle.shutdown().await.expect("a clean stop");
     }
 
     /// Stop every node gracefully and check the logs.

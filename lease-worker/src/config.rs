@@ -16,6 +16,12 @@ pub enum ConfigError {
     /// The renew interval must be positive.
     #[error("renew interval must be positive")]
     RenewIntervalZero,
+    /// A hand-over on stop is for a successor with the same node id: without a stable one
+    /// (`node_id`), nobody could take the session over and its buckets would only wait.
+    #[error(
+        "keep_on_stop needs a stable node id (node_id): a successor takes the session over by it"
+    )]
+    KeepOnStopNeedsNodeId,
     /// The ttl must exceed twice the renew interval, so one lost heartbeat is survived.
     #[error(
         "ttl {ttl:?} must be more than twice the renew interval {renew_interval:?}, \
@@ -56,6 +62,9 @@ pub enum ConfigError {
     /// The ttl itself is invalid.
     #[error(transparent)]
     Ttl(#[from] lease_core::InvalidInput),
+    /// The hand-over's keep time is out of a ttl's bounds.
+    #[error("keep_on_stop: {0}")]
+    KeepOnStop(lease_core::InvalidInput),
 }
 
 /// A validated worker configuration: a node ([`LeaseNode`]) of one group, the group fixed;
@@ -250,6 +259,8 @@ pub(crate) struct Timing {
     pub(crate) margin: Duration,
     pub(crate) wake_debounce: Duration,
     pub(crate) ack_limit: Option<Duration>,
+    /// A node's hand-over on a graceful stop (`None` for a worker, and by default).
+    pub(crate) keep_on_stop: Option<Ttl>,
 }
 
 impl Timing {
@@ -293,6 +304,7 @@ impl Timing {
             margin,
             wake_debounce,
             ack_limit: Some(ack_limit.unwrap_or(ttl_d)),
+            keep_on_stop: None,
         })
     }
 }
@@ -356,6 +368,7 @@ pub struct LeaseNodeBuilder {
     wake_debounce: Duration,
     ack_limit: Option<Duration>,
     cancel: Option<CancellationToken>,
+    keep_on_stop: Option<Duration>,
 }
 
 impl LeaseNode {
@@ -370,6 +383,7 @@ impl LeaseNode {
             wake_debounce: LeaseWorker::DEFAULT_WAKE_DEBOUNCE,
             ack_limit: None,
             cancel: None,
+            keep_on_stop: None,
         }
     }
 
@@ -452,15 +466,32 @@ impl LeaseNodeBuilder {
         self
     }
 
+    /// On a graceful stop, revoke everything in the application (reason `shutdown`), then
+    /// hand the session over for `keep` instead of leaving the groups: a process started with
+    /// the same [`node_id`](Self::node_id) within `keep` takes over the session and its
+    /// buckets with their tokens (nobody else can have held them in between), and no other
+    /// node claims them meanwhile; with no successor they become claimable when the session
+    /// expires. For rolling restarts that move nothing. Needs a stable node id.
+    pub fn keep_on_stop(mut self, keep: Duration) -> Self {
+        self.keep_on_stop = Some(keep);
+        self
+    }
+
     /// Validate and build.
     pub fn build(self) -> Result<LeaseNode, ConfigError> {
-        let timing = Timing::validate(
+        let mut timing = Timing::validate(
             self.ttl,
             self.renew_interval,
             self.margin,
             self.wake_debounce,
             self.ack_limit,
         )?;
+        if let Some(keep) = self.keep_on_stop {
+            if self.node.is_none() {
+                return Err(ConfigError::KeepOnStopNeedsNodeId);
+            }
+            timing.keep_on_stop = Some(Ttl::new(keep).map_err(ConfigError::KeepOnStop)?);
+        }
         Ok(LeaseNode {
             node: self.node.unwrap_or_default(),
             timing,

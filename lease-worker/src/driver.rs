@@ -296,6 +296,7 @@ fn failed(call: &StoreCall, detail: String) -> Input {
     let e = StoreError::backend_detail(call.operation(), lease_core::BackendFailure::Other, detail);
     match call {
         StoreCall::Heartbeat { .. } => Input::Heartbeat(Err(e)),
+        StoreCall::HandOver { .. } => Input::HandedOver(Err(e)),
         StoreCall::Join { group, .. } => Input::Joined(group.clone(), Err(e)),
         StoreCall::Claim { group, .. } => Input::Claimed(group.clone(), Err(e)),
         StoreCall::Release { group, .. } => Input::Released(group.clone(), Err(e)),
@@ -442,6 +443,9 @@ impl Driver {
                         .heartbeat(node, rules.incarnation, rules.ttl, &metadata, &seen)
                         .await,
                 ),
+                StoreCall::HandOver { keep } => {
+                    Input::HandedOver(store.hand_over(node, rules.incarnation, keep).await)
+                }
                 StoreCall::Join { group, session } => {
                     let result = store.join(&group, node, session).await;
                     // Read after the join: a weight set while it was under way, whose own
@@ -592,6 +596,11 @@ impl Driver {
                 "the node was evicted from the group (its buckets were released behind its \
                  back): revoking them and joining again"
             ),
+            Report::HandedOver { until } => tracing::info!(
+                until = %until,
+                "stopped: the session and its buckets are handed over to the next process with \
+                 this node id (until {until}, when they become claimable if none comes)"
+            ),
             Report::Coverage {
                 group,
                 unowned,
@@ -688,6 +697,7 @@ fn rules(node: WorkerId, timing: Timing) -> Rules {
         wake_debounce: timing.wake_debounce,
         call_timeout: timing.renew_interval.max(timing.ttl.as_duration() / 2),
         ack_limit: timing.ack_limit,
+        keep_on_stop: timing.keep_on_stop,
     }
 }
 

@@ -119,6 +119,9 @@ pub struct Rules {
     /// How long an application may take to acknowledge a revocation before the bucket is
     /// reported stuck; `None`: no limit.
     pub ack_limit: Option<Duration>,
+    /// On a graceful stop, hand the session over for this long (HO1) instead of leaving the
+    /// groups: a successor with the same node id takes it over with its buckets.
+    pub keep_on_stop: Option<Ttl>,
 }
 
 /// What happened, for the machine to handle.
@@ -128,6 +131,8 @@ pub enum Input {
     Heartbeat(Result<Heartbeat, StoreError>),
     /// The answer to [`StoreCall::Join`] of the group.
     Joined(GroupName, Result<(), StoreError>),
+    /// The answer to [`StoreCall::HandOver`].
+    HandedOver(Result<Option<Timestamp>, StoreError>),
     /// The answer to [`StoreCall::Claim`] of the group.
     Claimed(GroupName, Result<Vec<Lease>, StoreError>),
     /// The answer to [`StoreCall::Release`] of the group.
@@ -174,6 +179,12 @@ pub enum StoreCall {
         /// answer "unchanged" if nothing changed since.
         seen: Vec<GroupStamp>,
     },
+    /// [`LeaseStore::hand_over`](lease_core::LeaseStore::hand_over) of the node's session,
+    /// as a graceful stop's last call.
+    HandOver {
+        /// How long the session is kept for a successor.
+        keep: Ttl,
+    },
     /// [`LeaseStore::join`](lease_core::LeaseStore::join).
     Join {
         /// The group.
@@ -216,6 +227,7 @@ impl StoreCall {
     pub fn operation(&self) -> Operation {
         match self {
             Self::Heartbeat { .. } => Operation::Heartbeat,
+            Self::HandOver { .. } => Operation::HandOver,
             Self::Join { .. } => Operation::Join,
             Self::Claim { .. } => Operation::Claim,
             Self::Release { .. } => Operation::Release,
@@ -226,13 +238,26 @@ impl StoreCall {
     /// The group the call is for; `None` for the heartbeat, which is the node's.
     pub fn group(&self) -> Option<&GroupName> {
         match self {
-            Self::Heartbeat { .. } => None,
+            Self::Heartbeat { .. } | Self::HandOver { .. } => None,
             Self::Join { group, .. }
             | Self::Claim { group, .. }
             | Self::Release { group, .. }
             | Self::Leave { group, .. } => Some(group),
         }
     }
+}
+
+/// A stop's hand-over of the session (rule HO1), once every group's buckets are revoked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HandingOver {
+    /// Not handing over.
+    No,
+    /// To be sent once every group is done, keeping the session this long.
+    Due(Ttl),
+    /// Sent; the node finishes when it is answered (or times out).
+    Sent,
+    /// Answered (or given up on).
+    Done,
 }
 
 /// An event for a group's application.
@@ -306,6 +331,12 @@ pub enum Report {
         to: ShardCount,
         /// The group's generation now.
         generation: Generation,
+    },
+    /// The node's session was handed over (a graceful stop with `keep_on_stop`): a successor
+    /// with the same node id takes it over, with its buckets, until `until`.
+    HandedOver {
+        /// When the session expires if no successor takes it over (store clock).
+        until: Timestamp,
     },
     /// The group was missing from a heartbeat of the node's session: the node was made to
     /// leave it behind its back (an operator's forced release). Its buckets are revoked and
@@ -609,6 +640,8 @@ pub struct Machine {
     /// Work started (a tick, or a group's small run) whose end is still to be marked.
     open: bool,
     in_flight: Option<InFlight>,
+    /// Whether a graceful stop hands the session over, and how far it got.
+    handing_over: HandingOver,
     /// Whether the trust deadline's revocations were queued already.
     fenced: bool,
     /// Since when the store's clock has been seen advancing with the node's own, without a
@@ -644,6 +677,7 @@ impl Machine {
             again: false,
             open: false,
             in_flight: None,
+            handing_over: HandingOver::No,
             fenced: false,
             steady_since: None,
             last_beat: None,
@@ -942,6 +976,32 @@ impl Machine {
                     self.on_released(now, i, result);
                 }
             }
+            Input::HandedOver(result) => {
+                if self.take_call(Operation::HandOver, None).is_some() {
+                    self.handing_over = HandingOver::Done;
+                    match result {
+                        Ok(Some(until)) => self.reports.push_back(Report::HandedOver { until }),
+                        Ok(None) => self.reports.push_back(Report::Error {
+                            group: None,
+                            error: WorkerError::Store {
+                                operation: Operation::HandOver,
+                                source: StoreError::backend_detail(
+                                    Operation::HandOver,
+                                    lease_core::BackendFailure::Conflict,
+                                    "the session had ended before it could be handed over",
+                                ),
+                            },
+                        }),
+                        Err(source) => self.reports.push_back(Report::Error {
+                            group: None,
+                            error: WorkerError::Store {
+                                operation: Operation::HandOver,
+                                source,
+                            },
+                        }),
+                    }
+                }
+            }
             Input::Left(group, result) => {
                 if self.take_call(Operation::Leave, Some(&group)).is_some()
                     && let Some(i) = self.index(&group)
@@ -996,6 +1056,9 @@ impl Machine {
         {
             let (operation, after) = (f.call.operation(), self.rules.call_timeout);
             let group = f.call.group().and_then(|g| self.index(g));
+            if operation == Operation::HandOver {
+                self.handing_over = HandingOver::Done;
+            }
             self.in_flight = None;
             self.on_failure(now, group, WorkerError::Timeout { operation, after });
         }
@@ -1089,7 +1152,19 @@ impl Machine {
                 break;
             }
         }
-        if self.stopping.is_some() && self.groups.is_empty() && self.in_flight.is_none() {
+        if self.stopping.is_some()
+            && self.groups.is_empty()
+            && self.in_flight.is_none()
+            && let HandingOver::Due(keep) = self.handing_over
+        {
+            self.handing_over = HandingOver::Sent;
+            return Some(self.call(now, StoreCall::HandOver { keep }));
+        }
+        if self.stopping.is_some()
+            && self.groups.is_empty()
+            && self.in_flight.is_none()
+            && self.handing_over != HandingOver::Sent
+        {
             self.finished = true;
             let ended = self.stopping.take().unwrap_or(Ok(()));
             return Some(Output::Finished(ended));
@@ -1866,6 +1941,12 @@ impl Machine {
     fn stop(&mut self, ended: Result<(), WorkerFailed>, reason: RevokeReason) {
         let failed = ended.is_err();
         self.stopping = Some(ended);
+        // A graceful stop of a node with a session hands it over instead of leaving, if
+        // configured to; a failure leaves (or lets the session expire) as always.
+        let hand_over = match (self.rules.keep_on_stop, failed, self.session) {
+            (Some(keep), false, Some(_)) if reason == RevokeReason::Shutdown => Some(keep),
+            _ => None,
+        };
         self.next_tick = None;
         self.heartbeat_wanted = false;
         for g in &mut self.groups {
@@ -1876,7 +1957,14 @@ impl Machine {
                     Ok(())
                 };
                 g.begin_removal(group_ended, reason);
+                if hand_over.is_some() {
+                    // The session, with its memberships and buckets, goes to the successor.
+                    g.steps.retain(|s| !matches!(s, Step::Leave));
+                }
             }
+        }
+        if let Some(keep) = hand_over {
+            self.handing_over = HandingOver::Due(keep);
         }
     }
 

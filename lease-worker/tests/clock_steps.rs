@@ -36,6 +36,7 @@ fn rules(node: WorkerId) -> Rules {
         wake_debounce: Duration::from_millis(10),
         call_timeout: Duration::from_secs(5),
         ack_limit: None,
+        keep_on_stop: None,
     }
 }
 

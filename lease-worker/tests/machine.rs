@@ -83,6 +83,7 @@ fn rules() -> Rules {
         wake_debounce: Duration::from_millis(10),
         call_timeout: CALL_TIMEOUT,
         ack_limit: Some(ACK_LIMIT),
+        keep_on_stop: None,
     }
 }
 
@@ -421,6 +422,7 @@ impl World {
                 }
                 Input::Left(group.clone(), Ok(released))
             }
+            StoreCall::HandOver { .. } => unreachable!("no node here hands over"),
         }
     }
 
@@ -695,6 +697,7 @@ impl World {
                     "{group} left while its application works on {held:?}"
                 );
             }
+            StoreCall::HandOver { .. } => unreachable!("no node here hands over"),
         }
     }
 

@@ -38,6 +38,7 @@ fn rules(node: WorkerId) -> Rules {
         wake_debounce: DEBOUNCE,
         call_timeout: Duration::from_millis(1_500),
         ack_limit: None,
+        keep_on_stop: None,
     }
 }
 
@@ -156,6 +157,7 @@ impl Pool {
                     let r = self.store.leave(&group, id, Some(session)).await;
                     (Input::Left(group, r), true)
                 }
+                StoreCall::HandOver { .. } => unreachable!("no node here hands over"),
             }
         })
     }

@@ -323,6 +323,7 @@ fn node_json(n: &NodeInfo) -> Value {
         "live": n.live,
         "metadata": n.metadata.as_str(),
         "groups": n.groups.iter().map(|g| g.as_str()).collect::<Vec<_>>(),
+        "handed_over": n.handed_over,
     })
 }
 
@@ -368,7 +369,11 @@ fn nodes_table(nodes: &NodesSnapshot) -> String {
         lines.push(format!(
             "{:<36}  {:<7}  {:>10}  {:<width$}  {}",
             n.node,
-            if n.live { "live" } else { "expired" },
+            match (n.live, n.handed_over) {
+                (true, true) => "handed",
+                (true, false) => "live",
+                (false, _) => "expired",
+            },
             left(nodes.observed_at, Some(n.expires_at)),
             group_list(n),
             n.metadata
@@ -410,6 +415,7 @@ mod tests {
                 .iter()
                 .map(|g| GroupName::new(*g).expect("a name"))
                 .collect(),
+            handed_over: false,
         };
         NodesSnapshot {
             observed_at: now,
@@ -456,7 +462,8 @@ mod tests {
                 "expires_at",
                 "live",
                 "metadata",
-                "groups"
+                "groups",
+                "handed_over"
             ]
         );
         assert_eq!(json["nodes"][0]["groups"], json!(["billing", "orders"]));

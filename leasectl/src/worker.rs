@@ -60,6 +60,12 @@ pub struct WorkerArgs {
     /// holds until set again (here or by `leasectl weight`).
     #[arg(long, value_parser = crate::controls::parse_weight)]
     weight: Option<lease::Weight>,
+    /// On SIGTERM/SIGINT, revoke everything in the application (reason shutdown), then hand
+    /// the session over for this long instead of leaving (e.g. 15s): a process started with
+    /// the same --worker-id within it takes over the session and its buckets with their
+    /// tokens, and nobody else claims them meanwhile. For rolling restarts; needs --worker-id.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    keep_on_stop: Option<Duration>,
 }
 
 /// Prints the worker's events on stdout, one line each, flushed at once. Once stdout fails the
@@ -166,6 +172,10 @@ fn config_failure(e: ConfigError, args: &WorkerArgs) -> Failure {
             show(limit)
         ),
         ConfigError::MarginZero => "--margin must be positive".to_owned(),
+        ConfigError::KeepOnStopNeedsNodeId => "--keep-on-stop needs --worker-id: the next \
+             process with that id takes the session over"
+            .to_owned(),
+        ConfigError::KeepOnStop(e) => format!("--keep-on-stop: {e}"),
         ConfigError::Ttl(e) => format!("--ttl: {e}"),
         // The debounce is not a flag: a renew interval this short is what the user can change.
         ConfigError::DebounceTooLong { debounce, .. } => format!(
@@ -327,6 +337,9 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
             .parse()
             .map_err(|e| Failure::Usage(format!("--worker-id: {e}")))?;
         builder = builder.node_id(id);
+    }
+    if let Some(keep) = args.keep_on_stop {
+        builder = builder.keep_on_stop(keep);
     }
     let config = builder.build().map_err(|e| config_failure(e, &args))?;
     let worker = config.node_id();

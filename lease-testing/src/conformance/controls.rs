@@ -2,7 +2,7 @@
 //! (Q1-Q4, C10) and sticky claims (C9).
 
 use lease_core::{Bucket, MemberControl, MemberMode, QuarantineFor, Weight};
-use lease_core::{BucketState, ErrorKind, LeaseStore, ManualClock, WorkerId};
+use lease_core::{BucketState, Clock, ErrorKind, LeaseStore, ManualClock, WorkerId};
 
 use super::{
     TTL_SECS, assert_kind, beat, bs, claim, nums, release, resize, secs, session, setup, workers,
@@ -287,4 +287,144 @@ pub async fn claims_take_the_buckets_last_held_first<S: LeaseStore>(store: S, cl
     let back = beat(&store, &g, a).await;
     assert!(back.new_session);
     assert_eq!(nums(&claim(&store, &g, a, 5).await), vec![0, 1, 2, 3, 7]);
+}
+
+/// HO1-HO3: a session handed over keeps its buckets live for its successor, who takes it
+/// over (same session, same tokens) with its next start's first heartbeat; nobody else
+/// claims them meanwhile.
+pub async fn a_handed_over_session_is_taken_over_with_its_buckets<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    let first = beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    let won = claim(&store, &g, a, 2).await;
+    let keep = lease_core::Ttl::from_secs(5).expect("ttl");
+    let until = store
+        .hand_over(a, super::inc(a), keep)
+        .await
+        .expect("hand over")
+        .expect("a holds its live session");
+    assert_eq!(
+        until,
+        lease_core::store_precision(clock.now()) + chrono::TimeDelta::seconds(5)
+    );
+    let listed = store.nodes().await.expect("nodes");
+    let info = listed.nodes.iter().find(|n| n.node == a).expect("a listed");
+    assert!(info.handed_over && info.live, "{info:?}");
+    // Nobody else takes its buckets meanwhile.
+    clock.advance(secs(4));
+    beat(&store, &g, b).await;
+    assert_eq!(nums(&claim(&store, &g, b, 4).await), vec![2, 3]);
+    // Its successor: another process (incarnation) of the same node id.
+    let next = lease_core::Incarnation::new();
+    let hb = store
+        .heartbeat(
+            a,
+            next,
+            super::ttl(),
+            &lease_core::MemberMetadata::empty(),
+            &[],
+        )
+        .await
+        .expect("the successor's heartbeat");
+    assert!(!hb.new_session, "the successor started a new session");
+    assert_eq!(hb.session, first.session);
+    let mine = hb.group(&g).expect("still a member");
+    assert_eq!(
+        mine.owned
+            .iter()
+            .map(|l| (l.bucket, l.token))
+            .collect::<Vec<_>>(),
+        won.iter().map(|l| (l.bucket, l.token)).collect::<Vec<_>>()
+    );
+    for l in &won {
+        assert!(
+            store
+                .is_current(&g, l.bucket, a, l.token)
+                .await
+                .expect("is_current")
+        );
+    }
+    let listed = store.nodes().await.expect("nodes");
+    assert!(!listed.nodes.iter().any(|n| n.node == a && n.handed_over));
+    // From then on it is the successor's: the first process cannot renew it.
+    assert_kind(
+        store
+            .heartbeat(
+                a,
+                super::inc(a),
+                super::ttl(),
+                &lease_core::MemberMetadata::empty(),
+                &[],
+            )
+            .await,
+        ErrorKind::WorkerIdInUse,
+        "the process that handed the session over",
+    );
+}
+
+/// HO1, HO2: with no successor, a handed-over session dies at its new expiry and its buckets
+/// are claimable; only the incarnation holding a live session can hand it over.
+pub async fn a_handed_over_session_without_successor_expires<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 4).await;
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
+    beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
+    claim(&store, &g, a, 2).await;
+    let keep = lease_core::Ttl::from_secs(2).expect("ttl");
+    let other = lease_core::Incarnation::new();
+    assert_eq!(
+        store.hand_over(a, other, keep).await.expect("hand over"),
+        None,
+        "another incarnation handed the session over"
+    );
+    assert!(
+        !store
+            .nodes()
+            .await
+            .expect("nodes")
+            .nodes
+            .iter()
+            .any(|n| n.handed_over),
+        "a refused hand-over wrote"
+    );
+    assert!(
+        store
+            .hand_over(a, super::inc(a), keep)
+            .await
+            .expect("hand over")
+            .is_some()
+    );
+    clock.advance(secs(2));
+    beat(&store, &g, b).await;
+    assert_eq!(nums(&claim(&store, &g, b, 4).await), vec![0, 1, 2, 3]);
+    assert_eq!(
+        store
+            .hand_over(a, super::inc(a), keep)
+            .await
+            .expect("hand over"),
+        None,
+        "a dead session was handed over"
+    );
+    let hb = store
+        .heartbeat(
+            a,
+            lease_core::Incarnation::new(),
+            super::ttl(),
+            &lease_core::MemberMetadata::empty(),
+            &[],
+        )
+        .await
+        .expect("a late successor");
+    assert!(hb.new_session && hb.groups.is_empty());
 }

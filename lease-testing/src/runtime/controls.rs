@@ -7,7 +7,7 @@ use std::time::Duration;
 use lease_core::{Bucket, LeaseStore, MemberControl, MemberMode, QuarantineFor, RevokeReason};
 use lease_core::{Weight, WorkerId};
 
-use super::{Env, Pool, RENEW, until};
+use super::{Env, Nodes, Pool, RENEW, until};
 
 /// Wait until the workers' applications own exactly `want`; how long it took.
 async fn until_loads<S: LeaseStore + Clone + 'static>(
@@ -153,4 +153,65 @@ pub async fn a_quarantined_bucket_is_revoked_and_stays_unowned_until_lifted<
     pool.until_balanced(2 * RENEW + env.slack(), "bucket 2 back")
         .await;
     pool.shutdown().await;
+}
+
+/// A rolling restart of two nodes with stable ids that hand their sessions over on stop
+/// (`keep_on_stop`): each successor takes over its predecessor's session with every bucket
+/// under the same token, within a tick of starting; the other node is assigned nothing and
+/// nothing is claimed anew (the store's tokens do not move).
+pub async fn a_rolling_restart_with_hand_over_moves_nothing<S: LeaseStore + Clone + 'static>(
+    env: Env<S>,
+) {
+    const KEEP: Duration = Duration::from_secs(10);
+    let mut nodes = Nodes::new(&env, &[("orders", 16)]);
+    let ids = [WorkerId::new(), WorkerId::new()];
+    for id in ids {
+        nodes
+            .start_with(&["orders"], |b| b.node_id(id).keep_on_stop(KEEP))
+            .await;
+    }
+    nodes
+        .until_balanced(&["orders"], 5 * RENEW, "cold start")
+        .await;
+    let group = lease_core::GroupName::new("orders").expect("a group name");
+    let tokens = |snap: &lease_core::GroupSnapshot| -> Vec<(u32, i64, Option<WorkerId>)> {
+        snap.buckets
+            .iter()
+            .map(|b| (b.bucket.0, b.token.0, b.owner))
+            .collect()
+    };
+    let before = tokens(&nodes.store.snapshot(&group).await.expect("snapshot"));
+    for (k, id) in ids.into_iter().enumerate() {
+        let other = ids[1 - k];
+        let seen = nodes.events_of(other, "orders").len();
+        let held = nodes.owned("orders")[&id];
+        nodes.stop(id).await;
+        let listed = nodes.store.nodes().await.expect("nodes");
+        assert!(
+            listed
+                .nodes
+                .iter()
+                .any(|n| n.node == id && n.handed_over && n.live),
+            "the stopped node did not hand its session over: {:?}",
+            listed.nodes
+        );
+        nodes
+            .start_with(&["orders"], |b| b.node_id(id).keep_on_stop(KEEP))
+            .await;
+        until(
+            RENEW + env.slack(),
+            "the successor takes the session over",
+            || nodes.owned("orders").get(&id) == Some(&held),
+            || nodes.owned("orders"),
+        )
+        .await;
+        assert_eq!(
+            nodes.events_of(other, "orders").len(),
+            seen,
+            "the other node heard of the restart"
+        );
+    }
+    let after = tokens(&nodes.store.snapshot(&group).await.expect("snapshot"));
+    assert_eq!(before, after, "a bucket moved or its token rose");
+    nodes.shutdown().await;
 }

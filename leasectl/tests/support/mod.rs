@@ -386,7 +386,7 @@ pub struct NodeStatus {
 
 /// Parse `leasectl status --json` without `--group`, insisting on the documented shape:
 /// `{"observed_at","nodes":[{"node","session","started_at","heartbeat_at","expires_at","live",
-/// "metadata","groups"}]}`.
+/// "metadata","groups","handed_over"}]}`.
 pub fn parse_nodes_status(text: &str) -> Result<Vec<NodeStatus>, String> {
     let v: Value =
         serde_json::from_str(text.trim()).map_err(|e| format!("not JSON ({e}): {text}"))?;
@@ -425,6 +425,7 @@ pub fn parse_nodes_status(text: &str) -> Result<Vec<NodeStatus>, String> {
                 "live",
                 "metadata",
                 "groups",
+                "handed_over",
             ];
             if keys != expected {
                 return Err(format!("node fields {keys:?}, expected {expected:?}: {n}"));
