@@ -44,10 +44,35 @@ pub(crate) struct Metrics {
     unowned: Gauge,
     unowned_seconds: Counter,
     quarantined_gauge: Gauge,
-    /// The last coverage seen: since when that many buckets were unowned, for the counter.
-    last_unowned: Option<(Instant, u32)>,
-    /// Bucket-milliseconds unowned not counted yet (under a second's worth).
-    unowned_ms: u64,
+    unowned_time: UnownedTime,
+}
+
+/// Unowned buckets integrated over time, in whole bucket-seconds for a counter.
+#[derive(Debug, Default)]
+struct UnownedTime {
+    /// The last coverage seen: since when that many buckets were unowned.
+    last: Option<(Instant, u32)>,
+    /// Bucket-milliseconds not counted yet (under a second's worth).
+    carry_ms: u64,
+}
+
+impl UnownedTime {
+    /// `unowned` buckets from `at` on: the whole bucket-seconds since the last call to count
+    /// now (the rest is carried to the next call).
+    fn at(&mut self, at: Instant, unowned: u32) -> u64 {
+        let mut whole = 0;
+        if let Some((since, n)) = self.last {
+            let ms =
+                u64::try_from(at.saturating_duration_since(since).as_millis()).unwrap_or(u64::MAX);
+            self.carry_ms = self
+                .carry_ms
+                .saturating_add(ms.saturating_mul(u64::from(n)));
+            whole = self.carry_ms / 1_000;
+            self.carry_ms %= 1_000;
+        }
+        self.last = Some((at, unowned));
+        whole
+    }
 }
 
 impl Metrics {
@@ -71,8 +96,7 @@ impl Metrics {
             unowned: gauge!("lease_unowned_buckets", "group" => g.clone()),
             unowned_seconds: counter!("lease_unowned_bucket_seconds_total", "group" => g.clone()),
             quarantined_gauge: gauge!("lease_quarantined_buckets", "group" => g.clone()),
-            last_unowned: None,
-            unowned_ms: 0,
+            unowned_time: UnownedTime::default(),
             steps_forward: counter!("lease_clock_steps_total", "group" => g.clone(), "direction" => "forward"),
             steps_backward: counter!("lease_clock_steps_total", "group" => g, "direction" => "backward"),
         }
@@ -127,19 +151,34 @@ impl Metrics {
     pub(crate) fn coverage(&mut self, unowned: u32, quarantined: u32, at: Instant) {
         self.unowned.set(f64::from(unowned));
         self.quarantined_gauge.set(f64::from(quarantined));
-        if let Some((since, n)) = self.last_unowned {
-            let ms =
-                u64::try_from(at.saturating_duration_since(since).as_millis()).unwrap_or(u64::MAX);
-            self.unowned_ms = self
-                .unowned_ms
-                .saturating_add(ms.saturating_mul(u64::from(n)));
-            self.unowned_seconds.increment(self.unowned_ms / 1_000);
-            self.unowned_ms %= 1_000;
-        }
-        self.last_unowned = Some((at, unowned));
+        self.unowned_seconds
+            .increment(self.unowned_time.at(at, unowned));
     }
 
     pub(crate) fn tick(&self, took: Duration) {
         self.tick.record(took.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unowned_time_counts_whole_bucket_seconds_and_carries_the_rest() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut u = UnownedTime::default();
+        assert_eq!(u.at(t0, 3), 0, "nothing before the first heartbeat");
+        assert_eq!(u.at(ms(1_500), 2), 4, "3 buckets for 1.5 s: 4.5");
+        assert_eq!(
+            u.at(ms(2_500), 0),
+            2,
+            "2 for 1 s, plus the half carried: 2.5"
+        );
+        assert_eq!(u.at(ms(60_000), 0), 0, "none unowned counts nothing");
+        assert_eq!(u.at(ms(60_250), 4), 0);
+        assert_eq!(u.at(ms(60_500), 4), 1, "4 for 0.25 s and the half: 1.5");
+        assert_eq!(u.at(ms(60_625), 4), 1, "4 for 0.125 s and the half: 1.0");
     }
 }
