@@ -2022,3 +2022,50 @@ async fn a_quarantine_racing_a_resize_lands_in_one_generation() {
         "rows and buckets differ"
     );
 }
+
+/// Q3 when a quarantine ends and is then lifted: a stamp whose view counted the quarantine is
+/// never answered "unchanged" once it ended, even when a lift came in between. The look at a
+/// group past a stamp's `until` (the counter unchanged) finds the quarantine rows that ended
+/// since that `until`, and lifting a quarantine that has ended writes nothing and leaves its
+/// row for that look. Measured with the lift deleting the ended row (without moving the
+/// counter, since nothing visible changed): the heartbeat answered "unchanged" to the view
+/// that still counted the quarantine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quarantine_that_ended_and_was_lifted_is_never_answered_unchanged() {
+    let (url, group, [(a, _), _]) = two_members(SHARDS, long()).await;
+    let mut admin = connect(&url).await;
+    let mut conn = connect(&url).await;
+    let first = renew(&mut conn, a, long(), &[], "a's view").await;
+    assert!(
+        ops::quarantine(
+            &mut admin,
+            None,
+            &group,
+            Bucket(1),
+            Some(lease_core::QuarantineFor::new(Duration::from_millis(500)).expect("duration"))
+        )
+        .await
+        .expect("quarantine")
+    );
+    let counted = renew(&mut conn, a, long(), &stamps(&first), "a's view again").await;
+    let view = &counted.group(&group).expect("the view is given").view;
+    assert_eq!(view.quarantined, 1);
+    let end = ops::snapshot(&mut admin, None, &group)
+        .await
+        .expect("snapshot")
+        .buckets[1]
+        .quarantined_until
+        .expect("bucket 1's quarantine");
+    wait_server_past(&mut admin, end).await;
+    assert!(
+        !ops::quarantine(&mut admin, None, &group, Bucket(1), None)
+            .await
+            .expect("lift"),
+        "lifting a quarantine that ended wrote"
+    );
+    let after = renew(&mut conn, a, long(), &stamps(&counted), "a's heartbeat").await;
+    let given = after
+        .group(&group)
+        .unwrap_or_else(|| panic!("answered unchanged: {:?}", after.unchanged));
+    assert_eq!(given.view.quarantined, 0);
+}
