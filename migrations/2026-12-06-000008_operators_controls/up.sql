@@ -80,12 +80,13 @@ $$;
 -- Locks: the member row (FOR KEY SHARE), then the control row, then the change counter. A
 -- claim holds its member row (FOR UPDATE) from its start to its commit and judges its mode
 -- once it holds it (lease.may_claim), so a claim and a control of its member serialize: the
--- claim commits before the control begins or sees the control. (KEY SHARE does not hold off
--- the owned-count updates of claims, releases and resizes already holding the row.) The
--- stored value is read under the control row's lock, the latest committed one, and only the
--- value asked for changes: two controls of one member, one setting the weight and one the
--- mode, both take effect. A first control inserts the row; one that finds it inserted
--- meanwhile (ON CONFLICT DO NOTHING, after waiting for the inserter) changes it as it is.
+-- claim commits before the control begins or sees the control. (KEY SHARE rather than SHARE:
+-- a resize's update of the members' counts, which holds the group's row that this control's
+-- insert may wait for, does not conflict with it.) The stored value is read under the control
+-- row's lock, the latest committed one, and only the value asked for changes: two controls of
+-- one member, one setting the weight and one the mode, both take effect. A first control
+-- inserts the row; one that finds it inserted meanwhile (ON CONFLICT DO NOTHING, after
+-- waiting for the inserter) changes it as it is.
 CREATE FUNCTION lease.control(p_group text, p_node uuid, p_weight integer, p_mode text)
     RETURNS integer
     LANGUAGE plpgsql VOLATILE
