@@ -1,7 +1,8 @@
 //! Wake-ups over `LISTEN/NOTIFY`: one listening connection per store, one channel per group.
 //!
-//! The statements that change membership or release buckets `NOTIFY lease.channel(group)` in
-//! the same transaction, so a notification is delivered when, and only if, the change commits.
+//! The statements that change membership, release buckets, resize or set an operator's
+//! control `NOTIFY lease.channel(group)` in the same transaction, so a notification is
+//! delivered when, and only if, the change commits.
 //! One task holds a connection taken out of the pool, `LISTEN`s on every channel asked for,
 //! and fans notifications out to the group's broadcast. If the connection breaks it reconnects,
 //! listens again and sends [`Change::Missed`] to every feed: notifications may have been lost
@@ -167,6 +168,9 @@ fn parse(payload: &str) -> Change {
         (Some('R'), Some(w)) => Change::Released(w),
         // A resize: 'Z' and the new generation.
         (Some('Z'), _) => Change::Resized,
+        // An operator's control of a member ('C' and the node) or a bucket's quarantine ('C'
+        // and the bucket).
+        (Some('C'), _) => Change::Controlled,
         _ => Change::Missed,
     }
 }
@@ -335,6 +339,8 @@ mod tests {
             Change::Released(WorkerId::from_uuid(w))
         );
         assert_eq!(parse("Z3"), Change::Resized);
+        assert_eq!(parse(&format!("C{w}")), Change::Controlled);
+        assert_eq!(parse("C17"), Change::Controlled);
         assert_eq!(parse("X"), Change::Missed);
         assert_eq!(parse(""), Change::Missed);
         assert_eq!(parse("Jnot-a-uuid"), Change::Missed);

@@ -81,6 +81,7 @@ use lease_core::{
     Heartbeat, Incarnation, Lease, LeaseStore, MemberMetadata, NodesSnapshot, Operation,
     ResizeOutcome, SessionId, ShardCount, StoreError, Takeover, Ttl, WorkerId, store_precision,
 };
+use lease_core::{MemberControl, QuarantineFor};
 
 pub use error::PgSetupError;
 pub use migrate::{Compatibility, ExtraMigration, MIGRATIONS, SchemaStatus};
@@ -684,31 +685,31 @@ impl LeaseStore for PgLeaseStore {
         .await
     }
 
-    // TEMPORARY (this commit only): migration 8 brings the controls to Postgres.
     async fn control(
         &self,
-        _group: &GroupName,
-        _node: WorkerId,
-        _control: lease_core::MemberControl,
+        group: &GroupName,
+        node: WorkerId,
+        control: MemberControl,
     ) -> Result<(), StoreError> {
-        Err(StoreError::backend_detail(
-            Operation::Control,
-            lease_core::BackendFailure::SchemaMismatch,
-            "controls need migration 8",
-        ))
+        self.with_conn(Operation::Control, async |c| {
+            ops::control(c, group, node, control).await.map(drop)
+        })
+        .await
     }
 
     async fn quarantine(
         &self,
-        _group: &GroupName,
-        _bucket: Bucket,
-        _duration: Option<lease_core::QuarantineFor>,
+        group: &GroupName,
+        bucket: Bucket,
+        duration: Option<QuarantineFor>,
     ) -> Result<(), StoreError> {
-        Err(StoreError::backend_detail(
-            Operation::Quarantine,
-            lease_core::BackendFailure::SchemaMismatch,
-            "quarantines need migration 8",
-        ))
+        let at = self.at();
+        self.with_conn(Operation::Quarantine, async |c| {
+            ops::quarantine(c, at, group, bucket, duration)
+                .await
+                .map(drop)
+        })
+        .await
     }
 
     // TEMPORARY: hand-overs need migration 8's column.

@@ -21,6 +21,7 @@ use lease_core::{
     MemberMode, NodeInfo, NodesSnapshot, Operation, ResizeOutcome, SessionId, ShardCount,
     StoreError, Takeover, Timestamp, Ttl, ViewStamp, WorkerId,
 };
+use lease_core::{MemberControl, QuarantineFor, Weight};
 use uuid::Uuid;
 
 use crate::error::{corrupt, from_diesel};
@@ -44,6 +45,20 @@ fn bucket(op: Operation, n: i32) -> Result<Bucket, StoreError> {
 
 fn count(op: Operation, n: i32) -> Result<u32, StoreError> {
     u32::try_from(n).map_err(|_| corrupt(op, format!("owned count {n}")))
+}
+
+/// A member's weight as stored (K1).
+fn weight(op: Operation, n: i32) -> Result<u32, StoreError> {
+    u32::try_from(n)
+        .ok()
+        .and_then(|w| Weight::new(w).ok())
+        .map(Weight::get)
+        .ok_or_else(|| corrupt(op, format!("weight {n}")))
+}
+
+/// A member's mode as stored (K1).
+fn mode(op: Operation, name: &str) -> Result<MemberMode, StoreError> {
+    MemberMode::from_name(name).ok_or_else(|| corrupt(op, format!("member mode {name:?}")))
 }
 
 fn not_found(group: &GroupName) -> StoreError {
@@ -390,30 +405,62 @@ fn group_beat(
     owned.sort_by_key(|l| l.bucket);
     let workers = row.workers.unwrap_or_default();
     let loads = row.loads.unwrap_or_default();
-    if workers.len() != loads.len() {
-        return Err(corrupt(op, "member and load lists differ in length".into()));
+    let weights = row.weights.unwrap_or_default();
+    let modes = row.modes.unwrap_or_default();
+    if workers.len() != loads.len()
+        || workers.len() != weights.len()
+        || workers.len() != modes.len()
+    {
+        return Err(corrupt(
+            op,
+            "member, load, weight and mode lists differ in length".into(),
+        ));
     }
-    let mut members = vec![MemberLoad::new(node, own_load)];
-    for (&w, &n) in workers.iter().zip(&loads) {
-        members.push(MemberLoad::new(WorkerId::from_uuid(w), count(op, n)?));
+    let mut members = vec![MemberLoad {
+        worker: node,
+        owned: own_load,
+        weight: weight(op, row.my_weight.ok_or_else(missing)?)?,
+        mode: mode(op, &row.my_mode.ok_or_else(missing)?)?,
+    }];
+    for (((&w, &n), &wt), m) in workers.iter().zip(&loads).zip(&weights).zip(&modes) {
+        members.push(MemberLoad {
+            worker: WorkerId::from_uuid(w),
+            owned: count(op, n)?,
+            weight: weight(op, wt)?,
+            mode: mode(op, m)?,
+        });
     }
     members.sort_by_key(|m| m.worker);
     let held: u32 = members.iter().map(|m| m.owned).sum();
     let draining = u32::try_from(row.draining.ok_or_else(missing)?)
         .map_err(|_| corrupt(op, "draining count".into()))?;
+    // Q1, Q2: the group's buckets under quarantine, those of them the node holds, and how many
+    // of them any live member holds (those are counted in `held` already).
+    let quarantined = bucket_list(op, &row.quarantined.unwrap_or_default())?;
+    let quarantined_held = u32::try_from(row.quarantined_held.ok_or_else(missing)?)
+        .map_err(|_| corrupt(op, "quarantined count".into()))?;
+    let own_quarantined: Vec<Bucket> = owned
+        .iter()
+        .filter(|l| l.shards == shard_count && quarantined.binary_search(&l.bucket).is_ok())
+        .map(|l| l.bucket)
+        .collect();
+    let quarantined_free = (quarantined.len() as u32).saturating_sub(quarantined_held);
     Ok(GroupBeat {
         view: GroupView {
             shard_count,
             members,
-            claimable: shard_count.get().saturating_sub(held),
+            claimable: shard_count
+                .get()
+                .saturating_sub(held)
+                .saturating_sub(quarantined_free),
             generation: generation(op, row.generation.ok_or_else(missing)?)?,
             previous,
             draining,
-            quarantined: 0,
+            quarantined: quarantined.len() as u32,
         },
         owned,
         stamp: stamp(op, row.stamp_version, row.until)?,
-        quarantined: Vec::new(),
+        quarantined: own_quarantined,
         group,
     })
 }
@@ -603,11 +650,11 @@ pub async fn snapshot(
             },
             metadata: MemberMetadata::new(m.metadata)
                 .map_err(|e| corrupt(Operation::Snapshot, format!("node metadata: {e}")))?,
-            weight: 1,
-            mode: MemberMode::Active,
+            weight: weight(Operation::Snapshot, m.weight)?,
+            mode: mode(Operation::Snapshot, &m.mode)?,
         });
     }
-    let info = |(b, owner, session, token): ShardRow| {
+    let info = |(b, owner, session, token, quarantined_until): ShardRow| {
         let expires_at = owner
             .zip(session)
             .and_then(|key| sessions.get(&key).copied());
@@ -623,7 +670,8 @@ pub async fn snapshot(
             token: FencingToken(token),
             expires_at,
             state,
-            quarantined_until: None,
+            // Q1: while it runs (a quarantine that ended keeps its value until replaced).
+            quarantined_until: quarantined_until.filter(|&end| now < end),
         })
     };
     let buckets = shard_rows
@@ -632,7 +680,7 @@ pub async fn snapshot(
         .collect::<Result<Vec<_>, StoreError>>()?;
     let mut draining = old_rows
         .into_iter()
-        .map(info)
+        .map(|(b, owner, session, token)| info((b, owner, session, token, None)))
         .collect::<Result<Vec<_>, StoreError>>()?;
     // Rows of a generation whose every bucket is retired wait for a claim or the next resize
     // to delete them: the drain is over (Z3), so they are not shown.
@@ -651,7 +699,10 @@ pub async fn snapshot(
     })
 }
 
-type ShardRow = (i32, Option<Uuid>, Option<Uuid>, i64);
+/// A bucket row: bucket, owner, session, token and the end of its quarantine.
+type ShardRow = (i32, Option<Uuid>, Option<Uuid>, i64, Option<Timestamp>);
+/// A bucket row of the draining generation: bucket, owner, session, token.
+type OldRow = (i32, Option<Uuid>, Option<Uuid>, i64);
 type GroupRow = (i32, i64, Option<i32>);
 
 /// What a snapshot reads: the store's time, the group, its members, the current and the
@@ -661,7 +712,7 @@ type SnapshotReads = (
     Option<GroupRow>,
     Vec<sql::SnapshotMemberRow>,
     Vec<ShardRow>,
-    Vec<ShardRow>,
+    Vec<OldRow>,
 );
 
 /// The snapshot's reads: the store's time, the group, its members and buckets.
@@ -697,10 +748,11 @@ async fn snapshot_reads(
             shards::owner_node,
             shards::owner_session,
             shards::token,
+            shards::quarantined_until,
         ))
         .load(conn)
         .await?;
-    let old_rows: Vec<ShardRow> = draining_shards::table
+    let old_rows: Vec<OldRow> = draining_shards::table
         .filter(draining_shards::group_name.eq(name))
         .order(draining_shards::bucket)
         .select((
@@ -794,6 +846,91 @@ pub async fn is_current(
     .await
     .map_err(|e| from_diesel(Operation::IsCurrent, e))?;
     Ok(row.current)
+}
+
+/// [`LeaseStore::control`](lease_core::LeaseStore::control) on `conn`: one statement. `true`
+/// if it changed the stored value (the group's counter moved), `false` if it was the one
+/// stored (K3: nothing written).
+pub async fn control(
+    conn: &mut AsyncPgConnection,
+    group: &GroupName,
+    node: WorkerId,
+    control: MemberControl,
+) -> Result<bool, StoreError> {
+    let op = Operation::Control;
+    let (weight, mode) = match control {
+        MemberControl::Weight(w) => (Some(w), None),
+        MemberControl::Mode(m) => (None, Some(m)),
+        // A control this build does not know: refused rather than half applied.
+        _ => {
+            return Err(StoreError::backend_detail(
+                op,
+                lease_core::BackendFailure::Misconfigured,
+                format!("{control:?} is not a control this store knows"),
+            ));
+        }
+    };
+    let row: sql::ControlRow = Prepared(
+        diesel::sql_query(sql::CONTROL)
+            .bind::<Text, _>(group.as_str())
+            .bind::<SqlUuid, _>(node.as_uuid())
+            // At most MAX_WEIGHT (1,000,000): it fits.
+            .bind::<Nullable<Integer>, _>(weight.map(|w| w.get() as i32))
+            .bind::<Nullable<Text>, _>(mode.map(MemberMode::as_str)),
+    )
+    .get_result(conn)
+    .await
+    .map_err(|e| from_diesel(op, e))?;
+    match row.outcome {
+        None => Err(not_found(group)),
+        Some(0) => Err(StoreError::NotAMember {
+            group: group.clone(),
+            worker: node,
+        }),
+        Some(1) => Ok(false),
+        Some(2) => Ok(true),
+        Some(n) => Err(corrupt(op, format!("lease.control answered {n}"))),
+    }
+}
+
+/// [`LeaseStore::quarantine`](lease_core::LeaseStore::quarantine) on `conn`: one statement.
+/// `true` if it set or lifted a quarantine (the group's counter moved), `false` if it lifted
+/// a bucket not under quarantine (Q3: nothing written). `at` is the client clock's time
+/// (`None`: the server's).
+pub async fn quarantine(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+    group: &GroupName,
+    bucket: Bucket,
+    duration: Option<QuarantineFor>,
+) -> Result<bool, StoreError> {
+    let op = Operation::Quarantine;
+    let row: Option<sql::QuarantineRow> = Prepared(
+        diesel::sql_query(sql::QUARANTINE)
+            .bind::<Text, _>(group.as_str())
+            .bind::<BigInt, _>(i64::from(bucket.0))
+            .bind::<Nullable<Interval>, _>(duration.map(|d| {
+                // At most a year (MAX_QUARANTINE): it fits.
+                PgInterval::from_microseconds(
+                    i64::try_from(d.get().as_micros()).unwrap_or(i64::MAX),
+                )
+            }))
+            .bind::<Nullable<Timestamptz>, _>(at),
+    )
+    .get_result(conn)
+    .await
+    .optional()
+    .map_err(|e| from_diesel(op, e))?;
+    let row = row.ok_or_else(|| not_found(group))?;
+    let shards = shard_count(op, group, row.shard_count)?;
+    if !shards.contains(bucket) {
+        return Err(StoreError::BucketOutOfRange {
+            group: group.clone(),
+            bucket,
+            shard_count: shards,
+        });
+    }
+    Ok(row.changed)
 }
 
 /// [`LeaseStore::resize`](lease_core::LeaseStore::resize) on `conn`: one transaction (a

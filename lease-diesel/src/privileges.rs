@@ -22,8 +22,9 @@ use crate::error::PgSetupError;
 /// What a role is for; each kind has its own list of privileges ([`required`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RoleKind {
-    /// Runs workers (`leasectl worker`, the library's `LeaseWorker`) and `leasectl release`:
-    /// reads and writes the engine's tables, calls its functions.
+    /// Runs workers (`leasectl worker`, the library's `LeaseWorker`), `leasectl release` and
+    /// operators' controls (`PgLeaseStore::control`, `quarantine`): reads and writes the
+    /// engine's tables, calls its functions.
     Worker,
     /// Reads who owns what (`leasectl status`, `PgLeaseStore::snapshot`); writes nothing, so
     /// it works against a hot standby too.
@@ -273,6 +274,46 @@ const NEEDS: &[Need] = &[
     // Leaving a group (leasectl release --force evicts with it).
     Need {
         on: Object::Function("lease.leave(text, uuid, uuid, timestamptz)"),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
+    // Operators' controls (migration 8): lease.control writes a member's row here; the
+    // heartbeat's views and snapshots read it, claims read it through lease.may_claim. The
+    // migration grants this to the roles that could update (read) lease.shards.
+    Need {
+        on: Object::Table("lease.member_controls"),
+        worker: &["SELECT", "INSERT", "UPDATE", "DELETE"],
+        monitor: &["SELECT"],
+        fencing: &[],
+    },
+    // Quarantines: lease.quarantine sets, replaces and lifts them; the heartbeat's views read
+    // them (a snapshot reads the bucket rows' quarantined_until instead).
+    Need {
+        on: Object::Table("lease.quarantines"),
+        worker: &["SELECT", "INSERT", "UPDATE", "DELETE"],
+        monitor: &[],
+        fencing: &[],
+    },
+    // Claims judge their member's mode with it (C11).
+    Need {
+        on: Object::Function("lease.may_claim(text, uuid)"),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
+    // An operator's control of a member (it runs with its caller's rights: FOR KEY SHARE of
+    // the member row needs UPDATE on lease.members, which a worker has).
+    Need {
+        on: Object::Function("lease.control(text, uuid, integer, text)"),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
+    // A bucket's quarantine (it writes the bucket row's quarantined_until: UPDATE on
+    // lease.shards, which a worker has).
+    Need {
+        on: Object::Function("lease.quarantine(text, bigint, interval, timestamptz)"),
         worker: &["EXECUTE"],
         monitor: &[],
         fencing: &[],

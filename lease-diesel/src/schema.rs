@@ -48,6 +48,8 @@ diesel::table! {
         owner_session -> Nullable<Uuid>,
         token -> BigInt,
         updated_at -> Timestamptz,
+        last_node -> Nullable<Uuid>,
+        quarantined_until -> Nullable<Timestamptz>,
     }
 }
 

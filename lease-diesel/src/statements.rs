@@ -58,7 +58,7 @@ pub(crate) struct GroupCountsRow {
     pub previous_count: Option<i32>,
 }
 
-/// A node's heartbeat: `lease.heartbeat` (migration 7) extends the node's live session if this
+/// A node's heartbeat: `lease.heartbeat` (migration 8) extends the node's live session if this
 /// incarnation began it, or starts a new one (`$2` becomes its id), and answers for each group
 /// the node is a member of, "unchanged" or its view (rules H1-H8, V1). `$1` node, `$2`
 /// candidate session id, `$3` ttl, `$4` metadata, `$5` client time, `$6` incarnation, `$7`
@@ -75,7 +75,8 @@ pub(crate) const HEARTBEAT: &str = r#"
 SELECT h.session_id, h.heartbeat_at, h.expires_at, h.started, h.mine, h.timeline, h.recorded,
        h.unchanged_groups, h.unchanged_versions, h.unchanged_until, h.group_name,
        h.stamp_version, h.until, h.shard_count, h.generation, h.previous_count, h.draining,
-       h.workers, h.loads, h.buckets, h.tokens, h.old_buckets, h.old_tokens
+       h.workers, h.loads, h.buckets, h.tokens, h.old_buckets, h.old_tokens, h.weights,
+       h.modes, h.my_weight, h.my_mode, h.quarantined, h.quarantined_held
   FROM lease.heartbeat($1, $2, $3, $4, $5, $6, $7, $8, $9) AS h
 "#;
 
@@ -179,6 +180,24 @@ pub(crate) struct HeartbeatRow {
     pub old_buckets: Option<Vec<i32>>,
     #[diesel(sql_type = Nullable<Array<BigInt>>)]
     pub old_tokens: Option<Vec<i64>>,
+    /// The other live members' weights, parallel to `workers` (K1).
+    #[diesel(sql_type = Nullable<Array<Integer>>)]
+    pub weights: Option<Vec<i32>>,
+    /// The other live members' modes, parallel to `workers`.
+    #[diesel(sql_type = Nullable<Array<Text>>)]
+    pub modes: Option<Vec<String>>,
+    /// The node's own weight.
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub my_weight: Option<i32>,
+    /// The node's own mode.
+    #[diesel(sql_type = Nullable<Text>)]
+    pub my_mode: Option<String>,
+    /// The group's buckets under quarantine at the heartbeat's time, sorted (Q1).
+    #[diesel(sql_type = Nullable<Array<Integer>>)]
+    pub quarantined: Option<Vec<i32>>,
+    /// How many of them a live member holds (Q2).
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub quarantined_held: Option<i64>,
 }
 
 /// Make node `$2` a member of group `$1` under its live session `$3` (rules J1-J3). `$4` client
@@ -225,13 +244,14 @@ pub(crate) struct JoinRow {
     pub live: bool,
 }
 
-/// Claim up to `$3` claimable buckets for node `$2`'s live session `$5`, in its claim order
-/// (from `$6 % shard_count` up, then from 0: C3), raising each one's token. `$1` group, `$2`
-/// node, `$3` how many, `$4` client time, `$5` session, `$6` the node's claim seed, `$7`
-/// whether dead sessions' buckets may be taken, `$8` if not null, only if the server's clock
-/// advanced by at most `$8` since the session's last renewal (C7: otherwise `owners` is
-/// empty, so only unowned buckets are). No row: the group does not exist; a null session: `$5`
-/// is not the node's live session, or the node is no member of the group (C1).
+/// Claim up to `$3` claimable buckets for node `$2`'s live session `$5`: those the node last
+/// held first (C9), then the others, each kind in its claim order (from `$6 % shard_count` up,
+/// then from 0: C3), raising each one's token. `$1` group, `$2` node, `$3` how many, `$4`
+/// client time, `$5` session, `$6` the node's claim seed, `$7` whether dead sessions' buckets
+/// may be taken, `$8` if not null, only if the server's clock advanced by at most `$8` since
+/// the session's last renewal (C7: otherwise `owners` is empty, so only unowned buckets are).
+/// No row: the group does not exist; a null session: `$5` is not the node's live session, or
+/// the node is no member of the group (C1).
 ///
 /// The node's row is share-locked first (a renewal, or a claimer ending the session, waits for
 /// this claim; claims of the node in other groups do not), then its member row (its counter is
@@ -252,10 +272,24 @@ pub(crate) struct JoinRow {
 ///   claiming at once start at different buckets, so they rarely walk over each other's
 ///   locked rows (when they all started at 0, the k-th of them stepped over the rows of the
 ///   k-1 before it, a cost growing with the number of workers times the share).
-/// - The first `$3` candidates in claim order are taken; the others stay locked only until this
-///   statement commits. A bucket row that another session claimed after this statement's
-///   snapshot is re-checked by Postgres against its new version, which is neither unowned nor
-///   a dead session's: it is skipped.
+/// - Sticky claims (C9): the same walks run first for the buckets the node last held, unowned
+///   ones with `last_node = $2` (their own partial index) and those of the node's own dead
+///   sessions (a restart with a stable node id); the other walks then look only for what
+///   those did not find, and skip the node's unowned buckets. `won` sets `last_node`.
+/// - Quarantine (C10): every walk skips a bucket whose `quarantined_until` is after the
+///   claim's clock reading. The condition is on the bucket row, which `lease.quarantine`
+///   writes: a row quarantined after this statement's snapshot is re-checked by Postgres
+///   against its new version when the walk locks it (as below), and one a quarantine in
+///   flight holds is skipped. A check of `lease.quarantines` would use this statement's
+///   snapshot and take a bucket quarantined after it.
+/// - Cordoned or draining (C11): `may` is empty, so nothing is taken or written. The mode is
+///   judged once the member row is locked, on the latest committed state
+///   (`lease.may_claim`): a control of this member share-locks that row, so it either waits
+///   for this claim to commit or commits before this claim holds the row and is seen.
+/// - The first `$3` candidates (the sticky ones first, each kind in claim order) are taken;
+///   the others stay locked only until this statement commits. A bucket row that another
+///   session claimed after this statement's snapshot is re-checked by Postgres against its new
+///   version, which is neither unowned nor a dead session's: it is skipped.
 /// - While a resize drains (C8, Z5), an unowned bucket of the new generation is taken only if
 ///   no old bucket sharing keys with it (`old - new` divisible by `gcd(N, M)`) blocks it
 ///   (`old_block`): one owned (not released) and, with takeover allowed, whose owner is not
@@ -284,6 +318,10 @@ WITH RECURSIVE me AS (
     SELECT me.session_id, me.expires_at, me.heartbeat_at, c.t
       FROM me, (SELECT COALESCE($4, clock_timestamp()) AS t) AS c
      WHERE me.expires_at > c.t
+), may AS (
+    -- C11: a cordoned or draining member claims nothing, judged on the latest committed
+    -- state now that the member row is locked.
+    SELECT mine.t FROM mine WHERE lease.may_claim($1, $2)
 ), epoch AS (
     -- Failover: nothing is claimed until the server's timeline was first seen (by a heartbeat)
     -- one maximum ttl of the group's members ago, so that every worker of an old primary has
@@ -291,7 +329,7 @@ WITH RECURSIVE me AS (
     -- token of an earlier timeline. (No failover: the base timeline, no quiet period, floor 1.)
     SELECT ((e.timeline - (SELECT min(b.timeline) FROM lease.server_epochs b)) << 32) + 1
            AS floor
-      FROM lease.server_epochs e, mine, (SELECT lease.timeline() AS timeline) AS tl
+      FROM lease.server_epochs e, may, (SELECT lease.timeline() AS timeline) AS tl
      WHERE e.timeline = tl.timeline
        -- On the base timeline (first seen at -infinity) the members are not scanned.
        AND (e.first_seen = '-infinity'
@@ -299,7 +337,7 @@ WITH RECURSIVE me AS (
                                           FROM lease.members x
                                           JOIN lease.nodes y ON y.node_id = x.node_id
                                          WHERE x.group_name = $1),
-                                       interval '0') <= mine.t)
+                                       interval '0') <= may.t)
 ), takes AS (
     -- C7: whether dead sessions' buckets may be taken (and retire old ones, C8) by this claim.
     SELECT ($7 AND ($8::interval IS NULL OR mine.t - mine.heartbeat_at <= $8)) AS dead
@@ -326,17 +364,19 @@ WITH RECURSIVE me AS (
                      ORDER BY s.owner_session
                      LIMIT 1) AS n
 ), dead AS (
-    SELECT o.owner_session FROM owners o
+    -- A dead session's buckets were last held by its node (a claim sets both): the node's
+    -- own earlier sessions' are sticky (C9).
+    SELECT o.owner_session, o.owner_node = $2 AS sticky FROM owners o
      WHERE o.owner_session NOT IN (SELECT session_id FROM live)
        AND o.owner_session NOT IN (SELECT session_id FROM mine)
        AND lease.owner_is_dead($1, o.owner_node, o.owner_session, $4)
 ), start AS (
     SELECT $6 % g.shard_count AS b,
-           gcd(g.shard_count, COALESCE(g.previous_count, g.shard_count)) AS g
-      FROM lease.groups g WHERE g.name = $1
+           gcd(g.shard_count, COALESCE(g.previous_count, g.shard_count)) AS g, may.t
+      FROM lease.groups g, may WHERE g.name = $1
 ), old_owned AS (
     -- The draining generation's buckets not released (none without a resize in progress).
-    SELECT d.bucket, d.owner_node, d.owner_session FROM lease.draining_shards d, mine
+    SELECT d.bucket, d.owner_node, d.owner_session FROM lease.draining_shards d, may
      WHERE d.group_name = $1 AND d.owner_session IS NOT NULL
 ), old_live AS (
     -- Owned by a session judged live on the latest committed state (a renewal in flight
@@ -362,13 +402,64 @@ WITH RECURSIVE me AS (
      WHERE d.group_name = $1
        AND EXISTS (SELECT 1 FROM old_owned)
        AND NOT EXISTS (SELECT 1 FROM old_owned o WHERE o.bucket NOT IN (SELECT bucket FROM old_dead))
-), unowned_up AS (
+), sticky_unowned_up AS (
+    -- C9 first: the unowned buckets this node last held (released or left), then below.
     SELECT s.bucket FROM lease.shards s, start
-     WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket >= start.b
+     WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.last_node = $2
+       AND s.bucket >= start.b
+       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
        AND EXISTS (SELECT 1 FROM epoch)
        AND NOT EXISTS (SELECT 1 FROM old_block o WHERE (o.bucket - s.bucket) % start.g = 0)
      ORDER BY s.bucket
      LIMIT $3
+       FOR UPDATE OF s SKIP LOCKED
+), sticky_orphaned_up AS (
+    SELECT o.bucket
+      FROM dead d, start,
+           LATERAL (SELECT s.bucket FROM lease.shards s
+                     WHERE s.group_name = $1 AND s.owner_session = d.owner_session
+                       AND s.bucket >= start.b
+                       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
+                     ORDER BY s.bucket
+                     LIMIT $3
+                       FOR UPDATE OF s SKIP LOCKED) AS o
+     WHERE d.sticky
+), sticky_up AS (
+    SELECT bucket FROM sticky_unowned_up UNION ALL SELECT bucket FROM sticky_orphaned_up
+), sticky_unowned_down AS (
+    SELECT s.bucket FROM lease.shards s, start
+     WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.last_node = $2
+       AND s.bucket < start.b
+       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
+       AND EXISTS (SELECT 1 FROM epoch)
+       AND NOT EXISTS (SELECT 1 FROM old_block o WHERE (o.bucket - s.bucket) % start.g = 0)
+     ORDER BY s.bucket
+     LIMIT greatest($3 - (SELECT count(*) FROM sticky_up), 0)
+       FOR UPDATE OF s SKIP LOCKED
+), sticky_orphaned_down AS (
+    SELECT o.bucket
+      FROM dead d, start,
+           LATERAL (SELECT s.bucket FROM lease.shards s
+                     WHERE s.group_name = $1 AND s.owner_session = d.owner_session
+                       AND s.bucket < start.b
+                       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
+                     ORDER BY s.bucket
+                     LIMIT greatest($3 - (SELECT count(*) FROM sticky_up), 0)
+                       FOR UPDATE OF s SKIP LOCKED) AS o
+     WHERE d.sticky
+), sticky AS (
+    SELECT bucket FROM sticky_up
+    UNION ALL SELECT bucket FROM sticky_unowned_down
+    UNION ALL SELECT bucket FROM sticky_orphaned_down
+), unowned_up AS (
+    SELECT s.bucket FROM lease.shards s, start
+     WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket >= start.b
+       AND s.last_node IS DISTINCT FROM $2
+       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
+       AND EXISTS (SELECT 1 FROM epoch)
+       AND NOT EXISTS (SELECT 1 FROM old_block o WHERE (o.bucket - s.bucket) % start.g = 0)
+     ORDER BY s.bucket
+     LIMIT greatest($3 - (SELECT count(*) FROM sticky), 0)
        FOR UPDATE OF s SKIP LOCKED
 ), orphaned_up AS (
     SELECT o.bucket
@@ -376,18 +467,22 @@ WITH RECURSIVE me AS (
            LATERAL (SELECT s.bucket FROM lease.shards s
                      WHERE s.group_name = $1 AND s.owner_session = d.owner_session
                        AND s.bucket >= start.b
+                       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
                      ORDER BY s.bucket
-                     LIMIT $3
+                     LIMIT greatest($3 - (SELECT count(*) FROM sticky), 0)
                        FOR UPDATE OF s SKIP LOCKED) AS o
+     WHERE NOT d.sticky
 ), up AS (
     SELECT bucket FROM unowned_up UNION ALL SELECT bucket FROM orphaned_up
 ), unowned_down AS (
     SELECT s.bucket FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket < start.b
+       AND s.last_node IS DISTINCT FROM $2
+       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
        AND EXISTS (SELECT 1 FROM epoch)
        AND NOT EXISTS (SELECT 1 FROM old_block o WHERE (o.bucket - s.bucket) % start.g = 0)
      ORDER BY s.bucket
-     LIMIT greatest($3 - (SELECT count(*) FROM up), 0)
+     LIMIT greatest($3 - (SELECT count(*) FROM sticky) - (SELECT count(*) FROM up), 0)
        FOR UPDATE OF s SKIP LOCKED
 ), orphaned_down AS (
     SELECT o.bucket
@@ -395,19 +490,23 @@ WITH RECURSIVE me AS (
            LATERAL (SELECT s.bucket FROM lease.shards s
                      WHERE s.group_name = $1 AND s.owner_session = d.owner_session
                        AND s.bucket < start.b
+                       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
                      ORDER BY s.bucket
-                     LIMIT greatest($3 - (SELECT count(*) FROM up), 0)
+                     LIMIT greatest($3 - (SELECT count(*) FROM sticky)
+                                       - (SELECT count(*) FROM up), 0)
                        FOR UPDATE OF s SKIP LOCKED) AS o
+     WHERE NOT d.sticky
 ), picked AS (
     SELECT c.bucket
-      FROM (SELECT bucket FROM up
-            UNION ALL SELECT bucket FROM unowned_down
-            UNION ALL SELECT bucket FROM orphaned_down) AS c, start
-     ORDER BY c.bucket < start.b, c.bucket
+      FROM (SELECT bucket, true AS sticky FROM sticky
+            UNION ALL SELECT bucket, false FROM up
+            UNION ALL SELECT bucket, false FROM unowned_down
+            UNION ALL SELECT bucket, false FROM orphaned_down) AS c, start
+     ORDER BY c.sticky DESC, c.bucket < start.b, c.bucket
      LIMIT $3
 ), won AS (
     UPDATE lease.shards s
-       SET owner_node = $2, owner_session = mine.session_id,
+       SET owner_node = $2, owner_session = mine.session_id, last_node = $2,
            token = greatest(s.token + 1, epoch.floor), updated_at = mine.t
       FROM picked, mine, epoch
      WHERE s.group_name = $1 AND s.bucket = picked.bucket
@@ -539,6 +638,37 @@ pub(crate) struct LeaveRow {
     pub buckets: Option<Vec<i32>>,
 }
 
+/// An operator's control of a member (K1-K3): `lease.control` (migration 8) sets node `$2`'s
+/// weight (`$3`, when not null) or mode (`$4`, when not null) in group `$1`. A null outcome: no
+/// such group; 0: the node is no member and has no control stored there (K2); 1: the value
+/// was the one stored (nothing written); 2: set (the counter moved, 'C' notified). It
+/// share-locks the member row (claims of the member serialize with it) and reads the stored
+/// value under the control row's lock (concurrent controls of one member lose nothing).
+pub(crate) const CONTROL: &str = "SELECT lease.control($1, $2, $3, $4) AS outcome";
+
+/// Row of [`CONTROL`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct ControlRow {
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub outcome: Option<i32>,
+}
+
+/// A bucket's quarantine (Q1-Q4): `lease.quarantine` (migration 8) puts bucket `$2` of group
+/// `$1` under quarantine for `$3` from the store's time (`$4` client time), or lifts it (`$3`
+/// null). No row: no such group; otherwise the group's count (a bucket at or above it was out
+/// of range: nothing written) and whether anything changed.
+pub(crate) const QUARANTINE: &str =
+    "SELECT q.shard_count, q.changed FROM lease.quarantine($1, $2, $3, $4) AS q";
+
+/// Row of [`QUARANTINE`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct QuarantineRow {
+    #[diesel(sql_type = Integer)]
+    pub shard_count: i32,
+    #[diesel(sql_type = Bool)]
+    pub changed: bool,
+}
+
 /// The fencing check. `$1` group, `$2` bucket, `$3` worker, `$4` token, `$5` client time.
 pub(crate) const IS_CURRENT: &str = "SELECT lease.is_current($1, $2, $3, $4, $5) AS current";
 
@@ -559,10 +689,13 @@ pub(crate) struct NowRow {
     pub now: DateTime<Utc>,
 }
 
-/// A group's member rows with their nodes' sessions, by node id. `$1` group.
+/// A group's member rows with their nodes' sessions and their controls (K1: weight 1 and
+/// active without a row), by node id. `$1` group.
 pub(crate) const SNAPSHOT_MEMBERS: &str = r#"
-SELECT m.node_id, n.session_id, m.joined_at, n.heartbeat_at, n.expires_at, m.owned, n.metadata
+SELECT m.node_id, n.session_id, m.joined_at, n.heartbeat_at, n.expires_at, m.owned, n.metadata,
+       COALESCE(k.weight, 1) AS weight, COALESCE(k.mode, 'active') AS mode
   FROM lease.members m JOIN lease.nodes n ON n.node_id = m.node_id
+  LEFT JOIN lease.member_controls k ON k.group_name = m.group_name AND k.node_id = m.node_id
  WHERE m.group_name = $1
  ORDER BY m.node_id
 "#;
@@ -584,6 +717,10 @@ pub(crate) struct SnapshotMemberRow {
     pub owned: i32,
     #[diesel(sql_type = Text)]
     pub metadata: String,
+    #[diesel(sql_type = Integer)]
+    pub weight: i32,
+    #[diesel(sql_type = Text)]
+    pub mode: String,
 }
 
 /// Every node row with the groups it is a member of (sorted by bytes), by node id, and the
@@ -662,8 +799,16 @@ pub(crate) struct ResizeLockRow {
 }
 
 /// [`resize`](lease_core::LeaseStore::resize), second statement, once [`RESIZE_LOCK`] found
-/// the count `$2` and nothing draining: drop the retired old generation, if any. `$1` group.
-pub(crate) const RESIZE_DROP_OLD: &str = "DELETE FROM lease.draining_shards WHERE group_name = $1";
+/// the count `$2` and nothing draining: drop the retired old generation, if any, and lift
+/// every quarantine of the group (Q4: bucket numbers change meaning; the new bucket rows open
+/// without one). `$1` group. The quarantine rows go before the bucket rows move, the order
+/// `lease.quarantine` locks them in (its row, then the bucket's).
+pub(crate) const RESIZE_DROP_OLD: &str = r#"
+WITH lifted AS (
+    DELETE FROM lease.quarantines q WHERE q.group_name = $1
+)
+DELETE FROM lease.draining_shards d WHERE d.group_name = $1
+"#;
 
 /// [`resize`](lease_core::LeaseStore::resize), third statement: move the current bucket rows
 /// into `lease.draining_shards` with their owners and tokens. `$1` group.

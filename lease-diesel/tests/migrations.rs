@@ -720,7 +720,8 @@ async fn a_monitor_role_on_a_read_only_connection_checks_and_reads() {
 /// A worker's role with exactly the worker's privileges (PUBLIC's defaults revoked, no right
 /// to create anything) runs every operation and every path of the engine's statements: the
 /// start-up check, a claim judging a dead owner (which share-locks its member row), a
-/// heartbeat removing a dead member's row, releases, leaves, wake-ups, fencing, snapshots.
+/// heartbeat removing a dead member's row, releases, operators' controls and quarantines,
+/// leaves, wake-ups, fencing, snapshots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
     let db = lease_testdb::database().await;
@@ -789,6 +790,32 @@ async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
         .release(&g, me, beat.session, &[won[0].bucket])
         .await
         .expect("release");
+    // Operators' controls: a weight, a cordon and its lift (a claim judging the mode), a
+    // quarantine and its lift.
+    let weight = lease_core::MemberControl::Weight(lease_core::Weight::new(2).expect("weight"));
+    worker.control(&g, me, weight).await.expect("a weight");
+    for mode in [
+        lease_core::MemberMode::Cordoned,
+        lease_core::MemberMode::Active,
+    ] {
+        worker
+            .control(&g, me, lease_core::MemberControl::Mode(mode))
+            .await
+            .expect("a mode");
+        worker
+            .claim(&g, me, beat.session, 1, Takeover::Allowed)
+            .await
+            .expect("a claim under a mode");
+    }
+    let minute = lease_core::QuarantineFor::new(Duration::from_secs(60)).expect("duration");
+    worker
+        .quarantine(&g, won[1].bucket, Some(minute))
+        .await
+        .expect("a quarantine");
+    worker
+        .quarantine(&g, won[1].bucket, None)
+        .await
+        .expect("a lift");
     worker.changes(&g).await.expect("changes");
     worker
         .leave(&g, me, Some(beat.session))
@@ -1233,6 +1260,77 @@ async fn an_upgrade_keeps_is_current_for_the_roles_that_could_call_it() {
     assert!(denied.to_string().contains("permission denied"), "{denied}");
 }
 
+/// The newest migrations' versions and `down.sql`, newest first: what a test undoes to stand
+/// where the previous release left the schema.
+const DOWNS: &[(&str, &str)] = &[
+    (
+        "20261206000008",
+        include_str!("../../migrations/2026-12-06-000008_operators_controls/down.sql"),
+    ),
+    (
+        "20261205000007",
+        include_str!("../../migrations/2026-12-05-000007_node_sessions/down.sql"),
+    ),
+];
+
+/// The objects each of [`DOWNS`]' migrations added, as the privilege list names them: the
+/// previous release's grants are today's without them.
+const ADDED: &[(&str, &[&str])] = &[
+    (
+        "20261206000008",
+        &[
+            "lease.member_controls",
+            "lease.quarantines",
+            "lease.may_claim(",
+            "lease.control(",
+            "lease.quarantine(",
+        ],
+    ),
+    (
+        "20261205000007",
+        &[
+            "lease.nodes",
+            "lease.group_changes",
+            "lease.heartbeat(",
+            "lease.group_view(",
+            "lease.leave(",
+            "lease.renewal_too_late(",
+        ],
+    ),
+];
+
+/// Undo the engine's migrations from the newest down to `version` included, each with its
+/// `down.sql`, and forget their versions: the schema of the release before `version`.
+async fn undo_through(admin: &mut AsyncPgConnection, version: &str) {
+    for (v, down) in DOWNS {
+        exec(admin, down).await;
+        exec(
+            admin,
+            &format!("DELETE FROM lease.engine_migrations WHERE version = '{v}'"),
+        )
+        .await;
+        if *v == version {
+            return;
+        }
+    }
+    panic!("no down.sql for {version}");
+}
+
+/// The grants of `kind` the release before migration `version` printed: today's, less the
+/// objects `version` and later migrations added (the old lease.members, which migration 7
+/// replaces, was granted as the new one is).
+fn grants_before(kind: RoleKind, role: &RoleName, version: &str) -> Vec<String> {
+    let newer: Vec<&str> = ADDED
+        .iter()
+        .filter(|(v, _)| *v >= version)
+        .flat_map(|(_, objects)| objects.iter().copied())
+        .collect();
+    privileges::grants(kind, role)
+        .into_iter()
+        .filter(|g| !newer.iter().any(|new| g.contains(new)))
+        .collect()
+}
+
 /// Migration 7 (node sessions) under its documented rollout (stop the old workers, migrate,
 /// start the new ones): a worker role set up by the previous release's `leasectl grant` runs
 /// the new release's heartbeats, joins and claims once migrated (the migration gives such
@@ -1241,36 +1339,11 @@ async fn an_upgrade_keeps_is_current_for_the_roles_that_could_call_it() {
 async fn an_upgrade_keeps_worker_roles_of_the_previous_release_working() {
     let db = lease_testdb::database().await;
     let mut admin = connect(&db.url).await;
-    // The previous release's schema: migration 7 undone.
-    exec(
-        &mut admin,
-        include_str!("../../migrations/2026-12-05-000007_node_sessions/down.sql"),
-    )
-    .await;
-    exec(
-        &mut admin,
-        "DELETE FROM lease.engine_migrations WHERE version = '20261205000007'",
-    )
-    .await;
+    // The previous release's schema: migrations 8 and 7 undone.
+    undo_through(&mut admin, "20261205000007").await;
     let role = make_role(&mut admin, &db.name, "oldwkr", "").await;
     let name = RoleName::new(&role).expect("a role name");
-    // The previous release's grants: today's, less the objects migration 7 added (the old
-    // lease.members, which it replaces, was granted as the new one is).
-    let previous: Vec<String> = privileges::grants(RoleKind::Worker, &name)
-        .into_iter()
-        .filter(|g| {
-            ![
-                "lease.nodes",
-                "lease.group_changes",
-                "lease.heartbeat(",
-                "lease.group_view(",
-                "lease.leave(",
-                "lease.renewal_too_late(",
-            ]
-            .iter()
-            .any(|new| g.contains(new))
-        })
-        .collect();
+    let previous = grants_before(RoleKind::Worker, &name, "20261205000007");
     exec(&mut admin, &previous.join("\n")).await;
     assert!(
         flag(
@@ -1310,6 +1383,158 @@ async fn an_upgrade_keeps_worker_roles_of_the_previous_release_working() {
         .await
         .expect("checking the role");
     assert!(missing.is_empty(), "the role lacks {missing:?}");
+}
+
+/// Migration 8 (operators' controls) under its documented rollout: what the previous release
+/// left is kept (sessions, owners, tokens; each owned bucket's last owner is its owner), its
+/// `down.sql` undoes it and migrating again restores it, and roles set up by the previous
+/// release's `leasectl grant` run the new release: a worker role its heartbeats, claims,
+/// controls and quarantines (the migration grants them the new tables and functions, and the
+/// heartbeat again, which it drops and creates), a monitor role its snapshots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_8_keeps_the_rows_and_the_roles_of_the_previous_release() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    let owner = store(&db.url);
+    let g = GroupName::new("controlled").expect("name");
+    owner
+        .ensure_group(&g, ShardCount::new(4).expect("count"))
+        .await
+        .expect("ensure_group");
+    let ttl = Ttl::from_secs(30).expect("ttl");
+    // Claims from bucket 0: it holds 0 and 1.
+    let held = support::worker();
+    let beat = support::beat(&owner, &g, held, ttl, &MemberMetadata::empty())
+        .await
+        .expect("a member");
+    let won = owner
+        .claim(&g, held, beat.session, 2, Takeover::Allowed)
+        .await
+        .expect("claim");
+    assert_eq!(won.len(), 2);
+
+    // The previous release's schema, and its roles.
+    undo_through(&mut admin, "20261206000008").await;
+    assert!(
+        flag(
+            &mut admin,
+            "SELECT to_regclass('lease.member_controls') IS NULL
+                    AND to_regclass('lease.quarantines') IS NULL
+                    AND NOT EXISTS (SELECT 1 FROM information_schema.columns
+                                     WHERE table_schema = 'lease' AND table_name = 'shards'
+                                       AND column_name IN ('last_node', 'quarantined_until'))
+                    AS yes"
+        )
+        .await,
+        "migration 8 is not undone: the test would prove nothing"
+    );
+    let worker_role = make_role(&mut admin, &db.name, "m8wkr", "").await;
+    let monitor_role = make_role(&mut admin, &db.name, "m8mon", "").await;
+    let (worker_name, monitor_name) = (
+        RoleName::new(&worker_role).expect("a role name"),
+        RoleName::new(&monitor_role).expect("a role name"),
+    );
+    let mut previous = grants_before(RoleKind::Worker, &worker_name, "20261206000008");
+    previous.extend(grants_before(
+        RoleKind::Monitor,
+        &monitor_name,
+        "20261206000008",
+    ));
+    exec(&mut admin, &previous.join("\n")).await;
+
+    assert_eq!(
+        owner.migrate().await.expect("migrate"),
+        ["20261206000008"],
+        "only migration 8 was missing"
+    );
+    // From here the roles hold only what they were granted, by the previous release's grants
+    // and by the migration (Postgres lets PUBLIC execute every new function by default).
+    exec(&mut admin, REVOKE_PUBLIC_DEFAULTS).await;
+    assert!(
+        flag(
+            &mut admin,
+            &format!(
+                "SELECT count(*) FILTER (WHERE last_node = '{held}') = 2
+                        AND count(*) FILTER (WHERE last_node IS NULL) = 2
+                        AND bool_and(quarantined_until IS NULL) AS yes
+                   FROM lease.shards WHERE group_name = 'controlled'"
+            ),
+        )
+        .await,
+        "each owned bucket's last owner is its owner, the others have none"
+    );
+    let snap = owner.snapshot(&g).await.expect("snapshot");
+    assert_eq!(
+        snap.live_leases()
+            .iter()
+            .map(|l| (l.bucket, l.owner, l.token))
+            .collect::<Vec<_>>(),
+        won.iter()
+            .map(|l| (l.bucket, l.owner, l.token))
+            .collect::<Vec<_>>(),
+        "the migration moved a bucket"
+    );
+
+    let worker = store(&url_as(&db.url, &worker_role));
+    let me = WorkerId::new();
+    let beat = support::beat(&worker, &g, me, ttl, &MemberMetadata::empty())
+        .await
+        .expect("a heartbeat as the old worker role");
+    assert_eq!(beat.view.members.len(), 2);
+    worker
+        .control(
+            &g,
+            me,
+            lease_core::MemberControl::Weight(lease_core::Weight::new(3).expect("weight")),
+        )
+        .await
+        .expect("a control as the old worker role");
+    worker
+        .quarantine(
+            &g,
+            Bucket(3),
+            Some(lease_core::QuarantineFor::new(Duration::from_secs(60)).expect("duration")),
+        )
+        .await
+        .expect("a quarantine as the old worker role");
+    let won = worker
+        .claim(&g, me, beat.session, 4, Takeover::Allowed)
+        .await
+        .expect("a claim as the old worker role");
+    assert_eq!(
+        won.iter().map(|l| l.bucket).collect::<Vec<_>>(),
+        [Bucket(2)],
+        "the free bucket, not the quarantined one"
+    );
+    let view = support::beat(&worker, &g, me, ttl, &MemberMetadata::empty())
+        .await
+        .expect("a view as the old worker role")
+        .view;
+    assert_eq!(view.quarantined, 1);
+    assert_eq!(
+        view.members
+            .iter()
+            .find(|m| m.worker == me)
+            .map(|m| m.weight),
+        Some(3)
+    );
+    let monitor = store(&url_as(&db.url, &monitor_role));
+    let snap = monitor
+        .snapshot(&g)
+        .await
+        .expect("a snapshot as the old monitor role");
+    assert!(snap.buckets[3].quarantined_until.is_some());
+    assert_eq!(snap.view(), view);
+    for (name, kind) in [
+        (&worker_name, RoleKind::Worker),
+        (&monitor_name, RoleKind::Monitor),
+    ] {
+        let missing = owner
+            .missing_privileges(name, kind)
+            .await
+            .expect("checking the role");
+        assert!(missing.is_empty(), "{kind} role {name} lacks {missing:?}");
+    }
 }
 
 // ---- item 10: connection failures ----------------------------------------------------------
@@ -1503,7 +1728,7 @@ async fn newer_additive_migrations_are_accepted_and_breaking_ones_refused() {
         .map(|m| {
             let name = m.name().to_string();
             // As the migrations' first lines say.
-            let additive = !["create_lease_schema", "node_sessions"]
+            let additive = !["create_lease_schema", "node_sessions", "operators_controls"]
                 .iter()
                 .any(|breaking| name.ends_with(breaking));
             format!("{}: {additive}", m.name().version())

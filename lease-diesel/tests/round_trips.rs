@@ -20,6 +20,7 @@ use lease_core::{
     Bucket, GroupName, GroupStamp, Heartbeat, LeaseStore, MemberMetadata, ShardCount, Takeover,
     Ttl, WorkerId,
 };
+use lease_core::{MemberControl, QuarantineFor, Weight};
 use lease_diesel::PgLeaseStore;
 use support::process;
 
@@ -108,8 +109,9 @@ async fn written(admin: &mut AsyncPgConnection, table: &str, xid: i64) -> i64 {
 }
 
 /// A node in `groups` groups of 64 buckets, holding 8 buckets in each, with 3 other live nodes
-/// in each group holding 8 each: its steady heartbeat (every stamp handed in, nothing changed)
-/// is one statement, prepares nothing, and writes one row, the node's, whatever `groups` is.
+/// in each group holding 8 each, a weight of its own and a bucket under quarantine in each
+/// group: its steady heartbeat (every stamp handed in, nothing changed) is one statement,
+/// prepares nothing, and writes one row, the node's, whatever `groups` is.
 async fn steady_heartbeat_in(groups: usize) {
     let db = lease_testdb::database().await;
     let counts = Arc::new(Counts::default());
@@ -145,6 +147,23 @@ async fn steady_heartbeat_in(groups: usize) {
         }
     }
     let me = nodes[0];
+    // Operators' controls, which views show: a weight for `me` and a quarantine (longer than
+    // the test) in every group.
+    let hour = QuarantineFor::new(std::time::Duration::from_secs(3600)).expect("duration");
+    for g in &names {
+        store
+            .control(
+                g,
+                me,
+                MemberControl::Weight(Weight::new(2).expect("weight")),
+            )
+            .await
+            .expect("control");
+        store
+            .quarantine(g, Bucket(63), Some(hour))
+            .await
+            .expect("quarantine");
+    }
     // The other nodes renew, so that every stamp's `until` is a full ttl ahead.
     for &w in &nodes[1..] {
         store
@@ -159,6 +178,13 @@ async fn steady_heartbeat_in(groups: usize) {
         .expect("views");
     assert_eq!(beat.groups.len(), groups, "every view is given once");
     assert!(beat.groups.iter().all(|g| g.owned.len() == 8));
+    assert!(beat.groups.iter().all(|g| {
+        g.view.quarantined == 1
+            && g.view
+                .members
+                .iter()
+                .any(|m| m.worker == me && m.weight == 2)
+    }));
     for _ in 0..8 {
         beat = store
             .heartbeat(me, process(me), ttl, &meta, &stamps(&beat))
@@ -215,6 +241,8 @@ async fn steady_heartbeat_in(groups: usize) {
         "shards",
         "draining_shards",
         "server_epochs",
+        "member_controls",
+        "quarantines",
     ] {
         rows.push((table, written(&mut admin, table, xid).await));
     }
@@ -227,7 +255,9 @@ async fn steady_heartbeat_in(groups: usize) {
             ("groups", 0),
             ("shards", 0),
             ("draining_shards", 0),
-            ("server_epochs", 0)
+            ("server_epochs", 0),
+            ("member_controls", 0),
+            ("quarantines", 0)
         ],
         "rows written by one steady heartbeat in {groups} group(s)"
     );
@@ -343,6 +373,22 @@ async fn every_operation_is_one_statement() {
         let after_beat = snapshot(&counts);
         store.join(&group, me, beat.session).await.expect("join");
         let after_join = snapshot(&counts);
+        // An operator's controls of the member and of a bucket: set and back, each one
+        // statement.
+        let weight = |w| MemberControl::Weight(Weight::new(w).expect("weight"));
+        store.control(&group, me, weight(2)).await.expect("control");
+        store.control(&group, me, weight(1)).await.expect("control");
+        let after_control = snapshot(&counts);
+        let minute = QuarantineFor::new(std::time::Duration::from_secs(60)).ok();
+        store
+            .quarantine(&group, Bucket(3), minute)
+            .await
+            .expect("quarantine");
+        store
+            .quarantine(&group, Bucket(3), None)
+            .await
+            .expect("lift");
+        let after_quarantine = snapshot(&counts);
         let won = store
             .claim(&group, me, beat.session, 4, Takeover::Allowed)
             .await
@@ -364,14 +410,20 @@ async fn every_operation_is_one_statement() {
             // Statements are cached: the first use on a connection prepares them (an uncached
             // statement would be re-parsed on every call and never reported here).
             assert!(
-                after_leave.1 - before.1 >= 5,
+                after_leave.1 - before.1 >= 7,
                 "the statements were not cached"
             );
         }
         if round == 2 {
             assert_eq!(after_beat.0 - before.0, 1, "heartbeat statements");
             assert_eq!(after_join.0 - after_beat.0, 1, "join statements");
-            assert_eq!(after_claim.0 - after_join.0, 1, "claim statements");
+            assert_eq!(after_control.0 - after_join.0, 2, "control statements");
+            assert_eq!(
+                after_quarantine.0 - after_control.0,
+                2,
+                "quarantine statements"
+            );
+            assert_eq!(after_claim.0 - after_quarantine.0, 1, "claim statements");
             assert_eq!(after_release.0 - after_claim.0, 1, "release statements");
             assert_eq!(after_leave.0 - after_release.0, 1, "leave statements");
             assert_eq!(after_nodes.0 - after_leave.0, 1, "nodes statements");
