@@ -182,7 +182,7 @@ async fn status_works_for_a_select_only_role_on_a_read_only_connection() {
              GRANT CONNECT ON DATABASE \"{}\" TO {role}; \
              GRANT USAGE ON SCHEMA lease TO {role}; \
              GRANT SELECT ON lease.groups, lease.nodes, lease.members, lease.shards, \
-              lease.draining_shards TO {role}; \
+              lease.draining_shards, lease.member_controls TO {role}; \
              ALTER ROLE {role} SET default_transaction_read_only = on",
             db.name
         ),

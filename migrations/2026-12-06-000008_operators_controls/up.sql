@@ -13,9 +13,9 @@
 
 -- K1: an operator's control of a node in a group: its weight and its mode. No foreign key to
 -- the node or its membership: a control outlives the node's session, its leaves and the
--- removal of its rows (H3, H9), and applies again when the node joins. A row exists only
--- while it differs from the defaults (weight 1, active): lease.control deletes one set back
--- to them, so the table holds what operators set and nothing for every node ever seen.
+-- removal of its rows (H3, H9), and applies again when the node joins. A row is written by
+-- the first control that changes the node's value (never for the defaults) and stays, even
+-- set back to them (K2: an uncordoned node that left may still be controlled).
 CREATE TABLE lease.member_controls (
     group_name text    NOT NULL REFERENCES lease.groups (name) ON DELETE CASCADE,
     node_id    uuid    NOT NULL,
@@ -113,15 +113,11 @@ BEGIN
             IF COALESCE(p_weight, v_weight) = v_weight AND COALESCE(p_mode, v_mode) = v_mode THEN
                 RETURN 1;
             END IF;
-            v_weight := COALESCE(p_weight, v_weight);
-            v_mode := COALESCE(p_mode, v_mode);
-            IF v_weight = 1 AND v_mode = 'active' THEN
-                DELETE FROM lease.member_controls k
-                 WHERE k.group_name = p_group AND k.node_id = p_node;
-            ELSE
-                UPDATE lease.member_controls k SET weight = v_weight, mode = v_mode
-                 WHERE k.group_name = p_group AND k.node_id = p_node;
-            END IF;
+            -- K2: the row stays, even at the defaults (an uncordoned node that left can
+            -- still be controlled).
+            UPDATE lease.member_controls k
+               SET weight = COALESCE(p_weight, v_weight), mode = COALESCE(p_mode, v_mode)
+             WHERE k.group_name = p_group AND k.node_id = p_node;
             EXIT;
         END IF;
         IF NOT v_member THEN
