@@ -92,13 +92,15 @@ async fn controls_steer_live_workers_from_another_process() {
     assert!(said.contains("has weight 1"), "{said}");
     wait_for("weights 1 : 1", limit, || owned(&a) == 4 && owned(&b) == 4);
 
+    let given_up = |w: &WorkerProcess| revoked_for(w, "shed") + revoked_for(w, "drained");
+    let before = given_up(&b);
     let said = ok(&["cordon", "--group", "orders", "--worker", &idb]);
     assert!(said.contains("keeps its 4 bucket(s)"), "{said}");
     let c = WorkerProcess::spawn_groups("c", url, &groups, "3s", "1s", &[]);
     wait_for("c shares a's buckets only", limit, || {
         owned(&a) == 2 && owned(&b) == 4 && owned(&c) == 2
     });
-    assert_eq!(revoked_for(&b, "shed") + revoked_for(&b, "drained"), 0);
+    assert_eq!(given_up(&b), before, "a cordoned worker gave buckets up");
     let status = ok(&["status", "--group", "orders"]);
     let line = status
         .lines()
@@ -117,7 +119,9 @@ async fn controls_steer_live_workers_from_another_process() {
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| panic!("no drain time in {said}"));
     eprintln!("drain of 2 buckets with renew 1 s: empty after {ms} ms");
-    assert_eq!(owned(&a), 0);
+    // The store says a holds nothing; its revocations came first (revoke, then release), and
+    // its output is read as it comes.
+    wait_for("a's revocations printed", limit, || owned(&a) == 0);
     wait_for("c takes a's two", limit, || owned(&c) == 4);
     assert_eq!(revoked_for(&a, "drained"), 2);
 
@@ -147,7 +151,7 @@ async fn controls_steer_live_workers_from_another_process() {
         revoked_for(holder, "quarantined") == 1
     });
     let status = ok(&["status", "--group", "orders"]);
-    assert!(status.contains("quarantined for 29"), "{status}");
+    assert!(status.contains("unowned, quarantined for "), "{status}");
     assert!(
         status.contains("7/8 buckets owned, 1 quarantined"),
         "{status}"

@@ -126,7 +126,16 @@ pub fn parse_event(line: &str) -> Result<Event, String> {
     let int = |k: &str| obj.get(k).and_then(Value::as_i64);
     let reason = obj.get("reason").and_then(Value::as_str).map(str::to_owned);
     if let Some(r) = &reason
-        && !["shed", "lost", "expired", "shutdown", "resharded"].contains(&r.as_str())
+        && ![
+            "shed",
+            "lost",
+            "expired",
+            "shutdown",
+            "resharded",
+            "drained",
+            "quarantined",
+        ]
+        .contains(&r.as_str())
     {
         return Err(format!("unknown reason {r:?}: {line}"));
     }
