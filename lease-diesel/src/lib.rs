@@ -712,18 +712,17 @@ impl LeaseStore for PgLeaseStore {
         .await
     }
 
-    // TEMPORARY: hand-overs need migration 8's column.
     async fn hand_over(
         &self,
-        _node: WorkerId,
-        _incarnation: lease_core::Incarnation,
-        _keep: Ttl,
+        node: WorkerId,
+        incarnation: lease_core::Incarnation,
+        keep: Ttl,
     ) -> Result<Option<lease_core::Timestamp>, StoreError> {
-        Err(StoreError::backend_detail(
-            Operation::HandOver,
-            lease_core::BackendFailure::SchemaMismatch,
-            "hand-overs need migration 8",
-        ))
+        let at = self.at();
+        self.with_conn(Operation::HandOver, async |c| {
+            ops::hand_over(c, at, node, incarnation, keep).await
+        })
+        .await
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {

@@ -789,6 +789,7 @@ pub async fn nodes(
             Some(heartbeat_at),
             Some(expires_at),
             Some(metadata),
+            Some(handed_over),
         ) = (
             row.node_id,
             row.session_id,
@@ -796,6 +797,7 @@ pub async fn nodes(
             row.heartbeat_at,
             row.expires_at,
             row.metadata,
+            row.handed_over,
         )
         else {
             // The clock's row alone: there is no node.
@@ -817,8 +819,7 @@ pub async fn nodes(
             metadata: MemberMetadata::new(metadata)
                 .map_err(|e| corrupt(op, format!("node metadata: {e}")))?,
             groups,
-            // TEMPORARY: the hand-over column comes with migration 8.
-            handed_over: false,
+            handed_over,
         });
     }
     Ok(NodesSnapshot { observed_at, nodes })
@@ -931,6 +932,29 @@ pub async fn quarantine(
         });
     }
     Ok(row.changed)
+}
+
+/// [`LeaseStore::hand_over`](lease_core::LeaseStore::hand_over) on `conn`: one statement
+/// (`lease.hand_over`). `Some` with the session's new expiry if `node`'s live session was
+/// started by `incarnation` and is now handed over; `None` (nothing written) otherwise.
+pub async fn hand_over(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+    node: WorkerId,
+    incarnation: Incarnation,
+    keep: Ttl,
+) -> Result<Option<Timestamp>, StoreError> {
+    let row: sql::HandOverRow = Prepared(
+        diesel::sql_query(sql::HAND_OVER)
+            .bind::<SqlUuid, _>(node.as_uuid())
+            .bind::<SqlUuid, _>(incarnation.as_uuid())
+            .bind::<Interval, _>(PgInterval::from_microseconds(keep.as_micros()))
+            .bind::<Nullable<Timestamptz>, _>(at),
+    )
+    .get_result(conn)
+    .await
+    .map_err(|e| from_diesel(Operation::HandOver, e))?;
+    Ok(row.expires_at)
 }
 
 /// [`LeaseStore::resize`](lease_core::LeaseStore::resize) on `conn`: one transaction (a

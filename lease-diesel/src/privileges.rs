@@ -318,6 +318,14 @@ const NEEDS: &[Need] = &[
         monitor: &[],
         fencing: &[],
     },
+    // A node's hand-over of its session to its next process (HO1: it locks the node row and
+    // moves its groups' counters, which a worker may update).
+    Need {
+        on: Object::Function("lease.hand_over(uuid, uuid, interval, timestamptz)"),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
     // The fencing check (SECURITY DEFINER: EXECUTE is all a caller needs);
     // PgLeaseStore::is_current calls it.
     Need {

@@ -21,6 +21,7 @@ diesel::table! {
         metadata -> Text,
         timeline -> BigInt,
         prior_expires_at -> Nullable<Timestamptz>,
+        handed_over -> Bool,
     }
 }
 

@@ -91,9 +91,13 @@ SELECT h.session_id, h.heartbeat_at, h.expires_at, h.started, h.mine, h.timeline
 /// (the counter then differs). One clock reading for liveness and the new expiry; the clock
 /// is read again once the row is locked (RETURNING runs after the lock), and a session that
 /// expired while this waited for the lock makes the statement fail through
-/// `lease.renewal_too_late()`, which undoes the renewal. The same work as [`HEARTBEAT`]'s
-/// steady path without a function call: a plpgsql function per tick cost about half the rate
-/// of a bare one-row `UPDATE`.
+/// `lease.renewal_too_late()`, which undoes the renewal. A session handed over (HO1) is never
+/// renewed here, even by the incarnation that handed it over: the take-over (HO3) is the full
+/// heartbeat's, which clears the mark. A hand-over moves the node's groups' counters, but this
+/// statement reads them with its snapshot, taken before it waits for the hand-over's lock;
+/// `NOT n.handed_over` is checked again on the row's new version once the lock is free. The
+/// same work as [`HEARTBEAT`]'s steady path without a function call: a plpgsql function per
+/// tick cost about half the rate of a bare one-row `UPDATE`.
 pub(crate) const STEADY_RENEWAL: &str = r#"
 WITH t AS (SELECT COALESCE($5::timestamptz, pg_catalog.clock_timestamp()) AS v)
 UPDATE lease.nodes n
@@ -101,7 +105,7 @@ UPDATE lease.nodes n
        prior_expires_at = n.expires_at
   FROM t
  WHERE n.node_id = $1 AND n.incarnation = $2 AND n.expires_at > t.v
-   AND n.timeline = lease.timeline()
+   AND n.timeline = lease.timeline() AND NOT n.handed_over
    AND ($8::timestamptz IS NULL OR $8::timestamptz > t.v)
    AND (SELECT COALESCE(array_agg(m.group_name ORDER BY m.group_name COLLATE "C"), '{}')
                  = $6::text[]
@@ -669,6 +673,20 @@ pub(crate) struct QuarantineRow {
     pub changed: bool,
 }
 
+/// A hand-over (HO1, HO2): `lease.hand_over` (migration 8) hands node `$1`'s live session of
+/// incarnation `$2` over to the node id's next process, expiring `$3` after the store's time
+/// (`$4` client time). Null: nothing written (no live session, or another incarnation's);
+/// otherwise the new expiry. It locks the node row, judges liveness on a clock read under
+/// that lock, and moves the change counters of the node's groups in the heartbeat's order.
+pub(crate) const HAND_OVER: &str = "SELECT lease.hand_over($1, $2, $3, $4) AS expires_at";
+
+/// Row of [`HAND_OVER`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct HandOverRow {
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
 /// The fencing check. `$1` group, `$2` bucket, `$3` worker, `$4` token, `$5` client time.
 pub(crate) const IS_CURRENT: &str = "SELECT lease.is_current($1, $2, $3, $4, $5) AS current";
 
@@ -723,10 +741,11 @@ pub(crate) struct SnapshotMemberRow {
     pub mode: String,
 }
 
-/// Every node row with the groups it is a member of (sorted by bytes), by node id, and the
-/// store's time. `$1` client time.
+/// Every node row (whether its session was handed over too) with the groups it is a member of
+/// (sorted by bytes), by node id, and the store's time. `$1` client time.
 pub(crate) const NODES: &str = r#"
 SELECT c.now, n.node_id, n.session_id, n.started_at, n.heartbeat_at, n.expires_at, n.metadata,
+       n.handed_over,
        ARRAY(SELECT m.group_name FROM lease.members m WHERE m.node_id = n.node_id
               ORDER BY m.group_name COLLATE "C") AS groups
   FROM (SELECT COALESCE($1, clock_timestamp()) AS now) AS c
@@ -751,6 +770,8 @@ pub(crate) struct NodeRow {
     pub expires_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Nullable<Text>)]
     pub metadata: Option<String>,
+    #[diesel(sql_type = Nullable<Bool>)]
+    pub handed_over: Option<bool>,
     #[diesel(sql_type = Array<Text>)]
     pub groups: Vec<String>,
 }

@@ -1284,6 +1284,7 @@ const ADDED: &[(&str, &[&str])] = &[
             "lease.may_claim(",
             "lease.control(",
             "lease.quarantine(",
+            "lease.hand_over(",
         ],
     ),
     (
@@ -1420,9 +1421,14 @@ async fn migration_8_keeps_the_rows_and_the_roles_of_the_previous_release() {
             &mut admin,
             "SELECT to_regclass('lease.member_controls') IS NULL
                     AND to_regclass('lease.quarantines') IS NULL
+                    AND to_regprocedure('lease.hand_over(uuid, uuid, interval, timestamptz)')
+                        IS NULL
                     AND NOT EXISTS (SELECT 1 FROM information_schema.columns
                                      WHERE table_schema = 'lease' AND table_name = 'shards'
                                        AND column_name IN ('last_node', 'quarantined_until'))
+                    AND NOT EXISTS (SELECT 1 FROM information_schema.columns
+                                     WHERE table_schema = 'lease' AND table_name = 'nodes'
+                                       AND column_name = 'handed_over')
                     AS yes"
         )
         .await,
@@ -1462,6 +1468,14 @@ async fn migration_8_keeps_the_rows_and_the_roles_of_the_previous_release() {
         )
         .await,
         "each owned bucket's last owner is its owner, the others have none"
+    );
+    assert!(
+        flag(
+            &mut admin,
+            "SELECT count(*) = 1 AND bool_and(NOT handed_over) AS yes FROM lease.nodes",
+        )
+        .await,
+        "the previous release's session is kept, not handed over"
     );
     let snap = owner.snapshot(&g).await.expect("snapshot");
     assert_eq!(
@@ -1525,6 +1539,40 @@ async fn migration_8_keeps_the_rows_and_the_roles_of_the_previous_release() {
         .expect("a snapshot as the old monitor role");
     assert!(snap.buckets[3].quarantined_until.is_some());
     assert_eq!(snap.view(), view);
+    // The worker role hands its session over (HO1: only the incarnation holding it), a monitor
+    // role sees it handed over, and the node's next process takes it over (HO3).
+    assert!(
+        worker
+            .hand_over(me, lease_core::Incarnation::new(), ttl)
+            .await
+            .expect("a hand-over as the old worker role")
+            .is_none(),
+        "another incarnation's session was handed over"
+    );
+    assert!(
+        worker
+            .hand_over(me, support::process(me), ttl)
+            .await
+            .expect("a hand-over as the old worker role")
+            .is_some(),
+        "the live session was not handed over"
+    );
+    let listed = monitor
+        .nodes()
+        .await
+        .expect("nodes as the old monitor role");
+    assert!(listed.nodes.iter().any(|n| n.node == me && n.handed_over));
+    let next = worker
+        .heartbeat(
+            me,
+            lease_core::Incarnation::new(),
+            ttl,
+            &MemberMetadata::empty(),
+            &[],
+        )
+        .await
+        .expect("the next process's heartbeat as the old worker role");
+    assert_eq!((next.session, next.new_session), (beat.session, false));
     for (name, kind) in [
         (&worker_name, RoleKind::Worker),
         (&monitor_name, RoleKind::Monitor),

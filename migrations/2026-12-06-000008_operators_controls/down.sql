@@ -1,7 +1,10 @@
--- Back to migration 7: the controls, the quarantines and the buckets' last owners go; the
--- heartbeat and its view of a group are migration 7's again (as it created them).
+-- Back to migration 7: the controls, the quarantines, the buckets' last owners and the
+-- hand-over mark go (a session handed over is an ordinary live session again, until its
+-- expiry); the heartbeat and its view of a group are migration 7's again (as it created them).
 DROP FUNCTION lease.heartbeat(uuid, uuid, interval, text, timestamptz, uuid, text[], bigint[],
                               timestamptz[]);
+DROP FUNCTION lease.hand_over(uuid, uuid, interval, timestamptz);
+ALTER TABLE lease.nodes DROP COLUMN handed_over;
 DROP FUNCTION lease.group_view(text, uuid, uuid, timestamptz);
 DROP FUNCTION lease.quarantine(text, bigint, interval, timestamptz);
 DROP FUNCTION lease.control(text, uuid, integer, text);

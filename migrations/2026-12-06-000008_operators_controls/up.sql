@@ -2,7 +2,8 @@
 --
 -- Operators' controls (rules K1-K3, Q1-Q4, C9-C11; docs/ARCHITECTURE.md, "Operators' controls
 -- on Postgres"): a weight and a mode per (group, node), kept whatever the node's session;
--- quarantines of buckets; sticky claims.
+-- quarantines of buckets; sticky claims; hand-over of a node's session to its next process
+-- (HO1-HO3).
 --
 -- Upgrade: as for every breaking migration, a binary of the previous release refuses to start
 -- on a schema carrying it. Stop the previous release's workers, run `leasectl migrate` of this
@@ -10,6 +11,13 @@
 -- moves, no token changes; every member starts with weight 1, active, and no bucket is under
 -- quarantine. A bucket's last owner (sticky claims) is its recorded owner where there is one,
 -- unknown for buckets released before the migration.
+
+-- HO1-HO3: the node's live session was handed over (lease.hand_over) and waits for the next
+-- process with the node id, whose first heartbeat takes it over (lease.heartbeat) and clears
+-- the mark; every new session starts without it. A constant default: no table rewrite, and
+-- every session the previous release left is not handed over. Not indexed: a renewal stays a
+-- HOT update.
+ALTER TABLE lease.nodes ADD COLUMN handed_over boolean NOT NULL DEFAULT false;
 
 -- K1: an operator's control of a node in a group: its weight and its mode. No foreign key to
 -- the node or its membership: a control outlives the node's session, its leaves and the
@@ -370,11 +378,17 @@ $$;
 -- the lock, against the expiry it found (`prior_expires_at`, which the SET stashes from the
 -- row it locked): a renewal that waited for the row past the session's expiry, for a claimer
 -- or a heartbeat that judged the session dead under that lock, starts a new session instead.
--- Otherwise (no row, expired, another timeline, another incarnation), the slow path locks the
--- row, reads the clock under the lock, and starts a new session (its member rows go, each
--- group's counter moves and it hears Left; the timeline is recorded if it is new, rule V2) or
--- refuses (another incarnation's live session, H7: nothing written, `mine` false and that
+-- Otherwise (no row, expired, another timeline, another incarnation, a session handed over),
+-- the slow path locks the row, reads the clock under the lock, and starts a new session (its
+-- member rows go, each group's counter moves and it hears Left; the timeline is recorded if it
+-- is new, rule V2), takes over a live session handed over (HO3: whatever the incarnation, the
+-- same session, now the caller's, no longer handed over, `started` false) or refuses (another
+-- incarnation's live session not handed over, H7: nothing written, `mine` false and that
 -- session's expiry). A new session is a member of no group: no group row is returned then.
+--
+-- The renewal never extends a session handed over (`NOT n.handed_over`, which Postgres
+-- checks again on the row's new version when the renewal waited for lease.hand_over's lock):
+-- its counters and groups were read before that wait, and the take-over must clear the mark.
 CREATE FUNCTION lease.heartbeat(
     p_node uuid, p_session uuid, p_ttl interval, p_metadata text, p_at timestamptz,
     p_incarnation uuid, p_seen_groups text[], p_seen_versions bigint[],
@@ -427,7 +441,7 @@ BEGIN
        SET heartbeat_at = v_t, expires_at = v_t + p_ttl, metadata = p_metadata,
            prior_expires_at = n.expires_at
      WHERE n.node_id = p_node AND n.incarnation = p_incarnation
-       AND n.expires_at > v_t AND n.timeline = v_timeline
+       AND n.expires_at > v_t AND n.timeline = v_timeline AND NOT n.handed_over
     RETURNING n.session_id, n.prior_expires_at,
               ARRAY(SELECT m.group_name FROM lease.members m WHERE m.node_id = p_node
                      ORDER BY m.group_name COLLATE "C"),
@@ -476,7 +490,7 @@ BEGIN
                 CONTINUE WHEN NOT FOUND;
                 v_started := true;
             ELSIF v_node.expires_at > v_t AND v_node.timeline = v_timeline THEN
-                IF v_node.incarnation <> p_incarnation THEN
+                IF v_node.incarnation <> p_incarnation AND NOT v_node.handed_over THEN
                     -- H7: another process's live session; nothing written.
                     RETURN QUERY SELECT v_node.session_id, v_node.heartbeat_at,
                                         v_node.expires_at, false, false, v_timeline, false,
@@ -489,10 +503,12 @@ BEGIN
                                         NULL::text, NULL::integer[], NULL::bigint;
                     RETURN;
                 END IF;
-                -- Live and ours: the renewal above missed it only because the row changed
-                -- under it; extend it now.
+                -- Live and ours (the renewal above missed it only because the row changed
+                -- under it), or handed over (HO3: taken over by this process, whichever it
+                -- is; read under the lock, so a hand-over this waited for is seen): extend it.
                 UPDATE lease.nodes n
-                   SET heartbeat_at = v_t, expires_at = v_t + p_ttl, metadata = p_metadata
+                   SET heartbeat_at = v_t, expires_at = v_t + p_ttl, metadata = p_metadata,
+                       incarnation = p_incarnation, handed_over = false
                  WHERE n.node_id = p_node;
                 v_session := v_node.session_id;
                 SELECT ARRAY(SELECT m.group_name FROM lease.members m WHERE m.node_id = p_node
@@ -508,7 +524,7 @@ BEGIN
                 UPDATE lease.nodes n
                    SET session_id = p_session, incarnation = p_incarnation, started_at = v_t,
                        heartbeat_at = v_t, expires_at = v_t + p_ttl, metadata = p_metadata,
-                       timeline = v_timeline, prior_expires_at = NULL
+                       timeline = v_timeline, prior_expires_at = NULL, handed_over = false
                  WHERE n.node_id = p_node;
                 -- Under the node row's lock, with this statement's fresh snapshot: a join under
                 -- the old session committed before, or waits and then fails.
@@ -696,6 +712,52 @@ BEGIN
 END
 $$;
 
+-- HO1, HO2: hand node p_node's live session, started by incarnation p_incarnation, over to the
+-- node id's next process: its expiry becomes the store's time (p_at, or the server's clock)
+-- plus p_keep and it is marked handed over; the new expiry is returned. NULL (nothing
+-- written): no row, no live session on this timeline (V1: one of an earlier timeline is never
+-- extended), or another incarnation's.
+--
+-- Locks: the node row (FOR UPDATE), then the change counters of the node's groups in the
+-- order every heartbeat takes them (by bytes), as a new session does. Liveness is judged on a
+-- clock read once the row is locked: a claimer that judged the session dead holds the row
+-- share-locked until it commits (lease.owner_is_dead), and a hand-over that waited for it
+-- past the expiry must not revive a session whose buckets were taken. While this holds the
+-- row, claimers skip it (not dead) and the node's joins, claims and leaves wait. The groups
+-- are read after the lock, with a fresh snapshot: a join that committed while this waited is
+-- counted. Each counter moves because the other members' stamps carry the session's old
+-- expiry in their `until` (H8); no NOTIFY (nothing in a view changes but that expiry).
+CREATE FUNCTION lease.hand_over(
+    p_node uuid, p_incarnation uuid, p_keep interval, p_at timestamptz
+) RETURNS timestamptz
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+DECLARE
+    v_node  lease.nodes%ROWTYPE;
+    v_t     timestamptz;
+    v_until timestamptz;
+BEGIN
+    SELECT * INTO v_node FROM lease.nodes n WHERE n.node_id = p_node FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    v_t := COALESCE(p_at, clock_timestamp());
+    IF v_node.expires_at <= v_t OR v_node.incarnation <> p_incarnation
+       OR v_node.timeline <> lease.timeline() THEN
+        RETURN NULL;
+    END IF;
+    v_until := v_t + p_keep;
+    UPDATE lease.nodes n SET expires_at = v_until, handed_over = true
+     WHERE n.node_id = p_node;
+    PERFORM 1 FROM lease.group_changes c
+     WHERE c.group_name IN (SELECT m.group_name FROM lease.members m WHERE m.node_id = p_node)
+     ORDER BY c.group_name COLLATE "C" FOR UPDATE;
+    UPDATE lease.group_changes c SET version = c.version + 1
+     WHERE c.group_name IN (SELECT m.group_name FROM lease.members m WHERE m.node_id = p_node);
+    RETURN v_until;
+END
+$$;
+
 -- Roles that ran workers under the previous release (those that could update lease.shards)
 -- get what this release's workers use, and roles that could read lease.shards (monitors) may
 -- read the controls a snapshot shows: the roles `leasectl grant` set up keep working once the
@@ -724,6 +786,8 @@ BEGIN
             EXECUTE format('GRANT EXECUTE ON FUNCTION lease.control(text, uuid, integer, text) TO %s',
                            r.role_name);
             EXECUTE format('GRANT EXECUTE ON FUNCTION lease.quarantine(text, bigint, interval, timestamptz) TO %s',
+                           r.role_name);
+            EXECUTE format('GRANT EXECUTE ON FUNCTION lease.hand_over(uuid, uuid, interval, timestamptz) TO %s',
                            r.role_name);
             EXECUTE format('GRANT EXECUTE ON FUNCTION lease.heartbeat(uuid, uuid, interval, text, timestamptz, uuid, text[], bigint[], timestamptz[]) TO %s',
                            r.role_name);
