@@ -432,10 +432,17 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
     let mut group_failed: Option<(usize, GroupError)> = None;
     let ended = tokio::select! {
         () = signals.recv() => {
-            output::error_line(
-                "leasectl: stopping: revoking every bucket and leaving every group (send \
-                 SIGTERM or SIGINT again to stop at once, without leaving)",
-            );
+            output::error_line(match args.keep_on_stop {
+                None => "leasectl: stopping: revoking every bucket and leaving every group \
+                         (send SIGTERM or SIGINT again to stop at once, without leaving)"
+                    .to_owned(),
+                Some(keep) => format!(
+                    "leasectl: stopping: revoking every bucket, then handing the session over \
+                     for {} to the next process with this --worker-id (send SIGTERM or SIGINT \
+                     again to stop at once)",
+                    duration::show(keep)
+                ),
+            });
             None
         }
         // Stdout failed: the printer cancelled the node.
