@@ -1809,9 +1809,9 @@ async fn a_claim_and_a_cordon_of_its_member_serialize() {
 
 /// K3 under concurrency: two controls of one member, one setting its weight and one its mode,
 /// both take effect, whether the second finds no control row yet (it waits for the first's
-/// insert, then changes the row the first inserted), a row (it waits for the row's lock and
-/// changes the latest committed value), or a row the first deletes (set back to the defaults:
-/// it inserts one again). `lease.control` reads the stored value under the row's lock and
+/// insert, then changes the row the first inserted), or a row (it waits for the row's lock and
+/// changes the latest committed value), in round 3 a row just set back to weight 1 (it stays,
+/// K2). `lease.control` reads the stored value under the row's lock and
 /// writes from it. Measured without the lock (the value read in the statement's snapshot): the
 /// second round lost the first control's weight (5), leaving weight 3 and draining.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1830,8 +1830,7 @@ async fn concurrent_controls_of_one_member_both_take_effect() {
     ];
     for ((one, two, expected), round) in rounds.into_iter().zip(1..) {
         if round == 3 {
-            // Weight 1: the first control of this round sets the defaults back, deleting the
-            // row.
+            // Weight 1 before round 3 (the row stays, at weight 1 and draining).
             ops::control(&mut admin, &group, b, weight(1))
                 .await
                 .expect("weight 1");

@@ -85,6 +85,7 @@ pub const CASES: &[&str] = &[
     "weights_split_a_group_in_proportion",
     "a_quarantined_bucket_is_revoked_and_stays_unowned_until_lifted",
     "a_rolling_restart_with_hand_over_moves_nothing",
+    "a_stop_with_a_stuck_bucket_does_not_hand_over",
 ];
 
 /// Run every case against a store built by `$make`, an expression callable as
@@ -140,6 +141,7 @@ macro_rules! __runtime_cases {
             weights_split_a_group_in_proportion,
             a_quarantined_bucket_is_revoked_and_stays_unowned_until_lifted,
             a_rolling_restart_with_hand_over_moves_nothing,
+            a_stop_with_a_stuck_bucket_does_not_hand_over,
         );
     };
 }
@@ -1677,11 +1679,16 @@ impl<S: LeaseStore + Clone + 'static> Nodes<S> {
 
     /// Add group `name` to node `id`.
     async fn add(&mut self, id: WorkerId, name: &str) {
+        self.add_slow(id, name, Slow::default()).await;
+    }
+
+    /// Add group `name` to node `id`, its application as slow as `slow` says.
+    async fn add_slow(&mut self, id: WorkerId, name: &str, slow: Slow) {
         let group = Self::group(name);
         let (shards, log) = self.groups[&group].clone();
         let handler = SlowHandler {
             inner: RecordingHandler::new(id, log, self.clock.clone()),
-            slow: Slow::default(),
+            slow,
             assigned: AtomicUsize::new(0),
             events: self.events.clone(),
             errors: Reported::default(),

@@ -951,8 +951,8 @@ impl GroupHandle {
     }
 
     /// Set the node's weight in the group: its share of the buckets is proportional to it
-    /// (see [`policy`](lease_core::policy)). Stored in the store (rule K1), so it holds after
-    /// restarts until set again, by this or by `leasectl weight`; every member sees it at its
+    /// (see [`policy`](lease_core::policy)). Stored in the store (rule K1), and set again after
+    /// every join of this node (each new session), over a `leasectl weight` set meanwhile; every member sees it at its
     /// next heartbeat. Before the group's first join completes it is applied right after
     /// the join, and after every later join.
     pub async fn set_weight(&self, weight: Weight) -> Result<(), GroupError> {

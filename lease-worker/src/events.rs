@@ -75,6 +75,18 @@ pub enum WorkerFailed {
         /// The groups, in the order they ended.
         groups: Vec<GroupName>,
     },
+    /// Asked to stop with `keep_on_stop`, the node revoked everything but could not hand its
+    /// session over (the store failed or did not answer, or the session had already ended):
+    /// its memberships and leases stay in the store until the session expires; a successor
+    /// is refused until then.
+    #[error(
+        "stopped, but the session could not be handed over{}; its buckets pass on when it expires",
+        source.as_ref().map(|e| format!(": {e}")).unwrap_or_else(|| " (it had ended)".to_owned())
+    )]
+    HandOverFailed {
+        /// Why, when the store said or did not answer; `None` when the session had ended.
+        source: Option<WorkerError>,
+    },
 }
 
 fn names(groups: &[GroupName]) -> String {

@@ -68,7 +68,12 @@
 //!   ([`RevokeReason::Shutdown`]), waits for the acknowledgements (within the limit), leaves
 //!   that group under the node's session, and ends the group; the node's other groups go on. A
 //!   stop removes every group that way (without renewing meanwhile, and letting the call in
-//!   flight answer: it may be starting the session to leave), then finishes.
+//!   flight answer: it may be starting the session to leave), then finishes. With
+//!   [`Rules::keep_on_stop`], a graceful stop skips the leaves and ends with one
+//!   [`StoreCall::HandOver`] (rule HO1), unless a revocation was not acknowledged in time (a
+//!   stuck bucket): then the groups still to leave leave, and nothing is handed over. A
+//!   hand-over that fails ends the node with [`WorkerFailed::HandOverFailed`]. The session is
+//!   not renewed during the stop: the applications must acknowledge within what is left of it.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -642,6 +647,12 @@ pub struct Machine {
     in_flight: Option<InFlight>,
     /// Whether a graceful stop hands the session over, and how far it got.
     handing_over: HandingOver,
+    /// A revocation was not acknowledged in time (a bucket is stuck): the session must not
+    /// pass to a successor, who would hold that bucket under the same token while the stuck
+    /// application may still write with it. The node leaves instead.
+    stuck_seen: bool,
+    /// A group skipped its leave for the hand-over (so there is a membership to hand over).
+    leave_skipped: bool,
     /// Whether the trust deadline's revocations were queued already.
     fenced: bool,
     /// Since when the store's clock has been seen advancing with the node's own, without a
@@ -678,6 +689,8 @@ impl Machine {
             open: false,
             in_flight: None,
             handing_over: HandingOver::No,
+            stuck_seen: false,
+            leave_skipped: false,
             fenced: false,
             steady_since: None,
             last_beat: None,
@@ -981,24 +994,11 @@ impl Machine {
                     self.handing_over = HandingOver::Done;
                     match result {
                         Ok(Some(until)) => self.reports.push_back(Report::HandedOver { until }),
-                        Ok(None) => self.reports.push_back(Report::Error {
-                            group: None,
-                            error: WorkerError::Store {
-                                operation: Operation::HandOver,
-                                source: StoreError::backend_detail(
-                                    Operation::HandOver,
-                                    lease_core::BackendFailure::Conflict,
-                                    "the session had ended before it could be handed over",
-                                ),
-                            },
-                        }),
-                        Err(source) => self.reports.push_back(Report::Error {
-                            group: None,
-                            error: WorkerError::Store {
-                                operation: Operation::HandOver,
-                                source,
-                            },
-                        }),
+                        Ok(None) => self.hand_over_failed(None),
+                        Err(source) => self.hand_over_failed(Some(WorkerError::Store {
+                            operation: Operation::HandOver,
+                            source,
+                        })),
                     }
                 }
             }
@@ -1056,11 +1056,13 @@ impl Machine {
         {
             let (operation, after) = (f.call.operation(), self.rules.call_timeout);
             let group = f.call.group().and_then(|g| self.index(g));
+            self.in_flight = None;
             if operation == Operation::HandOver {
                 self.handing_over = HandingOver::Done;
+                self.hand_over_failed(Some(WorkerError::Timeout { operation, after }));
+            } else {
+                self.on_failure(now, group, WorkerError::Timeout { operation, after });
             }
-            self.in_flight = None;
-            self.on_failure(now, group, WorkerError::Timeout { operation, after });
         }
         for g in &mut self.groups {
             let late: Vec<Bucket> = g
@@ -1072,6 +1074,7 @@ impl Machine {
             for bucket in late {
                 if let Some(r) = g.revoking.remove(&bucket) {
                     g.stuck.insert(bucket, r);
+                    self.stuck_seen = true;
                 }
                 if matches!(g.pending, Some(Delivery::Revoke { bucket: b, .. }) if b == bucket) {
                     g.pending = None;
@@ -1157,8 +1160,13 @@ impl Machine {
             && self.in_flight.is_none()
             && let HandingOver::Due(keep) = self.handing_over
         {
-            self.handing_over = HandingOver::Sent;
-            return Some(self.call(now, StoreCall::HandOver { keep }));
+            if self.stuck_seen || !self.leave_skipped {
+                // Nothing to hand over, or a bucket is stuck (see `stuck_seen`).
+                self.handing_over = HandingOver::No;
+            } else {
+                self.handing_over = HandingOver::Sent;
+                return Some(self.call(now, StoreCall::HandOver { keep }));
+            }
         }
         if self.stopping.is_some()
             && self.groups.is_empty()
@@ -1280,7 +1288,20 @@ impl Machine {
                     takeover,
                 }
             }
-            Step::Leave => StoreCall::Leave { group, session },
+            Step::Leave => match self.handing_over {
+                // The membership goes to the successor with the session.
+                HandingOver::Due(_) if !self.stuck_seen => {
+                    self.leave_skipped = true;
+                    return None;
+                }
+                HandingOver::Due(_) => {
+                    // A stuck bucket: no hand-over; every group leaves (those that skipped
+                    // their leave already keep their memberships until the session expires).
+                    self.handing_over = HandingOver::No;
+                    StoreCall::Leave { group, session }
+                }
+                _ => StoreCall::Leave { group, session },
+            },
             _ => return None,
         };
         Some(self.call(now, call))
@@ -1938,6 +1959,14 @@ impl Machine {
     /// Stop the node: let the call in flight answer (a heartbeat may be starting the session
     /// the node must leave), remove every group (revoke, wait for the acknowledgements, leave
     /// under the node's own session), then finish with `ended`.
+    /// The hand-over failed (`None`: the session had ended before it): the node ends with
+    /// the failure, its memberships and buckets left to the session's expiry.
+    fn hand_over_failed(&mut self, source: Option<WorkerError>) {
+        if matches!(self.stopping, Some(Ok(()))) {
+            self.stopping = Some(Err(WorkerFailed::HandOverFailed { source }));
+        }
+    }
+
     fn stop(&mut self, ended: Result<(), WorkerFailed>, reason: RevokeReason) {
         let failed = ended.is_err();
         self.stopping = Some(ended);
@@ -1957,12 +1986,13 @@ impl Machine {
                     Ok(())
                 };
                 g.begin_removal(group_ended, reason);
-                if hand_over.is_some() {
-                    // The session, with its memberships and buckets, goes to the successor.
-                    g.steps.retain(|s| !matches!(s, Step::Leave));
-                }
+            }
+            if !g.stuck.is_empty() {
+                self.stuck_seen = true;
             }
         }
+        // Each group's leave is skipped when it comes (after its revocations were
+        // acknowledged), unless a bucket got stuck by then.
         if let Some(keep) = hand_over {
             self.handing_over = HandingOver::Due(keep);
         }

@@ -152,8 +152,20 @@ pub async fn drain(args: DrainArgs) -> Result<(), Failure> {
     let (store, group, worker) = args.member.open().await?;
     loop {
         let snap = store.snapshot(&group).await.map_err(store_failure)?;
-        let (owned, _) = held(&snap, worker).unwrap_or((0, false));
+        let (owned, live) = held(&snap, worker).unwrap_or((0, false));
         let waited = started.elapsed();
+        let left_behind = snap
+            .buckets
+            .iter()
+            .filter(|b| b.owner == Some(worker) && b.state != lease::BucketState::Unowned)
+            .count();
+        if !live && left_behind > 0 {
+            return Err(Failure::Runtime(format!(
+                "worker {worker} is not running: its {left_behind} bucket(s) of group {:?} pass \
+                 on when its session expires, not by draining",
+                group.as_str()
+            )));
+        }
         if owned == 0 {
             return output::line(format!(
                 "worker {worker} holds nothing in group {:?}: drained in {} ms",
@@ -205,6 +217,17 @@ async fn set_quarantine(args: &BucketArgs, duration: Option<QuarantineFor>) -> R
         .and_then(|b| b.owner);
     let g = group.as_str();
     let done = match (duration, info.and_then(|b| b.quarantined_until)) {
+        (Some(d), None) => format!(
+            "bucket {bucket} of group {g:?}: its quarantine of {} has already ended.",
+            duration::show(d.get())
+        ),
+        (None, _) => format!(
+            "bucket {bucket} of group {g:?} is not under quarantine: {}",
+            match owner {
+                Some(w) => format!("it stays with its owner {w}."),
+                None => "it is claimable again.".to_owned(),
+            }
+        ),
         (Some(_), Some(until)) => format!(
             "bucket {bucket} of group {g:?} is quarantined until {} (store clock): {} nobody \
              claims it until then or `leasectl unquarantine`.",
@@ -215,7 +238,6 @@ async fn set_quarantine(args: &BucketArgs, duration: Option<QuarantineFor>) -> R
                 None => "it has no live owner;".to_owned(),
             }
         ),
-        _ => format!("bucket {bucket} of group {g:?} is not quarantined: it is claimable again."),
     };
     output::line(&done).map_err(|e| e.failure_after(&done))
 }

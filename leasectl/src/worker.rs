@@ -57,7 +57,8 @@ pub struct WorkerArgs {
     metrics_addr: Option<std::net::SocketAddr>,
     /// This worker's weight in every group it runs: targets are proportional to weights
     /// (default: the weight stored for it, 1 for a new member). Stored in the database, so it
-    /// holds until set again (here or by `leasectl weight`).
+    /// is set again at each join of this process (each new session), over a `leasectl weight`
+    /// set meanwhile.
     #[arg(long, value_parser = crate::controls::parse_weight)]
     weight: Option<lease::Weight>,
     /// On SIGTERM/SIGINT, revoke everything in the application (reason shutdown), then hand

@@ -207,8 +207,13 @@ async fn a_worker_prints_json_serves_metrics_and_stops_on_sigterm() {
     assert_eq!(status["shard_count"], 4);
     let member = status["members"][0].as_object().expect("a member");
     let keys: Vec<&str> = member.keys().map(String::as_str).collect();
-    assert_eq!(keys, ["worker", "session", "expires_at", "owned"]);
+    assert_eq!(
+        keys,
+        ["worker", "session", "expires_at", "owned", "weight", "mode"]
+    );
     assert_eq!(status["members"][0]["owned"], 4);
+    assert_eq!(status["members"][0]["weight"], 1);
+    assert_eq!(status["members"][0]["mode"], "active");
     let session = &status["members"][0]["session"];
     assert!(session.is_string(), "{session}");
     assert_eq!(status["buckets"].as_array().expect("buckets").len(), 4);
@@ -221,9 +226,18 @@ async fn a_worker_prints_json_serves_metrics_and_stops_on_sigterm() {
             .collect();
         assert_eq!(
             keys,
-            ["bucket", "owner", "session", "token", "expires_at", "state"]
+            [
+                "bucket",
+                "owner",
+                "session",
+                "token",
+                "expires_at",
+                "state",
+                "quarantined_until"
+            ]
         );
         assert_eq!(b["state"], "live");
+        assert!(b["quarantined_until"].is_null());
         assert!(b["owner"].is_string() && b["expires_at"].is_string() && b["token"] == 1);
         assert_eq!(
             &b["session"], session,

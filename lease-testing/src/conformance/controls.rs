@@ -59,7 +59,6 @@ pub async fn controls_show_in_views_and_snapshots<S: LeaseStore>(store: S, _cloc
     };
     assert_eq!(info(a), Some((3, MemberMode::Cordoned)));
     assert_eq!(info(b), Some((1, MemberMode::Active)));
-    assert_eq!(snap.live_members(), snap.view().members);
 }
 
 /// K1, K2: a control outlives the node's session and its leave, and applies again when it
@@ -95,6 +94,17 @@ pub async fn controls_outlive_sessions<S: LeaseStore>(store: S, clock: ManualClo
         ErrorKind::NotAMember,
         "a node that was never a member",
     );
+    // K2: set back to the defaults, a control stays stored.
+    store
+        .control(&g, a, mode(MemberMode::Active))
+        .await
+        .expect("uncordon");
+    store.control(&g, a, weight(1)).await.expect("weight 1");
+    store.leave(&g, a, None).await.expect("leave");
+    store
+        .control(&g, a, weight(2))
+        .await
+        .expect("a control at the defaults stays stored");
     assert_kind(
         store.control(&super::group("nowhere"), a, weight(2)).await,
         ErrorKind::GroupNotFound,
@@ -260,8 +270,9 @@ pub async fn quarantine_is_checked_and_lifted_by_resizes<S: LeaseStore>(
     assert_eq!(beat(&store, &g, a).await.view.quarantined, 0);
 }
 
-/// C9: a claim takes the buckets its node last held first, whether they were released or
-/// left behind by a dead session, then the others in claim order.
+/// C9: a claim takes the buckets its node last held first, ahead of lower ones in its claim
+/// order, whether they were released or left behind by its dead session; then the others in
+/// claim order.
 pub async fn claims_take_the_buckets_last_held_first<S: LeaseStore>(store: S, clock: ManualClock) {
     let g = setup(&store, "orders", 8).await;
     let [a, b] = workers(2)[..] else {
@@ -269,24 +280,35 @@ pub async fn claims_take_the_buckets_last_held_first<S: LeaseStore>(store: S, cl
     };
     beat(&store, &g, a).await;
     beat(&store, &g, b).await;
-    assert_eq!(nums(&claim(&store, &g, a, 4).await), vec![0, 1, 2, 3]);
-    assert_eq!(nums(&claim(&store, &g, b, 2).await), vec![4, 5]);
-    // b releases 5 and later asks for two: 5 first, then the lowest other.
-    assert_eq!(release(&store, &g, b, &[5]).await, vec![5]);
-    // a's session dies with 0..4; b takes 6, 7 (never held by anyone).
+    assert_eq!(
+        nums(&claim(&store, &g, a, 8).await),
+        (0..8).collect::<Vec<_>>()
+    );
+    // 1 and 6 were a's; b takes 1 (the lowest) and gives it back: 1 is b's now, 6 still a's.
+    assert_eq!(release(&store, &g, a, &[1, 6]).await, vec![1, 6]);
+    assert_eq!(nums(&claim(&store, &g, b, 1).await), vec![1]);
+    assert_eq!(release(&store, &g, b, &[1]).await, vec![1]);
+    // a asks for one: 6, its own, before the lower 1.
+    assert_eq!(nums(&claim(&store, &g, a, 1).await), vec![6]);
+    // b asks for one: 1, its own. a releases 7; a's session dies with 0, 2-6.
+    assert_eq!(release(&store, &g, a, &[7]).await, vec![7]);
     clock.advance(secs(TTL_SECS - 1));
     beat(&store, &g, b).await;
     clock.advance(secs(1));
     let b_session = session(&store, &g, b).await;
     let won = store
-        .claim(&g, b, b_session, 2, lease_core::Takeover::Deferred)
+        .claim(&g, b, b_session, 1, lease_core::Takeover::Allowed)
         .await
         .expect("claim");
-    assert_eq!(nums(&won), vec![5, 6]);
-    // a comes back with a new session: it gets its own 0..4 back before 7.
+    assert_eq!(nums(&won), vec![1], "b's own 1 before a's dead 0");
+    // a comes back with a new session: its dead session's buckets first, 7 (released by
+    // it too) among them, before nothing else is left.
     let back = beat(&store, &g, a).await;
     assert!(back.new_session);
-    assert_eq!(nums(&claim(&store, &g, a, 5).await), vec![0, 1, 2, 3, 7]);
+    assert_eq!(
+        nums(&claim(&store, &g, a, 7).await),
+        vec![0, 2, 3, 4, 5, 6, 7]
+    );
 }
 
 /// HO1-HO3: a session handed over keeps its buckets live for its successor, who takes it

@@ -222,3 +222,59 @@ pub async fn a_rolling_restart_with_hand_over_moves_nothing<S: LeaseStore + Clon
     assert_eq!(before, after, "a bucket moved or its token rose");
     nodes.shutdown().await;
 }
+
+/// A node whose application does not acknowledge its shutdown revocations within the limit
+/// (a stuck bucket) does not hand its session over, though configured to: a successor would
+/// hold the stuck bucket under the same token while the old application may still write. The
+/// stop leaves instead; the session is not listed as handed over, and a successor with the
+/// node id starts a session of its own.
+pub async fn a_stop_with_a_stuck_bucket_does_not_hand_over<S: LeaseStore + Clone + 'static>(
+    env: Env<S>,
+) {
+    let mut nodes = Nodes::new(&env, &[("orders", 4)]);
+    let id = WorkerId::new();
+    nodes
+        .start_with(&[], |b| {
+            b.node_id(id)
+                .keep_on_stop(Duration::from_secs(10))
+                .revoke_ack_limit(Duration::from_millis(200))
+        })
+        .await;
+    nodes
+        .add_slow(
+            id,
+            "orders",
+            super::Slow {
+                revoke: Duration::from_secs(1),
+                ..super::Slow::default()
+            },
+        )
+        .await;
+    until(
+        3 * RENEW + env.slack(),
+        "the node owns the group",
+        || nodes.owned("orders").get(&id) == Some(&4),
+        || nodes.owned("orders"),
+    )
+    .await;
+    nodes.stop(id).await;
+    let listed = nodes.store.nodes().await.expect("nodes");
+    assert!(
+        !listed.nodes.iter().any(|n| n.node == id && n.handed_over),
+        "a node with a stuck bucket handed its session over: {:?}",
+        listed.nodes
+    );
+    let next = nodes
+        .store
+        .heartbeat(
+            id,
+            lease_core::Incarnation::new(),
+            lease_core::Ttl::new(super::TTL).expect("ttl"),
+            &lease_core::MemberMetadata::empty(),
+            &[],
+        )
+        .await
+        .expect("the successor's heartbeat");
+    assert!(next.new_session, "the successor took the session over");
+    nodes.shutdown().await;
+}
