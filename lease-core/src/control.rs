@@ -84,6 +84,17 @@ pub enum MemberControl {
     Mode(MemberMode),
 }
 
+impl MemberControl {
+    /// The weight and mode a member has once this control is applied to `current`: what
+    /// every store keeps (K1).
+    pub fn apply(self, current: (u32, MemberMode)) -> (u32, MemberMode) {
+        match self {
+            Self::Weight(w) => (w.get(), current.1),
+            Self::Mode(m) => (current.0, m),
+        }
+    }
+}
+
 /// How long [`quarantine`](crate::LeaseStore::quarantine) keeps a bucket out, `1 ms..=`
 /// [`MAX_QUARANTINE`].
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]

@@ -982,17 +982,13 @@ impl LeaseStore for MemoryLeaseStore {
                 worker: node,
             });
         }
-        let (mut weight, mut mode) = g.control(node);
-        match control {
-            MemberControl::Weight(w) => weight = w.get(),
-            MemberControl::Mode(m) => mode = m,
-            _ => {}
-        }
+        let current = g.control(node);
+        let next = control.apply(current);
         // K3: the value stored already writes nothing.
-        if (weight, mode) == g.control(node) {
+        if next == current {
             return Ok(());
         }
-        g.controls.insert(node, (weight, mode));
+        g.controls.insert(node, next);
         g.bump();
         state.notify(group, Change::Controlled);
         Ok(())

@@ -784,15 +784,10 @@ impl Model {
                 worker: node,
             });
         }
-        let (mut weight, mut mode) = g.control(node);
-        match control {
-            MemberControl::Weight(w) => weight = w.get(),
-            MemberControl::Mode(m) => mode = m,
-            _ => {}
-        }
+        let next = control.apply(g.control(node));
         // K3: the value stored already writes nothing (not even a control at the defaults).
-        if (weight, mode) != g.control(node) {
-            g.controls.insert(node, (weight, mode));
+        if next != g.control(node) {
+            g.controls.insert(node, next);
         }
         Ok(())
     }

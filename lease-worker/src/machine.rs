@@ -604,6 +604,7 @@ impl Group {
         self.unreleased.clear();
         self.held.clear();
         self.draining.clear();
+        self.quarantined.clear();
         self.member = false;
         self.last = None;
         self.stamp = None;
@@ -1340,6 +1341,7 @@ impl Machine {
                     || stopping
                     || g.held.get(&bucket) != Some(&token)
                     || g.draining.contains(&bucket)
+                    || g.quarantined.contains(&bucket)
                     || g.owned.contains_key(&bucket)
                 {
                     return None;
