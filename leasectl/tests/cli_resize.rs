@@ -576,7 +576,15 @@ async fn json_shapes() {
             "waiting"
         ]
     );
-    let bucket_keys = ["bucket", "owner", "session", "token", "expires_at", "state"];
+    let bucket_keys = [
+        "bucket",
+        "owner",
+        "session",
+        "token",
+        "expires_at",
+        "state",
+        "quarantined_until",
+    ];
     let draining = s["draining"].as_array().expect("draining");
     assert_eq!(draining.len(), 4);
     for b in draining {
