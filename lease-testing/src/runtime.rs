@@ -86,6 +86,7 @@ pub const CASES: &[&str] = &[
     "a_quarantined_bucket_is_revoked_and_stays_unowned_until_lifted",
     "a_rolling_restart_with_hand_over_moves_nothing",
     "a_stop_with_a_stuck_bucket_does_not_hand_over",
+    "a_failed_hand_over_ends_the_node_with_its_error",
 ];
 
 /// Run every case against a store built by `$make`, an expression callable as
@@ -142,6 +143,7 @@ macro_rules! __runtime_cases {
             a_quarantined_bucket_is_revoked_and_stays_unowned_until_lifted,
             a_rolling_restart_with_hand_over_moves_nothing,
             a_stop_with_a_stuck_bucket_does_not_hand_over,
+            a_failed_hand_over_ends_the_node_with_its_error,
         );
     };
 }

@@ -278,3 +278,46 @@ pub async fn a_stop_with_a_stuck_bucket_does_not_hand_over<S: LeaseStore + Clone
     assert!(next.new_session, "the successor took the session over");
     nodes.shutdown().await;
 }
+
+/// A hand-over the store refuses (it fails) ends the node with
+/// [`WorkerFailed::HandOverFailed`](lease_worker::WorkerFailed::HandOverFailed), not with a
+/// clean stop: the session was neither handed over nor left, so its buckets wait for its
+/// expiry and a successor is refused until then.
+pub async fn a_failed_hand_over_ends_the_node_with_its_error<S: LeaseStore + Clone + 'static>(
+    env: Env<S>,
+) {
+    let mut nodes = Nodes::new(&env, &[("orders", 4)]);
+    let id = WorkerId::new();
+    nodes
+        .start_with(&["orders"], |b| {
+            b.node_id(id).keep_on_stop(Duration::from_secs(10))
+        })
+        .await;
+    until(
+        3 * RENEW + env.slack(),
+        "the node owns the group",
+        || nodes.owned("orders").get(&id) == Some(&4),
+        || nodes.owned("orders"),
+    )
+    .await;
+    // A stop makes no store call but the hand-over: it fails.
+    nodes
+        .faults(id)
+        .fail_permanently
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let node = nodes.nodes.remove(&id).expect("a running node");
+    match node.handle.shutdown().await {
+        Err(lease_worker::WorkerFailed::HandOverFailed { source: Some(_) }) => {}
+        other => panic!("a failed hand-over ended the node with {other:?}"),
+    }
+    let listed = nodes.store.nodes().await.expect("nodes");
+    assert!(
+        listed
+            .nodes
+            .iter()
+            .any(|n| n.node == id && n.live && !n.handed_over),
+        "the session should be live, not handed over: {:?}",
+        listed.nodes
+    );
+    nodes.shutdown().await;
+}
