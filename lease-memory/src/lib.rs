@@ -799,6 +799,7 @@ impl LeaseStore for MemoryLeaseStore {
             .filter_map(|(&worker, m)| {
                 let n = nodes.get(&worker)?;
                 let live = n.is_live(now);
+                let (weight, mode) = g.control(worker);
                 Some(MemberInfo {
                     worker,
                     session: n.session,
@@ -808,8 +809,8 @@ impl LeaseStore for MemoryLeaseStore {
                     live,
                     owned: if live { m.held.len() as u32 } else { 0 },
                     metadata: n.metadata.clone(),
-                    weight: g.control(worker).0,
-                    mode: g.control(worker).1,
+                    weight,
+                    mode,
                 })
             })
             .collect();

@@ -604,6 +604,7 @@ impl Model {
             .filter_map(|(&w, &joined_at)| {
                 let n = nodes.get(&w)?;
                 let live = now < n.expires_at;
+                let (weight, mode) = g.control(w);
                 Some(MemberInfo {
                     worker: w,
                     session: n.session,
@@ -613,8 +614,8 @@ impl Model {
                     live,
                     owned: g.owned_by(nodes, w, now).len() as u32,
                     metadata: n.metadata.clone(),
-                    weight: g.control(w).0,
-                    mode: g.control(w).1,
+                    weight,
+                    mode,
                 })
             })
             .collect();

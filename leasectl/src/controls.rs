@@ -104,7 +104,12 @@ fn held(snap: &GroupSnapshot, worker: WorkerId) -> Option<(u32, bool)> {
         .map(|m| (m.owned, m.live))
 }
 
-async fn set_mode(args: &MemberArgs, mode: MemberMode) -> Result<(), Failure> {
+/// Set the member's mode and say what it means; the store, group and worker, for a caller
+/// that goes on (`drain --wait`).
+async fn set_mode(
+    args: &MemberArgs,
+    mode: MemberMode,
+) -> Result<(PgLeaseStore, GroupName, WorkerId), Failure> {
     let (store, group, worker) = args.open().await?;
     store
         .control(&group, worker, MemberControl::Mode(mode))
@@ -129,27 +134,27 @@ async fn set_mode(args: &MemberArgs, mode: MemberMode) -> Result<(), Failure> {
              its next heartbeat (it holds {owned} bucket(s) now)."
         ),
     };
-    output::line(&done).map_err(|e| e.failure_after(&done))
+    output::line(&done).map_err(|e| e.failure_after(&done))?;
+    Ok((store, group, worker))
 }
 
 /// `leasectl cordon`.
 pub async fn cordon(args: MemberArgs) -> Result<(), Failure> {
-    set_mode(&args, MemberMode::Cordoned).await
+    set_mode(&args, MemberMode::Cordoned).await.map(drop)
 }
 
 /// `leasectl uncordon`.
 pub async fn uncordon(args: MemberArgs) -> Result<(), Failure> {
-    set_mode(&args, MemberMode::Active).await
+    set_mode(&args, MemberMode::Active).await.map(drop)
 }
 
 /// `leasectl drain`, and with `--wait` the wait until the worker holds nothing.
 pub async fn drain(args: DrainArgs) -> Result<(), Failure> {
     let started = Instant::now();
-    set_mode(&args.member, MemberMode::Draining).await?;
+    let (store, group, worker) = set_mode(&args.member, MemberMode::Draining).await?;
     let Some(limit) = args.wait else {
         return Ok(());
     };
-    let (store, group, worker) = args.member.open().await?;
     loop {
         let snap = store.snapshot(&group).await.map_err(store_failure)?;
         let (owned, live) = held(&snap, worker).unwrap_or((0, false));
