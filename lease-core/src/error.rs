@@ -159,6 +159,8 @@ pub enum Operation {
     Quarantine,
     /// [`hand_over`](crate::LeaseStore::hand_over).
     HandOver,
+    /// [`history`](crate::LeaseStore::history).
+    History,
 }
 
 impl Operation {
@@ -178,6 +180,7 @@ impl Operation {
             Self::Resize => "resize",
             Self::Control => "control",
             Self::Quarantine => "quarantine",
+            Self::History => "history",
             Self::HandOver => "hand_over",
         }
     }

@@ -48,6 +48,7 @@ mod change;
 pub mod control;
 mod error;
 mod event;
+pub mod history;
 mod ids;
 mod invalid;
 pub mod ownership_log;
@@ -61,6 +62,7 @@ pub use change::{Change, ChangeFeed};
 pub use control::{MemberControl, QuarantineFor, Weight};
 pub use error::{BackendFailure, Chain, ErrorKind, Operation, StoreError};
 pub use event::{Assignment, OwnershipEvent, RevokeReason};
+pub use history::{EndReason, Tenure, TenureEnd, Tenures};
 pub use ids::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use crate::change::ChangeFeed;
 use crate::control::{MemberControl, QuarantineFor};
 use crate::error::StoreError;
+use crate::history::Tenure;
 use crate::ids::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
@@ -424,6 +425,39 @@ pub trait LeaseStore: Send + Sync {
         duration: Option<QuarantineFor>,
     ) -> Result<(), StoreError>;
 
+    /// The last tenures of `bucket` of `group`'s current generation, oldest first: which node
+    /// held it, from when, with which token, and how each holding ended. What `leasectl status
+    /// --why` explains a bucket's place from.
+    ///
+    /// # Contract
+    ///
+    /// - **T1** Every claim that wins the bucket begins a tenure: the claiming node, the token
+    ///   the claim gave and the store's time of the claim, not ended.
+    /// - **T2** A tenure ends, at the store's time of the call that ends it, when its session
+    ///   gives the bucket up: a release ends it as [`EndReason::Quarantined`] if the bucket
+    ///   is under quarantine then, else [`EndReason::Drained`] if the owner's mode is
+    ///   draining, else [`EndReason::Released`]; a leave ends it as [`EndReason::Left`], or
+    ///   [`EndReason::Evicted`] when the leave names no session; a claim that takes the
+    ///   bucket from a session that is not live ends it as [`EndReason::Expired`] (at the
+    ///   claim's time). Nothing else changes a tenure: a hand-over keeps it (same node, same
+    ///   token).
+    /// - **T3** Only the last [`TENURES_KEPT`](crate::history::TENURES_KEPT) tenures are
+    ///   kept; older ones are dropped as new ones begin.
+    /// - **T4** A resize clears the group's history: the new generation's buckets start with
+    ///   none (bucket numbers change meaning), and releases of the old generation's buckets
+    ///   record nothing.
+    /// - **T5** A bucket outside the group's current count fails with
+    ///   [`StoreError::BucketOutOfRange`], an unknown group with
+    ///   [`StoreError::GroupNotFound`]. It writes nothing.
+    ///
+    /// [`EndReason::Quarantined`]: crate::EndReason::Quarantined
+    /// [`EndReason::Drained`]: crate::EndReason::Drained
+    /// [`EndReason::Released`]: crate::EndReason::Released
+    /// [`EndReason::Left`]: crate::EndReason::Left
+    /// [`EndReason::Evicted`]: crate::EndReason::Evicted
+    /// [`EndReason::Expired`]: crate::EndReason::Expired
+    async fn history(&self, group: &GroupName, bucket: Bucket) -> Result<Vec<Tenure>, StoreError>;
+
     /// Change the shard count of `group` from `from` to `to` while it runs: open generation
     /// g+1 with `to` unowned buckets and let generation g drain.
     ///
@@ -586,5 +620,9 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
         duration: Option<QuarantineFor>,
     ) -> Result<(), StoreError> {
         (**self).quarantine(group, bucket, duration).await
+    }
+
+    async fn history(&self, group: &GroupName, bucket: Bucket) -> Result<Vec<Tenure>, StoreError> {
+        (**self).history(group, bucket).await
     }
 }

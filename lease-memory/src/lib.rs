@@ -61,8 +61,8 @@ use lease_core::{
     Operation, SessionId, ShardCount, StoreError, SystemClock, Takeover, Timestamp, Ttl, ViewStamp,
     WorkerId, store_precision,
 };
+use lease_core::{EndReason, MemberControl, QuarantineFor, Tenure, Tenures, Weight};
 use lease_core::{Generation, ResizeOutcome, resize};
-use lease_core::{MemberControl, QuarantineFor, Weight};
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
 
@@ -75,6 +75,8 @@ struct BucketRow {
     token: i64,
     /// C9: the node of the last session that held it.
     last_node: Option<WorkerId>,
+    /// T1-T3: its last tenures (the current generation's only: T4).
+    tenures: Tenures,
 }
 
 /// A node's session: the only row a renewal writes.
@@ -674,7 +676,14 @@ impl LeaseStore for MemoryLeaseStore {
         let mut won = Vec::with_capacity(picked.len());
         for i in picked {
             let bucket = Bucket(i as u32);
-            let previous = g.buckets[i].owner.replace((worker, session));
+            let row = &mut g.buckets[i];
+            let previous = row.owner.replace((worker, session));
+            if previous.is_some() {
+                row.tenures.end(now, EndReason::Expired);
+            }
+            row.token += 1;
+            row.last_node = Some(worker);
+            row.tenures.begin(worker, FencingToken(row.token), now);
             // The previous session is dead; keep its member row's set honest for snapshots.
             if let Some((w, s)) = previous
                 && nodes.get(&w).is_some_and(|n| n.session == s)
@@ -682,8 +691,6 @@ impl LeaseStore for MemoryLeaseStore {
             {
                 m.held.remove(&bucket);
             }
-            g.buckets[i].token += 1;
-            g.buckets[i].last_node = Some(worker);
             won.push(Lease {
                 bucket,
                 shards: g.shards,
@@ -734,8 +741,12 @@ impl LeaseStore for MemoryLeaseStore {
                 released_old.push(*b);
             }
         }
-        for b in &released {
-            g.buckets[b.0 as usize].owner = None;
+        let mode = g.control(worker).1;
+        for &b in &released {
+            let reason = EndReason::of_release(g.quarantined(b, now).is_some(), mode);
+            let row = &mut g.buckets[b.0 as usize];
+            row.owner = None;
+            row.tenures.end(now, reason);
         }
         for b in &released_old {
             g.old[b.0 as usize].owner = None;
@@ -770,8 +781,14 @@ impl LeaseStore for MemoryLeaseStore {
         } else {
             Default::default()
         };
+        let reason = match session {
+            Some(_) => EndReason::Left,
+            None => EndReason::Evicted,
+        };
         for b in &held {
-            g.buckets[b.0 as usize].owner = None;
+            let row = &mut g.buckets[b.0 as usize];
+            row.owner = None;
+            row.tenures.end(now, reason);
         }
         for b in &held_old {
             if let Some(row) = g.old.get_mut(b.0 as usize) {
@@ -930,6 +947,10 @@ impl LeaseStore for MemoryLeaseStore {
         // Q4: bucket numbers change meaning.
         g.quarantines.clear();
         g.old = std::mem::replace(&mut g.buckets, buckets);
+        // T4: the new generation starts with no history.
+        for row in &mut g.old {
+            row.tenures = Tenures::default();
+        }
         for m in g.members.values_mut() {
             m.held_old = std::mem::take(&mut m.held);
         }
@@ -1023,6 +1044,19 @@ impl LeaseStore for MemoryLeaseStore {
         g.bump();
         state.notify(group, Change::Controlled);
         Ok(())
+    }
+
+    async fn history(&self, group: &GroupName, bucket: Bucket) -> Result<Vec<Tenure>, StoreError> {
+        let (mut state, _now) = self.lock(Operation::History)?;
+        let g = state.group_mut(group)?;
+        g.buckets
+            .get(bucket.0 as usize)
+            .map(|row| row.tenures.to_vec())
+            .ok_or_else(|| StoreError::BucketOutOfRange {
+                group: group.clone(),
+                bucket,
+                shard_count: g.shards,
+            })
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {

@@ -30,7 +30,9 @@ use lease_core::{Generation, ResizeOutcome};
 use lease_core::{MemberControl, QuarantineFor, Weight};
 
 mod controls;
+mod history;
 pub use controls::*;
+pub use history::*;
 
 /// The name of every case, in the order the macro runs them.
 pub const CASES: &[&str] = &[
@@ -99,6 +101,9 @@ pub const CASES: &[&str] = &[
     "claims_take_the_buckets_last_held_first",
     "a_handed_over_session_is_taken_over_with_its_buckets",
     "a_handed_over_session_without_successor_expires",
+    "history_records_each_tenure_and_how_it_ended",
+    "history_keeps_the_last_tenures",
+    "history_is_checked_and_cleared_by_resizes",
 ];
 
 /// The name of every case of the resize contract (Z1-Z5 and what they change in the other
@@ -229,6 +234,9 @@ macro_rules! conformance_suite {
             claims_take_the_buckets_last_held_first,
             a_handed_over_session_is_taken_over_with_its_buckets,
             a_handed_over_session_without_successor_expires,
+            history_records_each_tenure_and_how_it_ended,
+            history_keeps_the_last_tenures,
+            history_is_checked_and_cleared_by_resizes,
         );
     };
 }

@@ -14,7 +14,7 @@ use lease_core::{
 };
 use lease_core::{Clock, ManualClock, Timestamp, Ttl, store_precision};
 use lease_core::{GroupSnapshot, GroupStamp, Heartbeat, Lease, NodesSnapshot};
-use lease_core::{MemberControl, QuarantineFor};
+use lease_core::{MemberControl, QuarantineFor, Tenure};
 
 /// A [`Clock`] that reads tokio's clock, so a store's expiry follows `tokio::time::pause` and
 /// `advance` in tests. Starts at the same instant as [`ManualClock::new`].
@@ -251,6 +251,11 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
     ) -> Result<(), StoreError> {
         self.gate(Operation::Quarantine).await?;
         self.inner.quarantine(group, bucket, duration).await
+    }
+
+    async fn history(&self, group: &GroupName, bucket: Bucket) -> Result<Vec<Tenure>, StoreError> {
+        self.gate(Operation::History).await?;
+        self.inner.history(group, bucket).await
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {

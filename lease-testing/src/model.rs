@@ -18,8 +18,8 @@ use lease_core::{
     BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo,
     MemberLoad, MemberMode, NodeInfo, NodesSnapshot, ViewStamp,
 };
+use lease_core::{EndReason, MemberControl, QuarantineFor, Tenure, Tenures, Weight};
 use lease_core::{Generation, ResizeOutcome};
-use lease_core::{MemberControl, QuarantineFor, Weight};
 use lease_core::{Timestamp, Ttl, store_precision};
 
 #[derive(Clone, Debug, Default)]
@@ -30,6 +30,8 @@ struct ModelBucket {
     last_node: Option<WorkerId>,
     /// Q1: when its quarantine ends.
     quarantine: Option<Timestamp>,
+    /// T1-T3: its last tenures.
+    tenures: Tenures,
 }
 
 impl ModelBucket {
@@ -494,9 +496,14 @@ impl Model {
         let mut won = Vec::new();
         for i in claimable {
             let b = &mut g.buckets[i];
+            // T2: taken from a session that is not live.
+            if b.owner.is_some() {
+                b.tenures.end(now, EndReason::Expired);
+            }
             b.owner = Some((worker, session));
             b.last_node = Some(worker);
             b.token += 1;
+            b.tenures.begin(worker, FencingToken(b.token), now);
             won.push(Bucket(i as u32));
         }
         Ok(won
@@ -541,10 +548,14 @@ impl Model {
         if g.live_as(nodes, worker, session, now).is_none() {
             return Ok(released);
         }
+        let mode = g.control(worker).1;
         for &bucket in buckets {
             let i = bucket.0 as usize;
             if g.buckets.get(i).and_then(|b| g.live_owner(nodes, b, now)) == Some(worker) {
-                g.buckets[i].owner = None;
+                let b = &mut g.buckets[i];
+                b.owner = None;
+                let reason = EndReason::of_release(b.quarantined(now).is_some(), mode);
+                b.tenures.end(now, reason);
                 released.push(bucket);
             } else if g.old.get(i).and_then(|b| g.live_owner(nodes, b, now)) == Some(worker) {
                 g.old[i].owner = None;
@@ -576,8 +587,14 @@ impl Model {
             return Ok(Vec::new());
         }
         let released = g.owned_by(nodes, worker, now);
+        let reason = match session {
+            Some(_) => EndReason::Left,
+            None => EndReason::Evicted,
+        };
         for b in &released {
-            g.buckets[b.0 as usize].owner = None;
+            let b = &mut g.buckets[b.0 as usize];
+            b.owner = None;
+            b.tenures.end(now, reason);
         }
         let old = g.old_owned_by(nodes, worker, now);
         for b in &old {
@@ -740,9 +757,10 @@ impl Model {
             })
             .collect();
         g.old = std::mem::replace(&mut g.buckets, buckets);
-        // Q4: a resize lifts every quarantine.
+        // Q4: a resize lifts every quarantine; T4: and clears the history.
         for b in &mut g.old {
             b.quarantine = None;
+            b.tenures = Tenures::default();
         }
         g.shards = to;
         g.previous = Some(from);
@@ -791,6 +809,19 @@ impl Model {
             g.controls.insert(node, next);
         }
         Ok(())
+    }
+
+    /// See [`LeaseStore::history`](lease_core::LeaseStore::history).
+    pub fn history(&self, group: &GroupName, bucket: Bucket) -> Result<Vec<Tenure>, StoreError> {
+        let g = self.group(group)?;
+        g.buckets
+            .get(bucket.0 as usize)
+            .map(|b| b.tenures.to_vec())
+            .ok_or_else(|| StoreError::BucketOutOfRange {
+                group: group.clone(),
+                bucket,
+                shard_count: g.shards,
+            })
     }
 
     /// See [`LeaseStore::quarantine`](lease_core::LeaseStore::quarantine).

@@ -372,6 +372,14 @@ pub async fn a_handed_over_session_is_taken_over_with_its_buckets<S: LeaseStore>
                 .expect("is_current")
         );
     }
+    // T2: the tenure goes on (same node, same token).
+    let h = store.history(&g, won[0].bucket).await.expect("history");
+    assert_eq!(
+        h.iter()
+            .map(|t| (t.owner, t.token, t.ended))
+            .collect::<Vec<_>>(),
+        vec![(a, won[0].token, None)]
+    );
     let listed = store.nodes().await.expect("nodes");
     assert!(!listed.nodes.iter().any(|n| n.node == a && n.handed_over));
     // From then on it is the successor's: the first process cannot renew it.
