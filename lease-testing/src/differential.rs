@@ -64,7 +64,7 @@ use lease_core::{
     ResizeOutcome, ViewStamp,
 };
 use lease_core::{Clock, ManualClock, Timestamp, Ttl};
-use lease_core::{MemberControl, MemberMode, QuarantineFor, Weight};
+use lease_core::{EndReason, MemberControl, MemberMode, QuarantineFor, Tenure, Weight};
 
 /// The groups operations pick from: a plain name and one full of quotes and SQL.
 pub const GROUPS: [&str; 2] = ["orders", "it's \"odd\"; DROP TABLE lease.shards; --"];
@@ -250,6 +250,13 @@ pub enum Op {
         /// Milliseconds, `None` to lift.
         ms: Option<u64>,
     },
+    /// `history(group, bucket)`.
+    History {
+        /// Index into [`GROUPS`].
+        group: usize,
+        /// Bucket (now and then one past the count).
+        bucket: u32,
+    },
 }
 
 impl Op {
@@ -291,6 +298,8 @@ pub enum Outcome {
     Resized(ResizeOutcome),
     /// A hand-over's outcome: the session's new expiry, if it was handed over.
     HandedOver(Option<Timestamp>),
+    /// A bucket's history.
+    History(Vec<Tenure>),
     /// A failure, with every field: the error as it displays (a contract error shows all its
     /// fields, so two stores agree on it only if they agree on each).
     Failed(String),
@@ -582,6 +591,9 @@ pub fn apply_to_model(
             model.quarantine(&group(g), Bucket(bucket), Op::quarantine_for(ms), now),
             |()| Outcome::Done,
         ),
+        Op::History { group: g, bucket } => {
+            outcome(model.history(&group(g), Bucket(bucket)), Outcome::History)
+        }
         Op::HandOver {
             worker: w,
             process: p,
@@ -761,6 +773,10 @@ pub async fn apply_to_store(
                 .await,
             |()| Outcome::Done,
         ),
+        Op::History { group: g, bucket } => outcome(
+            store.history(&group(g), Bucket(bucket)).await,
+            Outcome::History,
+        ),
         Op::HandOver {
             worker: w,
             process: p,
@@ -871,6 +887,8 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
         2 => (g.clone().prop_flat_map(move |group| (Just(group), bucket_in(group))),
               prop_oneof![3 => prop::sample::select(vec![500u64, 3_000]).prop_map(Some), 1 => Just(None)])
             .prop_map(|((group, bucket), ms)| Op::Quarantine { group, bucket, ms }),
+        2 => g.clone().prop_flat_map(move |group| (Just(group), bucket_in(group)))
+            .prop_map(|(group, bucket)| Op::History { group, bucket }),
         1 => (w.clone(), process(), prop::sample::select(vec![1_000u64, 3_000]))
             .prop_map(|(worker, process, keep_ms)| Op::HandOver { worker, process, keep_ms }),
         // Mostly from the group's count (a resize that can start), now and then from another.
@@ -915,11 +933,13 @@ pub struct Reach {
     pub quarantine_claim: u32,
     /// A heartbeat took over a session another process handed over (HO3).
     pub taken_over: u32,
+    /// A history showed a tenure that ended otherwise than by a plain release (T2).
+    pub history_ends: u32,
 }
 
 impl Reach {
     /// The names and counts, in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u32); 14] {
+    pub fn fields(&self) -> [(&'static str, u32); 15] {
         [
             (
                 "claim takes over another worker's dead lease",
@@ -946,6 +966,10 @@ impl Reach {
             (
                 "heartbeat takes over a handed-over session",
                 self.taken_over,
+            ),
+            (
+                "history shows an end other than a release",
+                self.history_ends,
             ),
         ]
     }
@@ -977,6 +1001,12 @@ impl Reach {
                 self.resize += 1;
             }
             (Op::IsCurrent { .. }, Outcome::Bool(true)) => self.is_current += 1,
+            (Op::History { .. }, Outcome::History(h))
+                if h.iter()
+                    .any(|t| t.ended.is_some_and(|e| e.reason != EndReason::Released)) =>
+            {
+                self.history_ends += 1;
+            }
             (Op::Heartbeat { worker: w, .. }, Outcome::Heartbeat(hb))
                 if !hb.new_session
                     && before
@@ -1077,7 +1107,8 @@ fn op_group(op: &Op) -> usize {
         | Op::IsCurrent { group, .. }
         | Op::Resize { group, .. }
         | Op::Control { group, .. }
-        | Op::Quarantine { group, .. } => group,
+        | Op::Quarantine { group, .. }
+        | Op::History { group, .. } => group,
         Op::Advance { .. } | Op::Heartbeat { .. } | Op::Nodes | Op::HandOver { .. } => 0,
     }
 }
