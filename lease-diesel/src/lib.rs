@@ -712,6 +712,17 @@ impl LeaseStore for PgLeaseStore {
         .await
     }
 
+    async fn history(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+    ) -> Result<Vec<lease_core::Tenure>, StoreError> {
+        self.with_conn(Operation::History, async |c| {
+            ops::history(c, group, bucket).await
+        })
+        .await
+    }
+
     async fn hand_over(
         &self,
         node: WorkerId,

@@ -21,6 +21,7 @@ use lease_core::{
     MemberMode, NodeInfo, NodesSnapshot, Operation, ResizeOutcome, SessionId, ShardCount,
     StoreError, Takeover, Timestamp, Ttl, ViewStamp, WorkerId,
 };
+use lease_core::{EndReason, Tenure, TenureEnd};
 use lease_core::{MemberControl, QuarantineFor, Weight};
 use uuid::Uuid;
 
@@ -932,6 +933,68 @@ pub async fn quarantine(
         });
     }
     Ok(row.changed)
+}
+
+/// [`LeaseStore::history`](lease_core::LeaseStore::history) on `conn`: one statement, which
+/// reads only. The tenures of `bucket` of `group`'s current generation, oldest first.
+pub async fn history(
+    conn: &mut AsyncPgConnection,
+    group: &GroupName,
+    bucket: Bucket,
+) -> Result<Vec<Tenure>, StoreError> {
+    let op = Operation::History;
+    let rows: Vec<sql::HistoryRow> = Prepared(
+        diesel::sql_query(sql::HISTORY)
+            .bind::<Text, _>(group.as_str())
+            .bind::<BigInt, _>(i64::from(bucket.0)),
+    )
+    .load(conn)
+    .await
+    .map_err(|e| from_diesel(op, e))?;
+    let first = <[_]>::first(&rows).ok_or_else(|| not_found(group))?;
+    let shards = shard_count(op, group, first.shard_count)?;
+    if !shards.contains(bucket) {
+        return Err(StoreError::BucketOutOfRange {
+            group: group.clone(),
+            bucket,
+            shard_count: shards,
+        });
+    }
+    rows.into_iter()
+        // The group's row alone: no tenure.
+        .filter(|r| r.owner_node.is_some())
+        .map(|r| tenure(op, r))
+        .collect()
+}
+
+/// A row of [`sql::HISTORY`] as a tenure.
+fn tenure(op: Operation, r: sql::HistoryRow) -> Result<Tenure, StoreError> {
+    let (Some(owner), Some(token), Some(began_at)) = (r.owner_node, r.token, r.began_at) else {
+        return Err(corrupt(
+            op,
+            "a tenure without its owner, token or start".into(),
+        ));
+    };
+    let ended = match (r.ended_at, r.reason) {
+        (None, None) => None,
+        (Some(at), Some(name)) => Some(TenureEnd {
+            at,
+            reason: EndReason::from_name(&name)
+                .ok_or_else(|| corrupt(op, format!("tenure end reason {name:?}")))?,
+        }),
+        _ => {
+            return Err(corrupt(
+                op,
+                "a tenure end without its time or reason".into(),
+            ));
+        }
+    };
+    Ok(Tenure {
+        owner: WorkerId::from_uuid(owner),
+        token: FencingToken(token),
+        began_at,
+        ended,
+    })
 }
 
 /// [`LeaseStore::hand_over`](lease_core::LeaseStore::hand_over) on `conn`: one statement

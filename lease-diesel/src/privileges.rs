@@ -326,6 +326,17 @@ const NEEDS: &[Need] = &[
         monitor: &[],
         fencing: &[],
     },
+    // A bucket's history (migration 9): claims begin tenures (an insert, or an update of the
+    // ring's slot: ON CONFLICT DO UPDATE reads it), claims, releases and lease.leave end them;
+    // history reads them (a monitor's leasectl status --why). No worker deletes one: a resize
+    // (the operator's, as the schema's owner) does. The migration grants this to the roles
+    // that could update (read) lease.shards.
+    Need {
+        on: Object::Table("lease.tenures"),
+        worker: &["SELECT", "INSERT", "UPDATE"],
+        monitor: &["SELECT"],
+        fencing: &[],
+    },
     // The fencing check (SECURITY DEFINER: EXECUTE is all a caller needs);
     // PgLeaseStore::is_current calls it.
     Need {

@@ -51,6 +51,21 @@ diesel::table! {
         updated_at -> Timestamptz,
         last_node -> Nullable<Uuid>,
         quarantined_until -> Nullable<Timestamptz>,
+        tenures -> BigInt,
+    }
+}
+
+diesel::table! {
+    lease.tenures (group_name, bucket, slot) {
+        group_name -> Text,
+        bucket -> Integer,
+        slot -> SmallInt,
+        seq -> BigInt,
+        token -> BigInt,
+        owner_node -> Uuid,
+        began_at -> Timestamptz,
+        ended_at -> Nullable<Timestamptz>,
+        reason -> Nullable<Text>,
     }
 }
 

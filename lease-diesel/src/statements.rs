@@ -687,6 +687,38 @@ pub(crate) struct HandOverRow {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
+/// A bucket's history (T1-T5): the group's shard count, and the kept tenures of bucket `$2`
+/// of group `$1`'s current generation, oldest first (by `seq`). No row: no such group; one
+/// row with a null `owner_node`: the group, and no tenure (a bucket at or above the count,
+/// T5, or one never claimed). One statement, one snapshot: the count and the rows agree (a
+/// resize deletes the group's tenures in the transaction that changes the count). Reads
+/// only: a role that may read `lease.groups` and `lease.tenures` runs it (a monitor's).
+pub(crate) const HISTORY: &str = r#"
+SELECT g.shard_count, t.owner_node, t.token, t.began_at, t.ended_at, t.reason
+  FROM lease.groups g
+  LEFT JOIN lease.tenures t
+    ON t.group_name = g.name AND t.bucket = $2 AND $2 < g.shard_count
+ WHERE g.name = $1
+ ORDER BY t.seq
+"#;
+
+/// Row of [`HISTORY`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct HistoryRow {
+    #[diesel(sql_type = Integer)]
+    pub shard_count: i32,
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    pub owner_node: Option<Uuid>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub token: Option<i64>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub began_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub ended_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub reason: Option<String>,
+}
+
 /// The fencing check. `$1` group, `$2` bucket, `$3` worker, `$4` token, `$5` client time.
 pub(crate) const IS_CURRENT: &str = "SELECT lease.is_current($1, $2, $3, $4, $5) AS current";
 

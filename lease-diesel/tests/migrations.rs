@@ -1264,6 +1264,10 @@ async fn an_upgrade_keeps_is_current_for_the_roles_that_could_call_it() {
 /// where the previous release left the schema.
 const DOWNS: &[(&str, &str)] = &[
     (
+        "20261207000009",
+        include_str!("../../migrations/2026-12-07-000009_bucket_history/down.sql"),
+    ),
+    (
         "20261206000008",
         include_str!("../../migrations/2026-12-06-000008_operators_controls/down.sql"),
     ),
@@ -1276,6 +1280,7 @@ const DOWNS: &[(&str, &str)] = &[
 /// The objects each of [`DOWNS`]' migrations added, as the privilege list names them: the
 /// previous release's grants are today's without them.
 const ADDED: &[(&str, &[&str])] = &[
+    ("20261207000009", &["lease.tenures"]),
     (
         "20261206000008",
         &[
@@ -1450,8 +1455,8 @@ async fn migration_8_keeps_the_rows_and_the_roles_of_the_previous_release() {
 
     assert_eq!(
         owner.migrate().await.expect("migrate"),
-        ["20261206000008"],
-        "only migration 8 was missing"
+        ["20261206000008", "20261207000009"],
+        "only migrations 8 and 9 (undone with it) were missing"
     );
     // From here the roles hold only what they were granted, by the previous release's grants
     // and by the migration (Postgres lets PUBLIC execute every new function by default).
