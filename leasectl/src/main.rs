@@ -23,6 +23,7 @@ mod output;
 mod release;
 mod resize;
 mod status;
+mod why;
 mod worker;
 
 use std::process::ExitCode;

@@ -8,13 +8,14 @@ use lease::policy;
 use lease::resize as keys;
 use lease::{
     Bucket, BucketInfo, BucketState, GroupSnapshot, LeaseStore, NodeInfo, NodesSnapshot,
-    ShardCount, Timestamp,
+    ShardCount, StoreError, Timestamp,
 };
 use serde_json::{Value, json};
 
 use crate::common::{DbArgs, Failure, group_arg, rfc3339, store_failure};
 use crate::output;
 use crate::resize::{PAIRS_LIMIT, bucket_list, not_retired, pairs};
+use crate::why;
 
 /// Lines of new buckets waiting shown in the text form; the rest are summed up in one line.
 const WAITING_SHOWN: usize = 32;
@@ -31,6 +32,10 @@ pub struct StatusArgs {
     /// and its groups (the default without --group).
     #[arg(long)]
     nodes: bool,
+    /// Explain why this bucket of the group is where it is: its owner and since when, its
+    /// last moves and how each ended, and what the policy makes the members do next.
+    #[arg(long, value_name = "BUCKET", requires = "group")]
+    why: Option<u32>,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -50,6 +55,32 @@ pub async fn run(args: StatusArgs) -> Result<(), Failure> {
     };
     let group = group_arg(group)?;
     let store = args.db.open().await?;
+    if let Some(bucket) = args.why {
+        let bucket = Bucket(bucket);
+        // The history first: it checks the bucket against the group's count.
+        let history = store.history(&group, bucket).await.map_err(|e| match e {
+            StoreError::BucketOutOfRange { shard_count, .. } => Failure::Usage(format!(
+                "--why: group {:?} has buckets 0 to {}, not {bucket}",
+                group.as_str(),
+                shard_count.get() - 1
+            )),
+            other => store_failure(other),
+        })?;
+        let snap = store.snapshot(&group).await.map_err(store_failure)?;
+        let Some(why) = why::explain(&snap, bucket, &history) else {
+            return Err(Failure::Runtime(format!(
+                "bucket {bucket} is not in {} any more (its count changed to {} meanwhile)",
+                group.as_str(),
+                snap.shard_count
+            )));
+        };
+        if args.json {
+            output::line(why::json(&snap, bucket, &history, &why))?;
+        } else {
+            output::text(why.text())?;
+        }
+        return Ok(());
+    }
     let snap = store.snapshot(&group).await.map_err(store_failure)?;
     if args.json {
         output::line(status_json(&snap))?;
