@@ -337,6 +337,13 @@ const NEEDS: &[Need] = &[
         monitor: &["SELECT"],
         fencing: &[],
     },
+    // Releases judge their member's mode with it, to say how a tenure ended (T2).
+    Need {
+        on: Object::Function("lease.mode_of(text, uuid)"),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
     // The fencing check (SECURITY DEFINER: EXECUTE is all a caller needs);
     // PgLeaseStore::is_current calls it.
     Need {

@@ -307,6 +307,10 @@ pub(crate) struct JoinRow {
 /// - After a failover (`epoch`): nothing is taken while the server's timeline is unrecorded or
 ///   was first seen less than the longest ttl of the group's members' nodes ago, and every
 ///   token is raised to at least the timeline's floor.
+/// - History (T1-T3, migration 9): `won` raises each bucket's tenure counter, and `begun`
+///   writes the new tenure into its ring slot (`lease.tenures`, slot = counter % 8); a bucket
+///   an orphaned walk took first ends its dead session's open tenure as expired at the
+///   claim's time (`expired`). Both ride the bucket rows the walks locked.
 pub(crate) const CLAIM: &str = r#"
 WITH RECURSIVE me AS (
     SELECT n.session_id, n.expires_at, n.heartbeat_at
@@ -408,7 +412,7 @@ WITH RECURSIVE me AS (
        AND NOT EXISTS (SELECT 1 FROM old_owned o WHERE o.bucket NOT IN (SELECT bucket FROM old_dead))
 ), sticky_unowned_up AS (
     -- C9 first: the unowned buckets this node last held (released or left), then below.
-    SELECT s.bucket FROM lease.shards s, start
+    SELECT s.bucket, false AS orphaned FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.last_node = $2
        AND s.bucket >= start.b
        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
@@ -418,7 +422,7 @@ WITH RECURSIVE me AS (
      LIMIT $3
        FOR UPDATE OF s SKIP LOCKED
 ), sticky_orphaned_up AS (
-    SELECT o.bucket
+    SELECT o.bucket, true AS orphaned
       FROM dead d, start,
            LATERAL (SELECT s.bucket FROM lease.shards s
                      WHERE s.group_name = $1 AND s.owner_session = d.owner_session
@@ -429,9 +433,10 @@ WITH RECURSIVE me AS (
                        FOR UPDATE OF s SKIP LOCKED) AS o
      WHERE d.sticky
 ), sticky_up AS (
-    SELECT bucket FROM sticky_unowned_up UNION ALL SELECT bucket FROM sticky_orphaned_up
+    SELECT bucket, orphaned FROM sticky_unowned_up
+    UNION ALL SELECT bucket, orphaned FROM sticky_orphaned_up
 ), sticky_unowned_down AS (
-    SELECT s.bucket FROM lease.shards s, start
+    SELECT s.bucket, false AS orphaned FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.last_node = $2
        AND s.bucket < start.b
        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
@@ -441,7 +446,7 @@ WITH RECURSIVE me AS (
      LIMIT greatest($3 - (SELECT count(*) FROM sticky_up), 0)
        FOR UPDATE OF s SKIP LOCKED
 ), sticky_orphaned_down AS (
-    SELECT o.bucket
+    SELECT o.bucket, true AS orphaned
       FROM dead d, start,
            LATERAL (SELECT s.bucket FROM lease.shards s
                      WHERE s.group_name = $1 AND s.owner_session = d.owner_session
@@ -452,11 +457,11 @@ WITH RECURSIVE me AS (
                        FOR UPDATE OF s SKIP LOCKED) AS o
      WHERE d.sticky
 ), sticky AS (
-    SELECT bucket FROM sticky_up
-    UNION ALL SELECT bucket FROM sticky_unowned_down
-    UNION ALL SELECT bucket FROM sticky_orphaned_down
+    SELECT bucket, orphaned FROM sticky_up
+    UNION ALL SELECT bucket, orphaned FROM sticky_unowned_down
+    UNION ALL SELECT bucket, orphaned FROM sticky_orphaned_down
 ), unowned_up AS (
-    SELECT s.bucket FROM lease.shards s, start
+    SELECT s.bucket, false AS orphaned FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket >= start.b
        AND s.last_node IS DISTINCT FROM $2
        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
@@ -466,7 +471,7 @@ WITH RECURSIVE me AS (
      LIMIT greatest($3 - (SELECT count(*) FROM sticky), 0)
        FOR UPDATE OF s SKIP LOCKED
 ), orphaned_up AS (
-    SELECT o.bucket
+    SELECT o.bucket, true AS orphaned
       FROM dead d, start,
            LATERAL (SELECT s.bucket FROM lease.shards s
                      WHERE s.group_name = $1 AND s.owner_session = d.owner_session
@@ -477,9 +482,9 @@ WITH RECURSIVE me AS (
                        FOR UPDATE OF s SKIP LOCKED) AS o
      WHERE NOT d.sticky
 ), up AS (
-    SELECT bucket FROM unowned_up UNION ALL SELECT bucket FROM orphaned_up
+    SELECT bucket, orphaned FROM unowned_up UNION ALL SELECT bucket, orphaned FROM orphaned_up
 ), unowned_down AS (
-    SELECT s.bucket FROM lease.shards s, start
+    SELECT s.bucket, false AS orphaned FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket < start.b
        AND s.last_node IS DISTINCT FROM $2
        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
@@ -489,7 +494,7 @@ WITH RECURSIVE me AS (
      LIMIT greatest($3 - (SELECT count(*) FROM sticky) - (SELECT count(*) FROM up), 0)
        FOR UPDATE OF s SKIP LOCKED
 ), orphaned_down AS (
-    SELECT o.bucket
+    SELECT o.bucket, true AS orphaned
       FROM dead d, start,
            LATERAL (SELECT s.bucket FROM lease.shards s
                      WHERE s.group_name = $1 AND s.owner_session = d.owner_session
@@ -501,20 +506,40 @@ WITH RECURSIVE me AS (
                        FOR UPDATE OF s SKIP LOCKED) AS o
      WHERE NOT d.sticky
 ), picked AS (
-    SELECT c.bucket
-      FROM (SELECT bucket, true AS sticky FROM sticky
-            UNION ALL SELECT bucket, false FROM up
-            UNION ALL SELECT bucket, false FROM unowned_down
-            UNION ALL SELECT bucket, false FROM orphaned_down) AS c, start
+    SELECT c.bucket, c.orphaned
+      FROM (SELECT bucket, orphaned, true AS sticky FROM sticky
+            UNION ALL SELECT bucket, orphaned, false FROM up
+            UNION ALL SELECT bucket, orphaned, false FROM unowned_down
+            UNION ALL SELECT bucket, orphaned, false FROM orphaned_down) AS c, start
      ORDER BY c.sticky DESC, c.bucket < start.b, c.bucket
      LIMIT $3
 ), won AS (
     UPDATE lease.shards s
        SET owner_node = $2, owner_session = mine.session_id, last_node = $2,
-           token = greatest(s.token + 1, epoch.floor), updated_at = mine.t
+           token = greatest(s.token + 1, epoch.floor), updated_at = mine.t,
+           tenures = s.tenures + 1
       FROM picked, mine, epoch
      WHERE s.group_name = $1 AND s.bucket = picked.bucket
-    RETURNING s.bucket, s.token
+    RETURNING s.bucket, s.token, s.tenures, picked.orphaned
+), expired AS (
+    -- T2: a bucket taken from a session that is not live (an orphaned walk's): that session's
+    -- tenure, the bucket's last (seq one below the new one), ends as expired at the claim's
+    -- time, if it is open. No other statement writes the bucket's tenures meanwhile: every
+    -- writer holds the bucket row, which this claim holds from its walk to its commit.
+    UPDATE lease.tenures t SET ended_at = mine.t, reason = 'expired'
+      FROM won, mine
+     WHERE won.orphaned AND t.group_name = $1 AND t.bucket = won.bucket
+       AND t.slot = (won.tenures - 1) % 8 AND t.seq = won.tenures - 1 AND t.ended_at IS NULL
+), begun AS (
+    -- T1, T3: the claim begins a tenure in its ring slot, replacing the tenure 8 before it.
+    -- Its number is the bucket row's counter as this claim's UPDATE left it: the row's latest
+    -- version (Postgres re-reads a row changed since the snapshot before updating it), so a
+    -- tenure begun and ended after this statement's snapshot keeps its slot.
+    INSERT INTO lease.tenures AS t (group_name, bucket, slot, seq, token, owner_node, began_at)
+    SELECT $1, won.bucket, won.tenures % 8, won.tenures, won.token, $2, mine.t FROM won, mine
+    ON CONFLICT (group_name, bucket, slot) DO UPDATE
+       SET seq = excluded.seq, token = excluded.token, owner_node = excluded.owner_node,
+           began_at = excluded.began_at, ended_at = NULL, reason = NULL
 ), counted AS (
     UPDATE lease.members m SET owned = m.owned + (SELECT count(*) FROM won)
      WHERE m.group_name = $1 AND m.node_id = $2 AND EXISTS (SELECT 1 FROM won)
@@ -552,7 +577,9 @@ pub(crate) struct ClaimRow {
 /// client time, `$5` session. No row: no such group. Releasing an old bucket clears its owner
 /// in `lease.draining_shards` (retiring it) and leaves the member's `owned` (new generation
 /// only) alone. Locks as CLAIM does; a release that released something moves the group's
-/// change counter.
+/// change counter. Each bucket of the current generation it releases ends its tenure (T2:
+/// `ended`), quarantined, drained or released; the owner's mode is read by `lease.mode_of`
+/// once the member row is locked, the quarantine from the bucket row it updates.
 pub(crate) const RELEASE: &str = r#"
 WITH grp AS (
     SELECT g.shard_count,
@@ -577,21 +604,44 @@ WITH grp AS (
        AND (SELECT COALESCE(max_bucket, -1) FROM req) < (SELECT range FROM grp)
        FOR SHARE OF n FOR UPDATE OF m
 ), mine AS (
-    -- Liveness again once the row is locked (see CLAIM).
-    SELECT session_id FROM me WHERE expires_at > COALESCE($4, clock_timestamp())
+    -- Liveness again once the row is locked (see CLAIM), at the instant the statement uses
+    -- throughout.
+    SELECT me.session_id, c.t
+      FROM me, (SELECT COALESCE($4, clock_timestamp()) AS t) AS c
+     WHERE me.expires_at > c.t
 ), freed AS (
     -- Rows another transaction holds (an application's fencing check) are skipped, not
     -- waited for: waiting could deadlock with that transaction's next check, and the caller
     -- retries what was not released.
     UPDATE lease.shards s
-       SET owner_node = NULL, owner_session = NULL,
-           updated_at = COALESCE($4, clock_timestamp())
+       SET owner_node = NULL, owner_session = NULL, updated_at = mine.t
+      FROM mine
      WHERE s.group_name = $1
        AND s.bucket IN (SELECT x.bucket FROM lease.shards x, mine
                          WHERE x.group_name = $1 AND x.owner_session = mine.session_id
                            AND x.bucket = ANY ($3::bigint[])
                            FOR UPDATE OF x SKIP LOCKED)
-    RETURNING s.bucket
+    RETURNING s.bucket, s.tenures, s.quarantined_until > mine.t AS quarantined
+), mode AS (
+    -- T2: the owner's mode, judged on the latest committed state now that its member row is
+    -- locked (lease.mode_of, a fresh snapshot), as a claim judges it (C11): a control of the
+    -- member share-locks that row, so a drain this release waited for is seen, and one that
+    -- waits for this release is not. Only when something was released.
+    SELECT lease.mode_of($1, $2) AS mode FROM mine WHERE EXISTS (SELECT 1 FROM freed)
+), ended AS (
+    -- T2: each released bucket's tenure, the bucket's last, ends at the release's time:
+    -- quarantined if the bucket is under quarantine then (judged on the row `freed` updated,
+    -- its latest version, which lease.quarantine writes: a quarantine committed after this
+    -- statement's snapshot counts), else drained if the owner is draining, else released.
+    -- The draining generation's buckets record nothing (T4).
+    UPDATE lease.tenures t
+       SET ended_at = mine.t,
+           reason = CASE WHEN f.quarantined THEN 'quarantined'
+                         WHEN mode.mode = 'draining' THEN 'drained'
+                         ELSE 'released' END
+      FROM freed f, mine, mode
+     WHERE t.group_name = $1 AND t.bucket = f.bucket AND t.slot = f.tenures % 8
+       AND t.seq = f.tenures AND t.ended_at IS NULL
 ), freed_old AS (
     UPDATE lease.draining_shards d
        SET owner_node = NULL, owner_session = NULL
@@ -629,10 +679,11 @@ pub(crate) struct ReleaseRow {
     pub buckets: Vec<i32>,
 }
 
-/// Leave a group: `lease.leave` (migration 7) deletes node `$2`'s member row of group `$1` if
-/// `$3` is its node's session (any session when `$3` is null), releases the buckets of the
-/// group its live session holds, and deletes the node's row if it is a member of no group any
-/// more (L1-L4). `$4` client time. A null `buckets`: no such group.
+/// Leave a group: `lease.leave` (migration 7; migration 9 ends tenures) deletes node `$2`'s
+/// member row of group `$1` if `$3` is its node's session (any session when `$3` is null),
+/// releases the buckets of the group its live session holds, ending each one's tenure as left
+/// (evicted when `$3` is null: T2), and deletes the node's row if it is a member of no group
+/// any more (L1-L4). `$4` client time. A null `buckets`: no such group.
 pub(crate) const LEAVE: &str = "SELECT lease.leave($1, $2, $3, $4) AS buckets";
 
 /// Row of [`LEAVE`].
@@ -879,12 +930,19 @@ INSERT INTO lease.draining_shards (group_name, bucket, owner_node, owner_session
 SELECT $1, m.bucket, m.owner_node, m.owner_session, m.token FROM moved m
 "#;
 
-/// [`resize`](lease_core::LeaseStore::resize), last statement: open `$3` unowned rows, each
-/// starting at the highest token of its parents (Z4: the old buckets congruent to it mod
-/// gcd), bump the generation, zero the members' loads (they count the new generation) and
-/// wake the group. `$1` group, `$2` from, `$3` to, `$4` client time.
+/// [`resize`](lease_core::LeaseStore::resize), last statement: delete the group's tenures
+/// (T4), open `$3` unowned rows, each starting at the highest token of its parents (Z4: the
+/// old buckets congruent to it mod gcd) and at tenure 0, bump the generation, zero the
+/// members' loads (they count the new generation) and wake the group. `$1` group, `$2` from,
+/// `$3` to, `$4` client time.
 pub(crate) const RESIZE_OPEN: &str = r#"
-WITH classes AS (
+WITH cleared AS (
+    -- T4: the new generation starts with no history. In a statement after RESIZE_MOVE, whose
+    -- snapshot is taken once the move has waited for every claim, release and leave holding a
+    -- bucket row: the tenures they wrote are all seen here, and none is written after it (the
+    -- moved rows stay locked to this commit, the new ones are not visible before it).
+    DELETE FROM lease.tenures t WHERE t.group_name = $1
+), classes AS (
     SELECT d.bucket % gcd($2::integer, $3::integer) AS r, max(d.token) AS token
       FROM lease.draining_shards d WHERE d.group_name = $1 GROUP BY 1
 ), opened AS (

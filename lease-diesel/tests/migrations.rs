@@ -1280,7 +1280,7 @@ const DOWNS: &[(&str, &str)] = &[
 /// The objects each of [`DOWNS`]' migrations added, as the privilege list names them: the
 /// previous release's grants are today's without them.
 const ADDED: &[(&str, &[&str])] = &[
-    ("20261207000009", &["lease.tenures"]),
+    ("20261207000009", &["lease.tenures", "lease.mode_of("]),
     (
         "20261206000008",
         &[
@@ -1578,6 +1578,196 @@ async fn migration_8_keeps_the_rows_and_the_roles_of_the_previous_release() {
         .await
         .expect("the next process's heartbeat as the old worker role");
     assert_eq!((next.session, next.new_session), (beat.session, false));
+    for (name, kind) in [
+        (&worker_name, RoleKind::Worker),
+        (&monitor_name, RoleKind::Monitor),
+    ] {
+        let missing = owner
+            .missing_privileges(name, kind)
+            .await
+            .expect("checking the role");
+        assert!(missing.is_empty(), "{kind} role {name} lacks {missing:?}");
+    }
+}
+
+/// Migration 9 (a bucket's history), additive: it keeps every row and gives each owned bucket
+/// its current tenure (its owner and token, begun at the bucket row's `updated_at`, which the
+/// claim that took it wrote), none to a bucket released before it; its `down.sql` undoes it;
+/// and roles set up by the previous release's `leasectl grant` run the new release: a worker
+/// role's claims, releases and leaves (an eviction too) begin and end tenures (the migration
+/// grants it the table and `lease.mode_of`; `lease.leave` keeps its grant), a monitor role
+/// reads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_9_gives_owned_buckets_their_tenure_and_keeps_the_roles() {
+    use lease_core::EndReason::{Evicted, Left, Released};
+    #[derive(QueryableByName)]
+    struct Claimed {
+        #[diesel(sql_type = Integer)]
+        bucket: i32,
+        #[diesel(sql_type = Timestamptz)]
+        updated_at: Timestamp,
+    }
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    let owner = store(&db.url);
+    let g = GroupName::new("remembered").expect("name");
+    owner
+        .ensure_group(&g, ShardCount::new(4).expect("count"))
+        .await
+        .expect("ensure_group");
+    let ttl = Ttl::from_secs(30).expect("ttl");
+    let held = support::worker();
+    let beat = support::beat(&owner, &g, held, ttl, &MemberMetadata::empty())
+        .await
+        .expect("a member");
+    let won = owner
+        .claim(&g, held, beat.session, 3, Takeover::Allowed)
+        .await
+        .expect("claim");
+    assert_eq!(won.len(), 3);
+    let gone = won[2].bucket;
+    assert_eq!(
+        owner
+            .release(&g, held, beat.session, &[gone])
+            .await
+            .expect("release"),
+        [gone]
+    );
+    let claimed: Vec<Claimed> = diesel::sql_query(
+        "SELECT bucket, updated_at FROM lease.shards
+          WHERE group_name = 'remembered' AND owner_node IS NOT NULL ORDER BY bucket",
+    )
+    .load(&mut admin)
+    .await
+    .expect("the owned buckets");
+    assert_eq!(claimed.len(), 2);
+
+    // The previous release's schema, and its roles.
+    undo_through(&mut admin, "20261207000009").await;
+    assert!(
+        flag(
+            &mut admin,
+            "SELECT to_regclass('lease.tenures') IS NULL
+                    AND to_regprocedure('lease.mode_of(text, uuid)') IS NULL
+                    AND NOT EXISTS (SELECT 1 FROM information_schema.columns
+                                     WHERE table_schema = 'lease' AND table_name = 'shards'
+                                       AND column_name = 'tenures')
+                    AS yes"
+        )
+        .await,
+        "migration 9 is not undone: the test would prove nothing"
+    );
+    let worker_role = make_role(&mut admin, &db.name, "m9wkr", "").await;
+    let monitor_role = make_role(&mut admin, &db.name, "m9mon", "").await;
+    let (worker_name, monitor_name) = (
+        RoleName::new(&worker_role).expect("a role name"),
+        RoleName::new(&monitor_role).expect("a role name"),
+    );
+    let mut previous = grants_before(RoleKind::Worker, &worker_name, "20261207000009");
+    previous.extend(grants_before(
+        RoleKind::Monitor,
+        &monitor_name,
+        "20261207000009",
+    ));
+    exec(&mut admin, &previous.join("\n")).await;
+
+    assert_eq!(
+        owner.migrate().await.expect("migrate"),
+        ["20261207000009"],
+        "only migration 9 was missing"
+    );
+    exec(&mut admin, REVOKE_PUBLIC_DEFAULTS).await;
+    let monitor = store(&url_as(&db.url, &monitor_role));
+    let history = async |bucket: Bucket| {
+        monitor
+            .history(&g, bucket)
+            .await
+            .expect("history as the old monitor role")
+            .iter()
+            .map(|t| (t.owner, t.token, t.began_at, t.ended.map(|e| e.reason)))
+            .collect::<Vec<_>>()
+    };
+    for (lease, row) in won.iter().zip(&claimed) {
+        assert_eq!(lease.bucket.0 as i32, row.bucket);
+        assert_eq!(
+            history(lease.bucket).await,
+            [(held, lease.token, row.updated_at, None)],
+            "owned bucket {}",
+            row.bucket
+        );
+    }
+    assert_eq!(
+        history(gone).await,
+        [],
+        "a bucket released before the migration"
+    );
+    let snap = owner.snapshot(&g).await.expect("snapshot");
+    assert_eq!(
+        snap.live_leases()
+            .iter()
+            .map(|l| (l.bucket, l.owner, l.token))
+            .collect::<Vec<_>>(),
+        won[..2]
+            .iter()
+            .map(|l| (l.bucket, l.owner, l.token))
+            .collect::<Vec<_>>(),
+        "the migration moved a bucket"
+    );
+
+    // The old worker role: a new node claims what is free, releases one, leaves; the first
+    // node is evicted.
+    let worker = store(&url_as(&db.url, &worker_role));
+    let me = WorkerId::new();
+    let beat = support::beat(&worker, &g, me, ttl, &MemberMetadata::empty())
+        .await
+        .expect("a heartbeat as the old worker role");
+    let mine = worker
+        .claim(&g, me, beat.session, 4, Takeover::Allowed)
+        .await
+        .expect("a claim as the old worker role");
+    assert_eq!(mine.len(), 2, "the two free buckets");
+    assert_eq!(
+        worker
+            .release(&g, me, beat.session, &[mine[0].bucket])
+            .await
+            .expect("a release as the old worker role"),
+        [mine[0].bucket]
+    );
+    assert_eq!(
+        worker
+            .leave(&g, me, Some(beat.session))
+            .await
+            .expect("a leave as the old worker role"),
+        [mine[1].bucket]
+    );
+    assert_eq!(
+        worker
+            .leave(&g, held, None)
+            .await
+            .expect("an eviction as the old worker role")
+            .len(),
+        2
+    );
+    let ended = |h: Vec<(WorkerId, FencingToken, Timestamp, _)>| {
+        h.into_iter()
+            .map(|(w, t, _, e)| (w, t, e))
+            .collect::<Vec<_>>()
+    };
+    for l in &won[..2] {
+        assert_eq!(
+            ended(history(l.bucket).await),
+            [(held, l.token, Some(Evicted))]
+        );
+    }
+    let reasons = [Released, Left];
+    for (l, reason) in mine.iter().zip(reasons) {
+        assert_eq!(
+            ended(history(l.bucket).await),
+            [(me, l.token, Some(reason))],
+            "bucket {}",
+            l.bucket.0
+        );
+    }
     for (name, kind) in [
         (&worker_name, RoleKind::Worker),
         (&monitor_name, RoleKind::Monitor),

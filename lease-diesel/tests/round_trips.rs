@@ -243,6 +243,7 @@ async fn steady_heartbeat_in(groups: usize) {
         "server_epochs",
         "member_controls",
         "quarantines",
+        "tenures",
     ] {
         rows.push((table, written(&mut admin, table, xid).await));
     }
@@ -257,7 +258,8 @@ async fn steady_heartbeat_in(groups: usize) {
             ("draining_shards", 0),
             ("server_epochs", 0),
             ("member_controls", 0),
-            ("quarantines", 0)
+            ("quarantines", 0),
+            ("tenures", 0)
         ],
         "rows written by one steady heartbeat in {groups} group(s)"
     );
@@ -406,6 +408,9 @@ async fn every_operation_is_one_statement() {
         let after_leave = snapshot(&counts);
         store.nodes().await.expect("nodes");
         let after_nodes = snapshot(&counts);
+        let history = store.history(&group, won[0].bucket).await.expect("history");
+        assert_eq!(history.len(), round + 1, "a tenure per round");
+        let after_history = snapshot(&counts);
         if round == 0 {
             // Statements are cached: the first use on a connection prepares them (an uncached
             // statement would be re-parsed on every call and never reported here).
@@ -427,7 +432,8 @@ async fn every_operation_is_one_statement() {
             assert_eq!(after_release.0 - after_claim.0, 1, "release statements");
             assert_eq!(after_leave.0 - after_release.0, 1, "leave statements");
             assert_eq!(after_nodes.0 - after_leave.0, 1, "nodes statements");
-            assert_eq!(after_nodes.1 - before.1, 0, "statements prepared again");
+            assert_eq!(after_history.0 - after_nodes.0, 1, "history statements");
+            assert_eq!(after_history.1 - before.1, 0, "statements prepared again");
         }
     }
 }

@@ -55,8 +55,94 @@ SELECT s.group_name, s.bucket, 1, 1, s.token, s.owner_node, s.updated_at
  WHERE s.owner_node IS NOT NULL;
 UPDATE lease.shards s SET tenures = 1 WHERE s.owner_node IS NOT NULL;
 
+-- T2: the mode of node p_node in group p_group (K1: active without a control row), decided on
+-- the latest committed state (VOLATILE plpgsql: a fresh snapshot), never on the caller's
+-- statement snapshot: a release calls it once it holds its member row, which lease.control
+-- share-locks, so a drain committed while the release waited for the row is seen (as
+-- lease.may_claim does for claims).
+CREATE FUNCTION lease.mode_of(p_group text, p_node uuid) RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+DECLARE
+    v_mode text;
+BEGIN
+    SELECT k.mode INTO v_mode FROM lease.member_controls k
+     WHERE k.group_name = p_group AND k.node_id = p_node;
+    RETURN COALESCE(v_mode, 'active');
+END
+$$;
+
+-- As migration 7 made it, and T2: each bucket the leave releases ends its tenure, at the
+-- leave's time, as left, or evicted when the leave names no session (an operator's). The
+-- tenures ride the bucket rows the leave updates (a row another transaction holds is skipped,
+-- its tenure left open: it ends as expired when a claim takes the bucket). CREATE OR REPLACE
+-- keeps the grants.
+CREATE OR REPLACE FUNCTION lease.leave(p_group text, p_node uuid, p_session uuid, p_at timestamptz)
+    RETURNS integer[]
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+DECLARE
+    v_session uuid;
+    v_expires timestamptz;
+    v_now     timestamptz;
+    v_freed   integer[] := '{}';
+BEGIN
+    PERFORM 1 FROM lease.groups g WHERE g.name = p_group;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT n.session_id, n.expires_at INTO v_session, v_expires
+      FROM lease.nodes n WHERE n.node_id = p_node
+       FOR UPDATE;
+    IF NOT FOUND OR v_session <> COALESCE(p_session, v_session) THEN
+        RETURN v_freed;
+    END IF;
+    DELETE FROM lease.members m WHERE m.group_name = p_group AND m.node_id = p_node;
+    IF NOT FOUND THEN
+        RETURN v_freed;
+    END IF;
+    v_now := COALESCE(p_at, clock_timestamp());
+    IF v_expires > v_now THEN
+        WITH freed AS (
+            UPDATE lease.shards s
+               SET owner_node = NULL, owner_session = NULL, updated_at = v_now
+             WHERE s.group_name = p_group
+               AND s.bucket IN (SELECT x.bucket FROM lease.shards x
+                                 WHERE x.group_name = p_group AND x.owner_session = v_session
+                                   FOR UPDATE OF x SKIP LOCKED)
+            RETURNING s.bucket, s.tenures
+        ), ended AS (
+            UPDATE lease.tenures t
+               SET ended_at = v_now,
+                   reason = CASE WHEN p_session IS NULL THEN 'evicted' ELSE 'left' END
+              FROM freed f
+             WHERE t.group_name = p_group AND t.bucket = f.bucket AND t.slot = f.tenures % 8
+               AND t.seq = f.tenures AND t.ended_at IS NULL
+        ), freed_old AS (
+            UPDATE lease.draining_shards d
+               SET owner_node = NULL, owner_session = NULL
+             WHERE d.group_name = p_group
+               AND d.bucket IN (SELECT x.bucket FROM lease.draining_shards x
+                                 WHERE x.group_name = p_group AND x.owner_session = v_session
+                                   FOR UPDATE OF x SKIP LOCKED)
+            RETURNING d.bucket
+        )
+        SELECT ARRAY(SELECT bucket FROM freed UNION ALL SELECT bucket FROM freed_old
+                     ORDER BY bucket)
+          INTO v_freed;
+    END IF;
+    UPDATE lease.group_changes c SET version = c.version + 1 WHERE c.group_name = p_group;
+    PERFORM pg_notify(lease.channel(p_group), 'L' || p_node::text);
+    DELETE FROM lease.nodes n
+     WHERE n.node_id = p_node
+       AND NOT EXISTS (SELECT 1 FROM lease.members m WHERE m.node_id = p_node);
+    RETURN v_freed;
+END
+$$;
+
 -- Roles that ran workers under the previous release (those that could update lease.shards)
--- write the tenures their claims, releases and leaves end and begin; roles that could read
+-- write the tenures their claims, releases and leaves begin and end (lease.leave, which they
+-- call, writes them too, and releases judge the mode with lease.mode_of); roles that could read
 -- lease.shards (monitors: `leasectl status --why`) read them. The roles `leasectl grant` set
 -- up keep working (lease_diesel::privileges lists the same).
 DO $$
@@ -75,6 +161,8 @@ BEGIN
     LOOP
         IF r.privilege_type = 'UPDATE' THEN
             EXECUTE format('GRANT SELECT, INSERT, UPDATE ON lease.tenures TO %s', r.role_name);
+            EXECUTE format('GRANT EXECUTE ON FUNCTION lease.mode_of(text, uuid) TO %s',
+                           r.role_name);
         ELSE
             EXECUTE format('GRANT SELECT ON lease.tenures TO %s', r.role_name);
         END IF;
