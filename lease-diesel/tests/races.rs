@@ -2306,3 +2306,335 @@ async fn a_successor_waiting_for_a_hand_over_takes_the_session_over() {
     assert!(!info.handed_over && info.live, "{info:?}");
     assert_sole_owner(&s, s.a).await;
 }
+
+// ---- a bucket's history (T1-T5, migration 9) ------------------------------------------------
+
+/// Each tenure of `bucket` as (owner, token, how it ended).
+async fn tenures(
+    conn: &mut AsyncPgConnection,
+    group: &GroupName,
+    bucket: Bucket,
+) -> Vec<(WorkerId, i64, Option<lease_core::EndReason>)> {
+    ops::history(conn, group, bucket)
+        .await
+        .expect("history")
+        .iter()
+        .map(|t| (t.owner, t.token.0, t.ended.map(|e| e.reason)))
+        .collect()
+}
+
+/// T4 against a claim in flight: a resize clears the tenure a claim began while the resize
+/// waited for that claim's bucket row. The resize deletes the group's tenures in a statement
+/// after the one that moves the bucket rows (RESIZE_OPEN), whose snapshot is taken once the
+/// move has waited for every transaction holding a bucket row, so it sees the tenures they
+/// wrote. Measured with the delete before the move (in RESIZE_DROP_OLD, whose snapshot lacks
+/// the claim's uncommitted insert): the new generation's bucket 1 showed a's open tenure
+/// (token 1) of the old bucket 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_clears_the_tenure_a_concurrent_claim_began() {
+    let (url, group, [(a, a_beat), _]) = two_members(2, long()).await;
+    let mut admin = connect(&url).await;
+    let mut claimer = connect(&url).await;
+    let mut resizer = connect(&url).await;
+    let (claimer_pid, resizer_pid) = (
+        backend_pid(&mut claimer).await,
+        backend_pid(&mut resizer).await,
+    );
+
+    exec(&mut claimer, "BEGIN").await;
+    let won = ops::claim(
+        &mut claimer,
+        None,
+        &group,
+        a,
+        a_beat.session,
+        1,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("a claims");
+    assert_eq!(won.len(), 1);
+    let resize = {
+        let group = group.clone();
+        tokio::spawn(
+            async move { ops::resize(&mut resizer, None, &group, count(2), count(4)).await },
+        )
+    };
+    wait_blocked_by(&mut admin, resizer_pid, claimer_pid).await;
+    exec(&mut claimer, "COMMIT").await;
+    resize
+        .await
+        .expect("the resize task")
+        .expect("the resize succeeds");
+    for b in 0..4 {
+        assert_eq!(
+            tenures(&mut admin, &group, Bucket(b)).await,
+            [],
+            "bucket {b} of the new generation shows a tenure of the old one (a claimed old \
+             bucket {})",
+            won[0].bucket.0
+        );
+    }
+}
+
+/// T1, T3 against a claim's snapshot: a claim numbers its tenure from the bucket row's
+/// counter as its UPDATE leaves it, the row's latest version, so a tenure begun and ended
+/// after the claim's snapshot (here while the claim waits for its own member row) keeps its
+/// ring slot. Measured with the number read in the claim's snapshot (a lateral read of the
+/// bucket row's counter, 0, before a's tenure): b's tenure (token 2) took a's slot, and bucket
+/// 0's history lost a's released tenure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_numbers_its_tenure_after_one_begun_since_its_snapshot() {
+    use lease_core::EndReason::Released;
+    let (url, group, [(a, a_beat), (b, b_beat)]) = two_members(SHARDS, long()).await;
+    let mut admin = connect(&url).await;
+    let mut gate = connect(&url).await;
+    let mut claimer = connect(&url).await;
+    let pid = backend_pid(&mut claimer).await;
+
+    // Hold b's member row, so b's claim takes its snapshot and then waits for the row lock.
+    exec(
+        &mut gate,
+        &format!("BEGIN; SELECT 1 FROM lease.members WHERE node_id = '{b}' FOR UPDATE"),
+    )
+    .await;
+    let claim = {
+        let group = group.clone();
+        tokio::spawn(async move {
+            ops::claim(
+                &mut claimer,
+                None,
+                &group,
+                b,
+                b_beat.session,
+                SHARDS,
+                Takeover::Allowed,
+            )
+            .await
+            .expect("b's claim")
+        })
+    };
+    wait_blocked_on_lock(&mut admin, pid).await;
+    // Meanwhile a holds every bucket and gives them back: one tenure each, ended.
+    let every: Vec<Bucket> = (0..SHARDS).map(Bucket).collect();
+    let won = ops::claim(
+        &mut admin,
+        None,
+        &group,
+        a,
+        a_beat.session,
+        SHARDS,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("a claims");
+    assert_eq!(won.len(), SHARDS as usize);
+    let released = ops::release(&mut admin, None, &group, a, a_beat.session, &every)
+        .await
+        .expect("a releases");
+    assert_eq!(released, every);
+    exec(&mut gate, "COMMIT").await;
+    let taken = claim.await.expect("the claim task");
+    assert_eq!(taken.len(), SHARDS as usize, "b takes every bucket");
+    for bucket in every {
+        assert_eq!(
+            tenures(&mut admin, &group, bucket).await,
+            [(a, 1, Some(Released)), (b, 2, None)],
+            "bucket {}",
+            bucket.0
+        );
+    }
+}
+
+/// T2 and a drain of the releasing member: a release judges its owner's mode once it holds
+/// its member row, on the latest committed state (`lease.mode_of`); `lease.control` share-locks
+/// that row, so a release that waited for a drain's transaction ends its tenures as drained.
+/// Measured with the mode read in the release's snapshot (the control row, inserted after it,
+/// missing): the tenures ended as released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_waiting_for_a_drain_ends_its_tenures_as_drained() {
+    let (url, group, [_, (b, b_beat)]) = two_members(SHARDS, long()).await;
+    let mut admin = connect(&url).await;
+    let mut operator = connect(&url).await;
+    let mut releaser = connect(&url).await;
+    let (operator_pid, releaser_pid) = (
+        backend_pid(&mut operator).await,
+        backend_pid(&mut releaser).await,
+    );
+    let won = ops::claim(
+        &mut admin,
+        None,
+        &group,
+        b,
+        b_beat.session,
+        2,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("b claims");
+    let held: Vec<Bucket> = won.iter().map(|l| l.bucket).collect();
+
+    // A drain in flight; b's release waits for it.
+    exec(&mut operator, "BEGIN").await;
+    assert!(
+        ops::control(
+            &mut operator,
+            &group,
+            b,
+            mode(lease_core::MemberMode::Draining)
+        )
+        .await
+        .expect("drain")
+    );
+    let release = {
+        let (group, held) = (group.clone(), held.clone());
+        tokio::spawn(async move {
+            ops::release(&mut releaser, None, &group, b, b_beat.session, &held)
+                .await
+                .expect("b's release")
+        })
+    };
+    wait_blocked_by(&mut admin, releaser_pid, operator_pid).await;
+    exec(&mut operator, "COMMIT").await;
+    assert_eq!(release.await.expect("the release task"), held);
+    for l in &won {
+        assert_eq!(
+            tenures(&mut admin, &group, l.bucket).await,
+            [(b, l.token.0, Some(lease_core::EndReason::Drained))],
+            "bucket {}",
+            l.bucket.0
+        );
+    }
+}
+
+/// T2 against a release's snapshot: a bucket quarantined after a release's statement took its
+/// snapshot (here while the release waits for its member row) ends its tenure as
+/// quarantined. The release judges the quarantine on the bucket row it updates, whose
+/// `quarantined_until` `lease.quarantine` writes: Postgres updates the row's latest version.
+/// Measured with the quarantine looked up in `lease.quarantines` (in the release's snapshot,
+/// which lacks it): the quarantined bucket's tenure ended as released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_ends_as_quarantined_a_bucket_quarantined_after_its_snapshot() {
+    use lease_core::EndReason::{Quarantined, Released};
+    let (url, group, [_, (b, b_beat)]) = two_members(SHARDS, long()).await;
+    let mut admin = connect(&url).await;
+    let mut gate = connect(&url).await;
+    let mut releaser = connect(&url).await;
+    let pid = backend_pid(&mut releaser).await;
+    let won = ops::claim(
+        &mut admin,
+        None,
+        &group,
+        b,
+        b_beat.session,
+        2,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("b claims");
+    let held: Vec<Bucket> = won.iter().map(|l| l.bucket).collect();
+
+    exec(
+        &mut gate,
+        &format!("BEGIN; SELECT 1 FROM lease.members WHERE node_id = '{b}' FOR UPDATE"),
+    )
+    .await;
+    let release = {
+        let (group, held) = (group.clone(), held.clone());
+        tokio::spawn(async move {
+            ops::release(&mut releaser, None, &group, b, b_beat.session, &held)
+                .await
+                .expect("b's release")
+        })
+    };
+    wait_blocked_on_lock(&mut admin, pid).await;
+    assert!(
+        ops::quarantine(&mut admin, None, &group, held[1], quarantine_for(60))
+            .await
+            .expect("quarantine")
+    );
+    exec(&mut gate, "COMMIT").await;
+    assert_eq!(release.await.expect("the release task"), held);
+    assert_eq!(
+        tenures(&mut admin, &group, held[0]).await,
+        [(b, won[0].token.0, Some(Released))]
+    );
+    assert_eq!(
+        tenures(&mut admin, &group, held[1]).await,
+        [(b, won[1].token.0, Some(Quarantined))],
+        "bucket {} was quarantined before the release updated its row",
+        held[1].0
+    );
+}
+
+/// A claim never waits for its group's row, which a resize locks first (RESIZE_LOCK) and holds
+/// while it waits for bucket rows (RESIZE_MOVE): lease.tenures has no foreign key to
+/// lease.groups, whose check would share-lock the group's row after the claim has locked its
+/// bucket rows. So a claim made while a resize holds the group's row commits, and the resize
+/// waits for it and then clears the tenure it began (T4). Measured with the foreign key (`ON
+/// DELETE CASCADE`): the claim waited for the group's row, the resize for the claim's bucket
+/// row, and Postgres broke the deadlock by failing the claim ("deadlock detected").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_beginning_a_tenure_never_waits_for_the_groups_row() {
+    let (url, group, [(a, a_beat), _]) = two_members(2, long()).await;
+    let mut admin = connect(&url).await;
+    let mut claimer = connect(&url).await;
+    let mut resizer = connect(&url).await;
+    let (claimer_pid, resizer_pid) = (
+        backend_pid(&mut claimer).await,
+        backend_pid(&mut resizer).await,
+    );
+    // The resize's first lock, in a transaction the resize below continues.
+    exec(
+        &mut resizer,
+        &format!("BEGIN; SELECT 1 FROM lease.groups WHERE name = '{group}' FOR UPDATE"),
+    )
+    .await;
+    exec(&mut claimer, "BEGIN").await;
+    let claim = {
+        let group = group.clone();
+        tokio::spawn(async move {
+            let won = ops::claim(
+                &mut claimer,
+                None,
+                &group,
+                a,
+                a_beat.session,
+                1,
+                Takeover::Allowed,
+            )
+            .await;
+            (won, claimer)
+        })
+    };
+    // The claim returns, or waits for a lock: then the resize below would meet it.
+    let blocked = format!("SELECT {resizer_pid} = ANY (pg_blocking_pids({claimer_pid})) AS yes");
+    for _ in 0..2_000 {
+        if claim.is_finished() || flag(&mut admin, &blocked, None).await {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let resize = {
+        let group = group.clone();
+        tokio::spawn(async move {
+            let outcome = ops::resize(&mut resizer, None, &group, count(2), count(4)).await;
+            (outcome, resizer)
+        })
+    };
+    let (won, mut claimer) = claim.await.expect("the claim task");
+    let won = won.expect("a's claim while a resize holds the group's row");
+    assert_eq!(won.len(), 1);
+    wait_blocked_by(&mut admin, resizer_pid, claimer_pid).await;
+    exec(&mut claimer, "COMMIT").await;
+    let (outcome, mut resizer) = resize.await.expect("the resize task");
+    outcome.expect("the resize after the claim");
+    exec(&mut resizer, "COMMIT").await;
+    for b in 0..4 {
+        assert_eq!(
+            tenures(&mut admin, &group, Bucket(b)).await,
+            [],
+            "bucket {b}"
+        );
+    }
+}
