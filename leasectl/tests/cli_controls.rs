@@ -1,6 +1,6 @@
 //! The operators' controls as a user runs them: `worker --weight`, `weight`, `cordon`,
 //! `drain --wait`, `uncordon`, `quarantine` and `unquarantine` on live `leasectl worker`
-//! processes, from another process, and what `status` shows of them.
+//! processes, from another process, and what `status` (and `status --why`) shows of them.
 
 mod support;
 
@@ -156,12 +156,60 @@ async fn controls_steer_live_workers_from_another_process() {
         status.contains("7/8 buckets owned, 1 quarantined"),
         "{status}"
     );
+    // The paragraph is wrapped: compare it unwrapped.
+    let why = |bucket: &str| -> String {
+        ok(&["status", "--group", "orders", "--why", bucket])
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let said = why("0");
+    for part in [
+        "Bucket 0 of orders is unowned.",
+        "released because it was under quarantine",
+        "It is under quarantine until",
+        "Next: nobody claims it before",
+    ] {
+        assert!(said.contains(part), "{part:?} not in: {said}");
+    }
     ok(&["unquarantine", "--group", "orders", "--bucket", "0"]);
     wait_for("bucket 0 owned again", limit, || {
         [&a, &b, &c]
             .iter()
             .any(|w| w.owned_in("orders").contains_key(&0))
     });
+    let next = [&a, &b, &c]
+        .into_iter()
+        .find(|w| w.owned_in("orders").contains_key(&0))
+        .and_then(|w| w.worker())
+        .expect("someone owns bucket 0")
+        .to_string();
+    let said: serde_json::Value = serde_json::from_str(&ok(&[
+        "status", "--group", "orders", "--why", "0", "--json",
+    ]))
+    .expect("one JSON object");
+    assert_eq!(said["state"], "live", "{said}");
+    assert_eq!(said["owner"], next.as_str(), "{said}");
+    let history = said["history"].as_array().expect("a history");
+    let [.., quarantined, current] = history.as_slice() else {
+        panic!("two tenures at least: {said}");
+    };
+    assert_eq!(quarantined["reason"], "quarantined", "{said}");
+    assert_eq!(
+        (&current["owner"], &current["reason"], &said["since"]),
+        (
+            &said["owner"],
+            &serde_json::Value::Null,
+            &current["began_at"]
+        ),
+        "{said}"
+    );
+    assert!(
+        said["why"]
+            .as_str()
+            .is_some_and(|w| w.contains(&format!("owned by {next} since"))),
+        "{said}"
+    );
 
     let stranger = "6f1c1b39-2e3c-4a4e-9d59-0c3f0c1b7a11";
     let (code, _, err) = run(
@@ -187,6 +235,9 @@ async fn controls_steer_live_workers_from_another_process() {
     );
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--bucket"), "{err}");
+    let (code, _, err) = run(&["status", "--group", "orders", "--why", "8"], Some(url));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--why") && err.contains("0 to 7"), "{err}");
     for mut w in [a, b, c] {
         w.signal("TERM");
         assert!(w.wait(Duration::from_secs(20)).success());
