@@ -261,7 +261,12 @@ fn next(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> String {
 
 /// Who claims the bucket next once it is claimable, by the policy's room: a clause.
 fn claimers(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> String {
-    let view = snap.view();
+    let mut view = snap.view();
+    if info.quarantined_until.is_some() {
+        // Told for when the quarantine is over: the bucket is shared again then.
+        view.quarantined = view.quarantined.saturating_sub(1);
+        view.claimable += 1;
+    }
     if view.members.is_empty() {
         return "no member is live, so the first worker to join claims it".to_owned();
     }
@@ -555,6 +560,8 @@ mod tests {
         let why = g.why(0).await;
         has(&why, "released because it was under quarantine");
         has(&why, "Next: nobody claims it before");
+        // Told for when the quarantine is over: two buckets shared again, one each.
+        has(&why, &format!("; then {b} has room for 1 more"));
         g.store
             .quarantine(&g.name, Bucket(0), None)
             .await
