@@ -458,3 +458,60 @@ pub async fn a_handed_over_session_without_successor_expires<S: LeaseStore>(
         .expect("a late successor");
     assert!(hb.new_session && hb.groups.is_empty());
 }
+
+/// K3, Q3 (and W1): a control or a quarantine that changes something reaches a feed opened
+/// before it as [`Change::Controlled`](lease_core::Change::Controlled), whoever sets it; one
+/// that changes nothing (the stored value again, lifting a bucket not under quarantine) sends
+/// nothing.
+pub async fn controls_wake_the_group<S: LeaseStore>(store: S, _clock: ManualClock) {
+    use lease_core::Change;
+    let g = setup(&store, "orders", 4).await;
+    let mut feed = store
+        .changes(&g)
+        .await
+        .expect("changes")
+        .expect("this suite expects a store with a change feed");
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    assert_eq!(
+        super::next_change(&mut feed, "join").await,
+        Change::Joined(a)
+    );
+    store.control(&g, a, weight(2)).await.expect("weight");
+    assert_eq!(
+        super::next_change(&mut feed, "weight").await,
+        Change::Controlled
+    );
+    store.control(&g, a, weight(2)).await.expect("same weight");
+    store
+        .quarantine(&g, Bucket(1), None)
+        .await
+        .expect("lift nothing");
+    store
+        .control(&g, a, mode(MemberMode::Cordoned))
+        .await
+        .expect("cordon");
+    assert_eq!(
+        super::next_change(&mut feed, "cordon").await,
+        Change::Controlled,
+        "the unchanged weight or the empty lift sent a change, or the cordon none"
+    );
+    store
+        .quarantine(&g, Bucket(1), quarantine_for(60))
+        .await
+        .expect("quarantine");
+    assert_eq!(
+        super::next_change(&mut feed, "quarantine").await,
+        Change::Controlled
+    );
+    store.quarantine(&g, Bucket(1), None).await.expect("lift");
+    assert_eq!(
+        super::next_change(&mut feed, "lift").await,
+        Change::Controlled
+    );
+    let mut extra = Vec::new();
+    while let Some(c) = feed.try_recv() {
+        extra.push(c);
+    }
+    assert!(extra.is_empty(), "unexpected changes: {extra:?}");
+}
