@@ -596,6 +596,24 @@ impl Driver {
                 "the node was evicted from the group (its buckets were released behind its \
                  back): revoking them and joining again"
             ),
+            Report::LeftUnrun {
+                group,
+                released: Ok(n),
+            } => tracing::warn!(
+                %group,
+                "left a group this node does not run (its session, taken over from the previous \
+                 process with this node id, was a member): {n} bucket(s) released for the nodes \
+                 that run it"
+            ),
+            Report::LeftUnrun {
+                group,
+                released: Err(e),
+            } => tracing::warn!(
+                %group,
+                error = %Chain(&e),
+                "could not leave a group this node does not run; trying again after the next \
+                 heartbeat"
+            ),
             Report::HandedOver { until } => tracing::info!(
                 until = %until,
                 "stopped: the session and its buckets are handed over to the next process with \

@@ -42,6 +42,8 @@
 //!   its view. A group missing from a heartbeat of the same session was left behind the
 //!   node's back (an operator evicted the node from it): its buckets are revoked
 //!   ([`RevokeReason::Lost`]) and it is joined again.
+//!   A group listed in a heartbeat that the node does not run (a session taken over from a
+//!   predecessor that ran it, HO3) is left at once ([`Report::LeftUnrun`]).
 //! - **Revoke before release.** A shed bucket is released only after its revocation was
 //!   acknowledged by the application ([`Input::Acked`]); an acknowledgement that does not come
 //!   within the configured limit makes the bucket *stuck*: reported, never released, kept out
@@ -336,6 +338,15 @@ pub enum Report {
         to: ShardCount,
         /// The group's generation now.
         generation: Generation,
+    },
+    /// The node's session is a member of a group this node does not run (it took the session
+    /// over from a predecessor that ran it): the node left it, so that the nodes running it
+    /// share its buckets. An error is retried after the next heartbeat.
+    LeftUnrun {
+        /// The group.
+        group: GroupName,
+        /// How many buckets the leave released, or why it failed.
+        released: Result<usize, StoreError>,
     },
     /// The node's session was handed over (a graceful stop with `keep_on_stop`): a successor
     /// with the same node id takes it over, with its buckets, until `until`.
@@ -654,6 +665,9 @@ pub struct Machine {
     stuck_seen: bool,
     /// A group skipped its leave for the hand-over (so there is a membership to hand over).
     leave_skipped: bool,
+    /// Groups the last heartbeat listed that the node does not run (a predecessor's, taken
+    /// over with the session): to leave.
+    unrun: Vec<GroupName>,
     /// Whether the trust deadline's revocations were queued already.
     fenced: bool,
     /// Since when the store's clock has been seen advancing with the node's own, without a
@@ -692,6 +706,7 @@ impl Machine {
             handing_over: HandingOver::No,
             stuck_seen: false,
             leave_skipped: false,
+            unrun: Vec::new(),
             fenced: false,
             steady_since: None,
             last_beat: None,
@@ -1004,10 +1019,14 @@ impl Machine {
                 }
             }
             Input::Left(group, result) => {
-                if self.take_call(Operation::Leave, Some(&group)).is_some()
-                    && let Some(i) = self.index(&group)
-                {
-                    self.on_left(i, result);
+                if self.take_call(Operation::Leave, Some(&group)).is_some() {
+                    match self.index(&group) {
+                        Some(i) => self.on_left(i, result),
+                        None => self.reports.push_back(Report::LeftUnrun {
+                            group,
+                            released: result.map(|b| b.len()),
+                        }),
+                    }
                 }
             }
             Input::Delivered(group) => {
@@ -1130,6 +1149,17 @@ impl Machine {
                 || self.busy_wake_at().is_some_and(|t| now >= t)
             {
                 return Some(self.heartbeat_call(now));
+            }
+            // A group of the session the node does not run: leave it first (checked again
+            // now, as it may have been added since the heartbeat).
+            if let Some(session) = self.session
+                && self.stopping.is_none()
+                && let Some(group) = self.unrun.pop()
+            {
+                if self.index(&group).is_none() {
+                    return Some(self.call(now, StoreCall::Leave { group, session }));
+                }
+                continue;
             }
             // One group's call, the groups taking turns.
             let n = self.groups.len();
@@ -1540,6 +1570,16 @@ impl Machine {
                 g.lose_session();
             }
         }
+        // A session taken over from a predecessor (HO3) keeps the predecessor's memberships,
+        // some perhaps of groups this node does not run: nobody would work their buckets.
+        self.unrun = beat
+            .groups
+            .iter()
+            .map(|g| &g.group)
+            .chain(beat.unchanged.iter().map(|u| &u.group))
+            .filter(|&name| self.index(name).is_none())
+            .cloned()
+            .collect();
         for i in 0..self.groups.len() {
             if self.groups[i].removing.is_some() {
                 continue;

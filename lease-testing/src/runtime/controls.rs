@@ -321,3 +321,41 @@ pub async fn a_failed_hand_over_ends_the_node_with_its_error<S: LeaseStore + Clo
     );
     nodes.shutdown().await;
 }
+
+/// A successor that runs fewer groups than the node it took over from leaves the others:
+/// their buckets go to the nodes that run them, instead of staying with a live session that
+/// nobody works for (a stall no gauge would show: the buckets look owned).
+pub async fn a_successor_leaves_the_groups_it_does_not_run<S: LeaseStore + Clone + 'static>(
+    env: Env<S>,
+) {
+    const KEEP: Duration = Duration::from_secs(10);
+    let mut nodes = Nodes::new(&env, &[("orders", 4), ("audit", 4)]);
+    let id = WorkerId::new();
+    nodes
+        .start_with(&["orders", "audit"], |b| b.node_id(id).keep_on_stop(KEEP))
+        .await;
+    let other = nodes.start(&["audit"]).await;
+    nodes
+        .until_balanced(&["orders", "audit"], 5 * RENEW, "cold start")
+        .await;
+    nodes.stop(id).await;
+    nodes
+        .start_with(&["orders"], |b| b.node_id(id).keep_on_stop(KEEP))
+        .await;
+    until(
+        3 * RENEW + env.slack(),
+        "the other node runs every audit bucket",
+        || nodes.owned("audit").get(&other) == Some(&4),
+        || (nodes.owned("orders"), nodes.owned("audit")),
+    )
+    .await;
+    assert_eq!(nodes.owned("orders").get(&id), Some(&4));
+    let audit = lease_core::GroupName::new("audit").expect("a group name");
+    let snap = nodes.store.snapshot(&audit).await.expect("snapshot");
+    assert!(
+        snap.members.iter().all(|m| m.worker != id),
+        "the successor is still a member of a group it does not run: {:?}",
+        snap.members
+    );
+    nodes.shutdown().await;
+}
