@@ -88,6 +88,7 @@ pub const CASES: &[&str] = &[
     "a_stop_with_a_stuck_bucket_does_not_hand_over",
     "a_failed_hand_over_ends_the_node_with_its_error",
     "a_successor_leaves_the_groups_it_does_not_run",
+    "a_hand_over_after_the_session_ended_fails",
 ];
 
 /// Run every case against a store built by `$make`, an expression callable as
@@ -146,6 +147,7 @@ macro_rules! __runtime_cases {
             a_stop_with_a_stuck_bucket_does_not_hand_over,
             a_failed_hand_over_ends_the_node_with_its_error,
             a_successor_leaves_the_groups_it_does_not_run,
+            a_hand_over_after_the_session_ended_fails,
         );
     };
 }

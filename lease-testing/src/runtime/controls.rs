@@ -359,3 +359,50 @@ pub async fn a_successor_leaves_the_groups_it_does_not_run<S: LeaseStore + Clone
     );
     nodes.shutdown().await;
 }
+
+/// A hand-over that finds the session ended (the application took longer than the session
+/// had left to acknowledge its shutdown revocations: a stop does not renew) ends the node with
+/// [`WorkerFailed::HandOverFailed`](lease_worker::WorkerFailed::HandOverFailed) and no source:
+/// nothing was handed over, and the store lists no handed-over session.
+pub async fn a_hand_over_after_the_session_ended_fails<S: LeaseStore + Clone + 'static>(
+    env: Env<S>,
+) {
+    let mut nodes = Nodes::new(&env, &[("orders", 1)]);
+    let id = WorkerId::new();
+    nodes
+        .start_with(&[], |b| {
+            b.node_id(id)
+                .keep_on_stop(Duration::from_secs(10))
+                .revoke_ack_limit(Duration::from_secs(30))
+        })
+        .await;
+    nodes
+        .add_slow(
+            id,
+            "orders",
+            super::Slow {
+                revoke: super::TTL + RENEW,
+                ..super::Slow::default()
+            },
+        )
+        .await;
+    until(
+        3 * RENEW + env.slack(),
+        "the node owns the group",
+        || nodes.owned("orders").get(&id) == Some(&1),
+        || nodes.owned("orders"),
+    )
+    .await;
+    let node = nodes.nodes.remove(&id).expect("a running node");
+    match node.handle.shutdown().await {
+        Err(lease_worker::WorkerFailed::HandOverFailed { source: None }) => {}
+        other => panic!("a hand-over of an ended session ended the node with {other:?}"),
+    }
+    let listed = nodes.store.nodes().await.expect("nodes");
+    assert!(
+        !listed.nodes.iter().any(|n| n.node == id && n.handed_over),
+        "an ended session was handed over: {:?}",
+        listed.nodes
+    );
+    nodes.shutdown().await;
+}
