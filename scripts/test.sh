@@ -20,6 +20,16 @@ command -v kill >/dev/null 2>&1 || missing+=(procps)
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 # The clock-step tests run a server under libfaketime.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)
+# The etcd tests start their own etcd clusters from the system's etcd (lease-testetcd), unless
+# LEASE_ETCD_BIN names one.
+if [ -z "${LEASE_ETCD_BIN:-}" ] && ! command -v etcd >/dev/null 2>&1 && [ ! -x /usr/bin/etcd ]; then
+    missing+=(etcd-server)
+fi
+# Building the etcd client (etcd-client's build script) generates its gRPC code with protoc,
+# unless PROTOC names one.
+if [ -z "${PROTOC:-}" ] && ! command -v protoc >/dev/null 2>&1; then
+    missing+=(protobuf-compiler)
+fi
 
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
