@@ -180,8 +180,8 @@ impl Operation {
             Self::Resize => "resize",
             Self::Control => "control",
             Self::Quarantine => "quarantine",
-            Self::History => "history",
             Self::HandOver => "hand_over",
+            Self::History => "history",
         }
     }
 }

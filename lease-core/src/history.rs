@@ -39,7 +39,8 @@ pub struct TenureEnd {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[non_exhaustive]
 pub enum EndReason {
-    /// The owner released it: the policy shed it to balance the group, or its node stopped.
+    /// The owner released it: the policy shed it to balance the group (or the owner's weight
+    /// is 0). A node that stops leaves its groups instead ([`Left`](Self::Left)).
     Released,
     /// The owner released it while an operator had it draining (`leasectl drain`).
     Drained,

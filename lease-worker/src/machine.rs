@@ -346,7 +346,7 @@ pub enum Report {
         /// The group.
         group: GroupName,
         /// How many buckets the leave released, or why it failed.
-        released: Result<usize, StoreError>,
+        released: Result<usize, WorkerError>,
     },
     /// The node's session was handed over (a graceful stop with `keep_on_stop`): a successor
     /// with the same node id takes it over, with its buckets, until `until`.
@@ -443,6 +443,9 @@ struct InFlight {
     call: StoreCall,
     sent: Instant,
     deadline: Instant,
+    /// A leave of a group the node does not run (see `Machine::unrun`): its answer is the
+    /// node's, whatever groups were added meanwhile.
+    unrun: bool,
 }
 
 /// One group of the node: its count, what its application holds, what the store says.
@@ -1019,13 +1022,20 @@ impl Machine {
                 }
             }
             Input::Left(group, result) => {
+                let unrun = self.in_flight.as_ref().is_some_and(|f| f.unrun);
                 if self.take_call(Operation::Leave, Some(&group)).is_some() {
-                    match self.index(&group) {
-                        Some(i) => self.on_left(i, result),
-                        None => self.reports.push_back(Report::LeftUnrun {
-                            group,
-                            released: result.map(|b| b.len()),
-                        }),
+                    if unrun {
+                        let released =
+                            result
+                                .map(|b| b.len())
+                                .map_err(|source| WorkerError::Store {
+                                    operation: Operation::Leave,
+                                    source,
+                                });
+                        self.reports
+                            .push_back(Report::LeftUnrun { group, released });
+                    } else if let Some(i) = self.index(&group) {
+                        self.on_left(i, result);
                     }
                 }
             }
@@ -1076,8 +1086,15 @@ impl Machine {
         {
             let (operation, after) = (f.call.operation(), self.rules.call_timeout);
             let group = f.call.group().and_then(|g| self.index(g));
+            let unrun = f.unrun.then(|| f.call.group().cloned()).flatten();
             self.in_flight = None;
-            if operation == Operation::HandOver {
+            if let Some(group) = unrun {
+                // Not the node's failure: the next heartbeat lists the group again.
+                self.reports.push_back(Report::LeftUnrun {
+                    group,
+                    released: Err(WorkerError::Timeout { operation, after }),
+                });
+            } else if operation == Operation::HandOver {
                 self.handing_over = HandingOver::Done;
                 self.hand_over_failed(Some(WorkerError::Timeout { operation, after }));
             } else {
@@ -1151,13 +1168,18 @@ impl Machine {
                 return Some(self.heartbeat_call(now));
             }
             // A group of the session the node does not run: leave it first (checked again
-            // now, as it may have been added since the heartbeat).
+            // now, as it may have been added since the heartbeat), also on a stop, unless the
+            // session is handed over (the successor decides).
             if let Some(session) = self.session
-                && self.stopping.is_none()
+                && !matches!(self.handing_over, HandingOver::Due(_) | HandingOver::Sent)
                 && let Some(group) = self.unrun.pop()
             {
                 if self.index(&group).is_none() {
-                    return Some(self.call(now, StoreCall::Leave { group, session }));
+                    let out = self.call(now, StoreCall::Leave { group, session });
+                    if let Some(f) = &mut self.in_flight {
+                        f.unrun = true;
+                    }
+                    return Some(out);
                 }
                 continue;
             }
@@ -1523,6 +1545,7 @@ impl Machine {
             call: call.clone(),
             sent: now,
             deadline: now + self.rules.call_timeout,
+            unrun: false,
         });
         Output::Call(call)
     }

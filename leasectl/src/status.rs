@@ -7,7 +7,7 @@ use clap::Args;
 use lease::policy;
 use lease::resize as keys;
 use lease::{
-    Bucket, BucketInfo, BucketState, GroupSnapshot, LeaseStore, NodeInfo, NodesSnapshot,
+    Bucket, BucketInfo, BucketState, GroupName, GroupSnapshot, LeaseStore, NodeInfo, NodesSnapshot,
     ShardCount, StoreError, Timestamp,
 };
 use serde_json::{Value, json};
@@ -56,9 +56,40 @@ pub async fn run(args: StatusArgs) -> Result<(), Failure> {
     let group = group_arg(group)?;
     let store = args.db.open().await?;
     if let Some(bucket) = args.why {
-        let bucket = Bucket(bucket);
-        // The history first: it checks the bucket against the group's count.
-        let history = store.history(&group, bucket).await.map_err(|e| match e {
+        return explain(&store, &group, Bucket(bucket), args.json).await;
+    }
+    let snap = store.snapshot(&group).await.map_err(store_failure)?;
+    if args.json {
+        output::line(status_json(&snap))?;
+    } else {
+        output::text(status_table(&snap))?;
+    }
+    Ok(())
+}
+
+/// How many times `--why` reads again when the bucket moved while it read.
+const WHY_READS: usize = 3;
+
+/// `--why`: the bucket's history read between two snapshots that agree on the bucket (and on
+/// the generation), so that the history is of the state explained; read again if the bucket
+/// moved meanwhile.
+async fn explain(
+    store: &dyn LeaseStore,
+    group: &GroupName,
+    bucket: Bucket,
+    json: bool,
+) -> Result<(), Failure> {
+    let place = |snap: &GroupSnapshot| {
+        let b = snap.buckets.get(bucket.get() as usize);
+        (
+            snap.generation,
+            b.map(|b| (b.owner, b.session, b.token, b.state)),
+        )
+    };
+    let mut reads = 0;
+    let (snap, history) = loop {
+        let before = store.snapshot(group).await.map_err(store_failure)?;
+        let history = store.history(group, bucket).await.map_err(|e| match e {
             StoreError::BucketOutOfRange { shard_count, .. } => Failure::Usage(format!(
                 "--why: group {:?} has buckets 0 to {}, not {bucket}",
                 group.as_str(),
@@ -66,26 +97,23 @@ pub async fn run(args: StatusArgs) -> Result<(), Failure> {
             )),
             other => store_failure(other),
         })?;
-        let snap = store.snapshot(&group).await.map_err(store_failure)?;
-        let Some(why) = why::explain(&snap, bucket, &history) else {
-            return Err(Failure::Runtime(format!(
-                "bucket {bucket} is not in {} any more (its count changed to {} meanwhile)",
-                group.as_str(),
-                snap.shard_count
-            )));
-        };
-        if args.json {
-            output::line(why::json(&snap, bucket, &history, &why))?;
-        } else {
-            output::text(why.text())?;
+        let after = store.snapshot(group).await.map_err(store_failure)?;
+        reads += 1;
+        if place(&before) == place(&after) || reads == WHY_READS {
+            break (after, history);
         }
-        return Ok(());
-    }
-    let snap = store.snapshot(&group).await.map_err(store_failure)?;
-    if args.json {
-        output::line(status_json(&snap))?;
+    };
+    let Some(why) = why::explain(&snap, bucket, &history) else {
+        return Err(Failure::Runtime(format!(
+            "bucket {bucket} is not in {} any more (its count changed to {} meanwhile)",
+            group.as_str(),
+            snap.shard_count
+        )));
+    };
+    if json {
+        output::line(why::json(&snap, bucket, &history, &why))?;
     } else {
-        output::text(status_table(&snap))?;
+        output::text(why.text())?;
     }
     Ok(())
 }

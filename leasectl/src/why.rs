@@ -118,12 +118,16 @@ fn place(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> String 
                 .map_or_else(|| "an unknown time".to_owned(), |e| span(e - at))
         ),
         (_, Some(w)) => format!(
-            "{name} is still recorded to {w}{since}, but that session is not live{}: any \
-             member may take it over.",
+            "{name} is still recorded to {w}{since}, but that session is not live{}: {}.",
             info.expires_at.map_or_else(String::new, |e| format!(
                 " (it expired {} ago)",
                 span(at - e)
-            ))
+            )),
+            if info.quarantined_until.is_some() {
+                "a member may take it over once its quarantine is over"
+            } else {
+                "any member may take it over"
+            }
         ),
         _ => format!("{name} is unowned."),
     }
@@ -165,7 +169,7 @@ fn moves(history: &[Tenure], owned: bool, at: Timestamp) -> String {
 /// How a tenure ended, in words.
 fn ended(reason: EndReason) -> &'static str {
     match reason {
-        EndReason::Released => "released (shed to balance the group, or its worker stopped)",
+        EndReason::Released => "released (shed to balance the group, or at weight 0)",
         EndReason::Drained => "released while an operator drained its worker",
         EndReason::Quarantined => "released because it was under quarantine",
         EndReason::Left => "released when its worker left the group",
@@ -178,11 +182,14 @@ fn ended(reason: EndReason) -> &'static str {
 /// What the policy makes the members do next about the bucket.
 fn next(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> String {
     let view = snap.view();
+    // What the owner plans with, as its worker does: what it holds, less the quarantined
+    // buckets it is letting go anyway.
     let mine = |w: WorkerId| -> Vec<Bucket> {
-        snap.live_leases()
-            .into_iter()
-            .filter(|l| l.owner == w)
-            .map(|l| l.bucket)
+        snap.buckets
+            .iter()
+            .filter(|b| b.state == BucketState::Live && b.owner == Some(w))
+            .filter(|b| b.quarantined_until.is_none())
+            .map(|b| b.bucket)
             .collect()
     };
     if info.state == BucketState::Live
@@ -200,6 +207,12 @@ fn next(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> String {
         };
         let held = mine(w);
         let plan = policy::plan(&view, w, &held);
+        // The worker's own rule: an operator's drain, or weight 0, is why it sheds.
+        let reason = if member.weight == 0 {
+            "drained"
+        } else {
+            "shed"
+        };
         return match member.mode {
             MemberMode::Draining => format!(
                 "Next: {w} is draining, so it revokes every bucket it holds, this one included \
@@ -212,7 +225,7 @@ fn next(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> String {
             ),
             _ if plan.shed.contains(&info.bucket) => format!(
                 "Next: {w} holds {}, above its target of {} (weight {}), and sheds its \
-                 highest-numbered excess, this bucket included (reason shed); then {}.",
+                 highest-numbered excess, this bucket included (reason {reason}); then {}.",
                 held.len(),
                 plan.target,
                 member.weight,
@@ -295,7 +308,7 @@ fn claimers(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> Stri
     }
     match room.as_slice() {
         [] => "no live member has room for it (each holds its target), so it stays unowned \
-               until a member joins, a weight changes or a member is drained"
+               until a member joins, a weight changes or a cordoned member is uncordoned"
             .to_owned(),
         [(w, n)] => format!("{w} has room for {n} more and claims it at its next tick"),
         many => format!(
@@ -498,6 +511,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_owner_s_plan_leaves_out_what_it_lets_go_of() {
+        let g = Group::new(4).await;
+        let (a, b) = workers();
+        g.claim(a, 4).await;
+        g.beat(b).await;
+        let ten = QuarantineFor::new(Duration::from_secs(60)).expect("quarantine");
+        g.store
+            .quarantine(&g.name, Bucket(1), Some(ten))
+            .await
+            .expect("quarantine");
+        // a plans with 0, 2 and 3 (bucket 1 goes anyway): target 2 of the 3 shared, so it
+        // sheds 3 only, as its worker does.
+        let why = g.why(2).await;
+        has(&why, "holds 3, above its target of 2");
+        has(
+            &why,
+            "sheds 1 of its highest-numbered buckets (3), not this one",
+        );
+        // At weight 0 the worker revokes with reason drained.
+        g.store
+            .control(
+                &g.name,
+                a,
+                MemberControl::Weight(lease::Weight::new(0).expect("weight")),
+            )
+            .await
+            .expect("weight 0");
+        let why = g.why(2).await;
+        has(&why, "this bucket included (reason drained)");
+        // An owner gone with its session, the bucket under quarantine: nobody takes it yet.
+        g.clock.advance(Duration::from_secs(11));
+        let why = g.why(1).await;
+        has(
+            &why,
+            "a member may take it over once its quarantine is over",
+        );
+    }
+
+    #[tokio::test]
     async fn an_expired_owner_and_the_member_with_room_are_named() {
         let g = Group::new(2).await;
         let (a, b) = workers();
@@ -599,6 +651,7 @@ mod tests {
             .expect("weight 0");
         let why = g.why(1).await;
         has(&why, "no live member has room for it");
+        has(&why, "or a cordoned member is uncordoned");
         assert!(why.text().lines().all(|l| l.chars().count() <= WIDTH));
     }
 }
