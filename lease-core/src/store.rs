@@ -436,10 +436,10 @@ pub trait LeaseStore: Send + Sync {
     /// - **T2** A tenure ends, at the store's time of the call that ends it, when its session
     ///   gives the bucket up: a release ends it as [`EndReason::Quarantined`] if the bucket
     ///   is under quarantine then, else [`EndReason::Drained`] if the owner's mode is
-    ///   draining, else [`EndReason::Released`]; a leave ends it as [`EndReason::Left`], or
-    ///   [`EndReason::Evicted`] when the leave names no session; a claim that takes the
-    ///   bucket from a session that is not live ends it as [`EndReason::Expired`] (at the
-    ///   claim's time). Nothing else changes a tenure: a hand-over keeps it (same node, same
+    ///   draining, else [`EndReason::Released`]; a leave that releases it (L1: its session
+    ///   live) ends it as [`EndReason::Left`], or [`EndReason::Evicted`] when the leave names
+    ///   no session; a claim that takes the bucket from a session that is not live ends it as
+    ///   [`EndReason::Expired`] (at the claim's time), whatever left the group meanwhile. Nothing else changes a tenure: a hand-over keeps it (same node, same
     ///   token).
     /// - **T3** Only the last [`TENURES_KEPT`](crate::history::TENURES_KEPT) tenures are
     ///   kept; older ones are dropped as new ones begin.

@@ -471,7 +471,9 @@ pub async fn controls_wake_the_group<S: LeaseStore>(store: S, _clock: ManualCloc
         .await
         .expect("changes")
         .expect("this suite expects a store with a change feed");
-    let [a] = workers(1)[..] else { unreachable!() };
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
     beat(&store, &g, a).await;
     assert_eq!(
         super::next_change(&mut feed, "join").await,
@@ -487,14 +489,20 @@ pub async fn controls_wake_the_group<S: LeaseStore>(store: S, _clock: ManualCloc
         .quarantine(&g, Bucket(1), None)
         .await
         .expect("lift nothing");
+    // A change of another kind next: a change sent by either call above would come first.
+    beat(&store, &g, b).await;
+    assert_eq!(
+        super::next_change(&mut feed, "b's join").await,
+        Change::Joined(b),
+        "the unchanged weight or the empty lift sent a change"
+    );
     store
         .control(&g, a, mode(MemberMode::Cordoned))
         .await
         .expect("cordon");
     assert_eq!(
         super::next_change(&mut feed, "cordon").await,
-        Change::Controlled,
-        "the unchanged weight or the empty lift sent a change, or the cordon none"
+        Change::Controlled
     );
     store
         .quarantine(&g, Bucket(1), quarantine_for(60))

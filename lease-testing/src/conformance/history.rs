@@ -37,7 +37,8 @@ fn mode(m: MemberMode) -> MemberControl {
 /// T1, T2: every claim that wins the bucket begins a tenure; a release ends it as released,
 /// drained (the owner draining) or quarantined (the bucket under quarantine, even while
 /// draining); a leave as left, or evicted when it names no session; a claim that takes it
-/// from a dead session as expired, at the claim's time.
+/// from a dead session as expired, at the claim's time (a leave of a dead session ends
+/// nothing).
 pub async fn history_records_each_tenure_and_how_it_ended<S: LeaseStore>(
     store: S,
     clock: ManualClock,
@@ -121,6 +122,19 @@ pub async fn history_records_each_tenure_and_how_it_ended<S: LeaseStore>(
         "c is evicted"
     );
 
+    // A dead session's tenure is not ended by a leave (it released nothing, L1): the claim
+    // that takes the bucket ends it, as expired.
+    beat(&store, &g, c).await;
+    assert_eq!(nums(&claim(&store, &g, c, 1).await), vec![0]);
+    clock.advance(secs(TTL_SECS + 1));
+    let t7 = now();
+    assert!(
+        store.leave(&g, c, None).await.expect("evict").is_empty(),
+        "a dead session released a bucket"
+    );
+    beat(&store, &g, b).await;
+    assert_eq!(nums(&claim(&store, &g, b, 1).await), vec![0]);
+
     use EndReason::*;
     assert_eq!(
         rows(&history(&store, &g, 0).await),
@@ -131,6 +145,8 @@ pub async fn history_records_each_tenure_and_how_it_ended<S: LeaseStore>(
             (c, 4, t3, Some((t4, Quarantined))),
             (c, 5, t4, Some((t5, Left))),
             (c, 6, t5, Some((t6, Evicted))),
+            (c, 7, t6, Some((t7, Expired))),
+            (b, 8, t7, None),
         ]
     );
 }
