@@ -41,7 +41,7 @@ fn the_generator_reaches_the_risky_states() {
         TestRng::deterministic_rng(RngAlgorithm::ChaCha),
     );
     let strategy = ReferenceModel::sequential_strategy(1..40);
-    let mut reached = [0usize; 15];
+    let mut reached = [0usize; 16];
     for _ in 0..SEQUENCES {
         let (mut state, ops, _) = strategy
             .new_tree(&mut runner)
@@ -59,7 +59,7 @@ fn the_generator_reaches_the_risky_states() {
     // controls and hand-overs, which thin out the drains a little), see the table.
     let floors = [
         0.10, 0.07, 0.18, 0.19, 0.26, 0.29, 0.03, 0.19, 0.005, 0.037, 0.044, 0.009, 0.11, 0.009,
-        0.02,
+        0.02, 0.005,
     ];
     let mut table = String::from("| state | sequences reaching it | floor |\n|---|---:|---:|\n");
     let mut low = Vec::new();

@@ -40,6 +40,8 @@
 //!   every claim of a bucket returns a token above every token seen for each of its keys;
 //! - every recorded owner is one of the workers of the test, and every live lease is known to
 //!   exactly the process that holds it, with its token.
+//! - after an operation that can begin or end a tenure, every bucket's history in its group
+//!   equals the model's (T1-T4).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -816,6 +818,17 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
     let w = 0..WORKERS;
     let counts = state.shard_counts;
     let issued: Vec<(usize, u32, i64, usize)> = state.issued.clone();
+    // Controls half the time name a worker that was issued a lease in the group, so that a
+    // drained worker's releases (T2: `drained`) happen.
+    let controlled = if issued.is_empty() {
+        (g.clone(), w.clone()).boxed()
+    } else {
+        prop_oneof![
+            1 => (g.clone(), w.clone()),
+            1 => prop::sample::select(issued.clone()).prop_map(|(group, _, _, owner)| (group, owner)),
+        ]
+        .boxed()
+    };
     let ttls = prop::sample::select(vec![1_000u64, 3_000]);
     let bucket_in = move |group: usize| {
         let n = counts[group];
@@ -881,9 +894,9 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
         3 => is_current,
         3 => prop::sample::select(vec![1u64, 500, 1_000, 2_999, 3_000, 7_000])
             .prop_map(|ms| Op::Advance { ms }),
-        2 => (g.clone(), w.clone(), prop_oneof![2 => (0u32..4).prop_map(Some), 3 => Just(None)],
+        2 => (controlled, prop_oneof![2 => (0u32..4).prop_map(Some), 3 => Just(None)],
               prop::sample::select(vec![MemberMode::Active, MemberMode::Cordoned, MemberMode::Draining]))
-            .prop_map(|(group, worker, weight, mode)| Op::Control { group, worker, weight, mode }),
+            .prop_map(|((group, worker), weight, mode)| Op::Control { group, worker, weight, mode }),
         2 => (g.clone().prop_flat_map(move |group| (Just(group), bucket_in(group))),
               prop_oneof![3 => prop::sample::select(vec![500u64, 3_000]).prop_map(Some), 1 => Just(None)])
             .prop_map(|((group, bucket), ms)| Op::Quarantine { group, bucket, ms }),
@@ -935,11 +948,13 @@ pub struct Reach {
     pub taken_over: u32,
     /// A history showed a tenure that ended otherwise than by a plain release (T2).
     pub history_ends: u32,
+    /// A release released a bucket of a member an operator had draining (T2: `drained`).
+    pub drained_release: u32,
 }
 
 impl Reach {
     /// The names and counts, in a fixed order.
-    pub fn fields(&self) -> [(&'static str, u32); 15] {
+    pub fn fields(&self) -> [(&'static str, u32); 16] {
         [
             (
                 "claim takes over another worker's dead lease",
@@ -971,6 +986,7 @@ impl Reach {
                 "history shows an end other than a release",
                 self.history_ends,
             ),
+            ("release by a draining member", self.drained_release),
         ]
     }
 
@@ -992,7 +1008,17 @@ impl Reach {
             ) => {
                 self.count_claim(before, *group, *w, claim, now);
             }
-            (Op::Release { .. }, Outcome::Buckets(b)) if !b.is_empty() => self.release += 1,
+            (Op::Release { group: g, .. }, Outcome::Buckets(b)) if !b.is_empty() => {
+                self.release += 1;
+                let draining = before.snapshot(&group(*g), now).is_ok_and(|s| {
+                    s.members.iter().any(|m| {
+                        m.worker == worker(op_worker(op)) && m.mode == MemberMode::Draining
+                    })
+                });
+                if draining {
+                    self.drained_release += 1;
+                }
+            }
             (Op::Resize { group: g, .. }, Outcome::Resized(ResizeOutcome::Started { .. }))
                 if before
                     .snapshot(&group(*g), now)
@@ -1411,6 +1437,35 @@ impl Subject {
         }
     }
 
+    /// After an operation that can begin or end tenures, every bucket's history in its group
+    /// equals the model's: the ends a release, a leave or a takeover wrote are compared where
+    /// they happen, not only when a generated `History` happens to ask.
+    async fn check_histories(&self, model: &Model, op: &Op, now: Timestamp) {
+        if !matches!(
+            op,
+            Op::Tick { .. }
+                | Op::Claim { .. }
+                | Op::Release { .. }
+                | Op::Leave { .. }
+                | Op::Resize { .. }
+        ) {
+            return;
+        }
+        let g = group(op_group(op));
+        let Ok(snap) = model.snapshot(&g, now) else {
+            return;
+        };
+        for b in snap.buckets.iter().map(|b| b.bucket) {
+            let want = model.history(&g, b).map_err(|e| e.to_string());
+            let got = self.store.history(&g, b).await.map_err(|e| e.to_string());
+            assert_eq!(
+                got, want,
+                "{}: the history of bucket {b} of group {g:?} after {op:?}",
+                self.name
+            );
+        }
+    }
+
     async fn check_snapshots(&mut self) {
         let known: Vec<WorkerId> = (0..WORKERS).map(worker).collect();
         for g in 0..GROUPS.len() {
@@ -1554,6 +1609,8 @@ where
             s.record(&op, &got, now);
             s.check_disjoint();
             sut.rt.block_on(s.check_snapshots());
+            sut.rt
+                .block_on(s.check_histories(&ref_state.model, &op, now));
         }
         sut
     }
