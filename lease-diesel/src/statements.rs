@@ -530,6 +530,7 @@ WITH RECURSIVE me AS (
       FROM won, mine
      WHERE won.orphaned AND t.group_name = $1 AND t.bucket = won.bucket
        AND t.slot = (won.tenures - 1) % 8 AND t.seq = won.tenures - 1 AND t.ended_at IS NULL
+    RETURNING t.bucket
 ), begun AS (
     -- T1, T3: the claim begins a tenure in its ring slot, replacing the tenure 8 before it.
     -- Its number is the bucket row's counter as this claim's UPDATE left it: the row's latest
@@ -540,13 +541,18 @@ WITH RECURSIVE me AS (
     ON CONFLICT (group_name, bucket, slot) DO UPDATE
        SET seq = excluded.seq, token = excluded.token, owner_node = excluded.owner_node,
            began_at = excluded.began_at, ended_at = NULL, reason = NULL
+    RETURNING t.bucket
 ), counted AS (
     UPDATE lease.members m SET owned = m.owned + (SELECT count(*) FROM won)
      WHERE m.group_name = $1 AND m.node_id = $2 AND EXISTS (SELECT 1 FROM won)
 ), bumped AS (
     -- H8: a view of the group changed. Last: the counter's lock is held from here to commit.
+    -- Counting the tenure writes runs them to completion first: Postgres runs the CTEs the
+    -- query below does not read after it, in the reverse of their order here, so this one
+    -- would otherwise lock the counter before them and hold it while they write.
     UPDATE lease.group_changes c SET version = c.version + 1
      WHERE c.group_name = $1 AND EXISTS (SELECT 1 FROM won)
+       AND (SELECT count(*) FROM expired) + (SELECT count(*) FROM begun) >= 0
 )
 SELECT g.shard_count, mine.session_id, mine.expires_at,
        ARRAY(SELECT bucket FROM won ORDER BY bucket) AS buckets,
@@ -642,6 +648,7 @@ WITH grp AS (
       FROM freed f, mine, mode
      WHERE t.group_name = $1 AND t.bucket = f.bucket AND t.slot = f.tenures % 8
        AND t.seq = f.tenures AND t.ended_at IS NULL
+    RETURNING t.bucket
 ), freed_old AS (
     UPDATE lease.draining_shards d
        SET owner_node = NULL, owner_session = NULL
@@ -655,9 +662,11 @@ WITH grp AS (
     UPDATE lease.members m SET owned = m.owned - (SELECT count(*) FROM freed)
      WHERE m.group_name = $1 AND m.node_id = $2 AND EXISTS (SELECT 1 FROM freed)
 ), bumped AS (
+    -- Last, after the tenure writes (counting them runs them to completion: see CLAIM).
     UPDATE lease.group_changes c SET version = c.version + 1
      WHERE c.group_name = $1
        AND (EXISTS (SELECT 1 FROM freed) OR EXISTS (SELECT 1 FROM freed_old))
+       AND (SELECT count(*) FROM ended) >= 0
 )
 SELECT grp.shard_count, grp.range,
        ARRAY(SELECT bucket FROM freed UNION ALL SELECT bucket FROM freed_old

@@ -2638,3 +2638,101 @@ async fn a_claim_beginning_a_tenure_never_waits_for_the_groups_row() {
         );
     }
 }
+
+/// Whether `group`'s change counter is free: locked `NOWAIT` in a transaction rolled back.
+async fn counter_free(admin: &mut AsyncPgConnection, group: &GroupName) -> bool {
+    exec(admin, "BEGIN").await;
+    let free = admin
+        .batch_execute(&format!(
+            "SELECT 1 FROM lease.group_changes WHERE group_name = '{group}' FOR UPDATE NOWAIT"
+        ))
+        .await
+        .is_ok();
+    exec(admin, "ROLLBACK").await;
+    free
+}
+
+/// The group's change counter is the last lock a claim or a release takes, after its tenure
+/// writes: `bumped` counts the rows `begun` and `expired` (`ended` in a release) return, which
+/// runs them to completion first. Postgres runs the data-modifying CTEs the main query does
+/// not read in the reverse of their order in the `WITH`, so without that `bumped` ran first and
+/// every claim, release and join of the group waited for the counter while one statement
+/// wrote its tenures. Here a tenure write is held up (the slot a claim inserts, inserted by a
+/// transaction left open; the row a release ends, locked), and the counter must be free
+/// meanwhile. Measured without the counts: the counter was locked while the claim waited for
+/// the slot (the 50-worker cold start of `pg_scale` went from 4-6 s to 20-52 s, its claims
+/// and heartbeats waiting for the counter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_and_a_release_take_the_counter_after_their_tenure_writes() {
+    let (url, group, [_, (b, b_beat)]) = two_members(SHARDS, long()).await;
+    let mut admin = connect(&url).await;
+    let mut gate = connect(&url).await;
+    let mut worker = connect(&url).await;
+    let (gate_pid, worker_pid) = (backend_pid(&mut gate).await, backend_pid(&mut worker).await);
+
+    // The slot bucket 0's first tenure goes to, inserted by a transaction left open.
+    exec(
+        &mut gate,
+        &format!(
+            "BEGIN; INSERT INTO lease.tenures (group_name, bucket, slot, seq, token, owner_node, \
+             began_at) VALUES ('{group}', 0, 1, 1, 1, '{b}', clock_timestamp())"
+        ),
+    )
+    .await;
+    let claim = {
+        let group = group.clone();
+        tokio::spawn(async move {
+            let won = ops::claim(
+                &mut worker,
+                None,
+                &group,
+                b,
+                b_beat.session,
+                SHARDS,
+                Takeover::Allowed,
+            )
+            .await
+            .expect("b's claim");
+            (won, worker)
+        })
+    };
+    wait_blocked_by(&mut admin, worker_pid, gate_pid).await;
+    let free_while_claiming = counter_free(&mut admin, &group).await;
+    exec(&mut gate, "ROLLBACK").await;
+    let (won, mut worker) = claim.await.expect("the claim task");
+    assert!(
+        free_while_claiming,
+        "the claim held the group's counter while it wrote its tenures"
+    );
+    assert_eq!(won.len(), SHARDS as usize);
+
+    // The row bucket 0's tenure ends in, locked.
+    exec(
+        &mut gate,
+        &format!(
+            "BEGIN; SELECT 1 FROM lease.tenures WHERE group_name = '{group}' AND bucket = 0 \
+             FOR UPDATE"
+        ),
+    )
+    .await;
+    let release = {
+        let group = group.clone();
+        tokio::spawn(async move {
+            ops::release(&mut worker, None, &group, b, b_beat.session, &[Bucket(0)])
+                .await
+                .expect("b's release")
+        })
+    };
+    wait_blocked_by(&mut admin, worker_pid, gate_pid).await;
+    let free_while_releasing = counter_free(&mut admin, &group).await;
+    exec(&mut gate, "COMMIT").await;
+    assert_eq!(release.await.expect("the release task"), [Bucket(0)]);
+    assert!(
+        free_while_releasing,
+        "the release held the group's counter while it ended its tenures"
+    );
+    assert_eq!(
+        tenures(&mut admin, &group, Bucket(0)).await,
+        [(b, won[0].token.0, Some(lease_core::EndReason::Released))]
+    );
+}
