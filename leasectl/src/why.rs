@@ -28,9 +28,11 @@ pub struct Why {
 }
 
 impl Why {
-    /// The paragraph, broken into lines of at most [`WIDTH`] columns.
+    /// The paragraph, broken into lines of at most [`WIDTH`] columns, ending with a newline.
     pub fn text(&self) -> String {
-        wrap(&self.paragraph, WIDTH)
+        let mut text = wrap(&self.paragraph, WIDTH);
+        text.push('\n');
+        text
     }
 }
 
