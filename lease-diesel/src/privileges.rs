@@ -326,11 +326,12 @@ const NEEDS: &[Need] = &[
         monitor: &[],
         fencing: &[],
     },
-    // A bucket's history (migration 9): claims begin tenures (an insert, or an update of the
-    // ring's slot: ON CONFLICT DO UPDATE reads it), claims, releases and lease.leave end them;
-    // history reads them (a monitor's leasectl status --why). No worker deletes one: a resize
-    // (the operator's, as the schema's owner) does. The migration grants this to the roles
-    // that could update (read) lease.shards.
+    // A bucket's history (migration 9): the tenures that ended. Claims (of a dead session's
+    // buckets), releases and lease.leave write each end into its ring slot (an insert, or an
+    // update of the slot: ON CONFLICT DO UPDATE reads it); history reads them with the bucket
+    // rows, whose owner is the open tenure (a monitor's leasectl status --why). No worker
+    // deletes one: a resize (the operator's, as the schema's owner) does. The migration grants
+    // this to the roles that could update (read) lease.shards.
     Need {
         on: Object::Table("lease.tenures"),
         worker: &["SELECT", "INSERT", "UPDATE"],

@@ -307,10 +307,12 @@ pub(crate) struct JoinRow {
 /// - After a failover (`epoch`): nothing is taken while the server's timeline is unrecorded or
 ///   was first seen less than the longest ttl of the group's members' nodes ago, and every
 ///   token is raised to at least the timeline's floor.
-/// - History (T1-T3, migration 9): `won` raises each bucket's tenure counter, and `begun`
-///   writes the new tenure into its ring slot (`lease.tenures`, slot = counter % 8); a bucket
-///   an orphaned walk took first ends its dead session's open tenure as expired at the
-///   claim's time (`expired`). Both ride the bucket rows the walks locked.
+/// - History (T1-T3, migration 9): the open tenure is the bucket row (owner, token, and
+///   `updated_at`, the claim's time), so taking a free bucket writes no ring row. A bucket an
+///   orphaned walk took ends its dead session's tenure as expired at the claim's time: `won`
+///   raises the row's count of ended tenures, and `expired` writes the ended tenure into its
+///   ring slot (`lease.tenures`, slot = count % 8) from the row's values as the walk locked
+///   them (carried through `picked`).
 pub(crate) const CLAIM: &str = r#"
 WITH RECURSIVE me AS (
     SELECT n.session_id, n.expires_at, n.heartbeat_at
@@ -412,7 +414,9 @@ WITH RECURSIVE me AS (
        AND NOT EXISTS (SELECT 1 FROM old_owned o WHERE o.bucket NOT IN (SELECT bucket FROM old_dead))
 ), sticky_unowned_up AS (
     -- C9 first: the unowned buckets this node last held (released or left), then below.
-    SELECT s.bucket, false AS orphaned FROM lease.shards s, start
+    SELECT s.bucket, false AS orphaned, NULL::uuid AS was_node, NULL::bigint AS was_token,
+           NULL::timestamptz AS was_since
+      FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.last_node = $2
        AND s.bucket >= start.b
        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
@@ -422,9 +426,10 @@ WITH RECURSIVE me AS (
      LIMIT $3
        FOR UPDATE OF s SKIP LOCKED
 ), sticky_orphaned_up AS (
-    SELECT o.bucket, true AS orphaned
+    SELECT o.bucket, true AS orphaned, o.owner_node AS was_node, o.token AS was_token,
+           o.updated_at AS was_since
       FROM dead d, start,
-           LATERAL (SELECT s.bucket FROM lease.shards s
+           LATERAL (SELECT s.bucket, s.owner_node, s.token, s.updated_at FROM lease.shards s
                      WHERE s.group_name = $1 AND s.owner_session = d.owner_session
                        AND s.bucket >= start.b
                        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
@@ -433,10 +438,12 @@ WITH RECURSIVE me AS (
                        FOR UPDATE OF s SKIP LOCKED) AS o
      WHERE d.sticky
 ), sticky_up AS (
-    SELECT bucket, orphaned FROM sticky_unowned_up
-    UNION ALL SELECT bucket, orphaned FROM sticky_orphaned_up
+    SELECT bucket, orphaned, was_node, was_token, was_since FROM sticky_unowned_up
+    UNION ALL SELECT bucket, orphaned, was_node, was_token, was_since FROM sticky_orphaned_up
 ), sticky_unowned_down AS (
-    SELECT s.bucket, false AS orphaned FROM lease.shards s, start
+    SELECT s.bucket, false AS orphaned, NULL::uuid AS was_node, NULL::bigint AS was_token,
+           NULL::timestamptz AS was_since
+      FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.last_node = $2
        AND s.bucket < start.b
        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
@@ -446,9 +453,10 @@ WITH RECURSIVE me AS (
      LIMIT greatest($3 - (SELECT count(*) FROM sticky_up), 0)
        FOR UPDATE OF s SKIP LOCKED
 ), sticky_orphaned_down AS (
-    SELECT o.bucket, true AS orphaned
+    SELECT o.bucket, true AS orphaned, o.owner_node AS was_node, o.token AS was_token,
+           o.updated_at AS was_since
       FROM dead d, start,
-           LATERAL (SELECT s.bucket FROM lease.shards s
+           LATERAL (SELECT s.bucket, s.owner_node, s.token, s.updated_at FROM lease.shards s
                      WHERE s.group_name = $1 AND s.owner_session = d.owner_session
                        AND s.bucket < start.b
                        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
@@ -457,11 +465,13 @@ WITH RECURSIVE me AS (
                        FOR UPDATE OF s SKIP LOCKED) AS o
      WHERE d.sticky
 ), sticky AS (
-    SELECT bucket, orphaned FROM sticky_up
-    UNION ALL SELECT bucket, orphaned FROM sticky_unowned_down
-    UNION ALL SELECT bucket, orphaned FROM sticky_orphaned_down
+    SELECT bucket, orphaned, was_node, was_token, was_since FROM sticky_up
+    UNION ALL SELECT bucket, orphaned, was_node, was_token, was_since FROM sticky_unowned_down
+    UNION ALL SELECT bucket, orphaned, was_node, was_token, was_since FROM sticky_orphaned_down
 ), unowned_up AS (
-    SELECT s.bucket, false AS orphaned FROM lease.shards s, start
+    SELECT s.bucket, false AS orphaned, NULL::uuid AS was_node, NULL::bigint AS was_token,
+           NULL::timestamptz AS was_since
+      FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket >= start.b
        AND s.last_node IS DISTINCT FROM $2
        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
@@ -471,9 +481,10 @@ WITH RECURSIVE me AS (
      LIMIT greatest($3 - (SELECT count(*) FROM sticky), 0)
        FOR UPDATE OF s SKIP LOCKED
 ), orphaned_up AS (
-    SELECT o.bucket, true AS orphaned
+    SELECT o.bucket, true AS orphaned, o.owner_node AS was_node, o.token AS was_token,
+           o.updated_at AS was_since
       FROM dead d, start,
-           LATERAL (SELECT s.bucket FROM lease.shards s
+           LATERAL (SELECT s.bucket, s.owner_node, s.token, s.updated_at FROM lease.shards s
                      WHERE s.group_name = $1 AND s.owner_session = d.owner_session
                        AND s.bucket >= start.b
                        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
@@ -482,9 +493,11 @@ WITH RECURSIVE me AS (
                        FOR UPDATE OF s SKIP LOCKED) AS o
      WHERE NOT d.sticky
 ), up AS (
-    SELECT bucket, orphaned FROM unowned_up UNION ALL SELECT bucket, orphaned FROM orphaned_up
+    SELECT bucket, orphaned, was_node, was_token, was_since FROM unowned_up UNION ALL SELECT bucket, orphaned, was_node, was_token, was_since FROM orphaned_up
 ), unowned_down AS (
-    SELECT s.bucket, false AS orphaned FROM lease.shards s, start
+    SELECT s.bucket, false AS orphaned, NULL::uuid AS was_node, NULL::bigint AS was_token,
+           NULL::timestamptz AS was_since
+      FROM lease.shards s, start
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket < start.b
        AND s.last_node IS DISTINCT FROM $2
        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
@@ -494,9 +507,10 @@ WITH RECURSIVE me AS (
      LIMIT greatest($3 - (SELECT count(*) FROM sticky) - (SELECT count(*) FROM up), 0)
        FOR UPDATE OF s SKIP LOCKED
 ), orphaned_down AS (
-    SELECT o.bucket, true AS orphaned
+    SELECT o.bucket, true AS orphaned, o.owner_node AS was_node, o.token AS was_token,
+           o.updated_at AS was_since
       FROM dead d, start,
-           LATERAL (SELECT s.bucket FROM lease.shards s
+           LATERAL (SELECT s.bucket, s.owner_node, s.token, s.updated_at FROM lease.shards s
                      WHERE s.group_name = $1 AND s.owner_session = d.owner_session
                        AND s.bucket < start.b
                        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
@@ -506,53 +520,54 @@ WITH RECURSIVE me AS (
                        FOR UPDATE OF s SKIP LOCKED) AS o
      WHERE NOT d.sticky
 ), picked AS (
-    SELECT c.bucket, c.orphaned
-      FROM (SELECT bucket, orphaned, true AS sticky FROM sticky
-            UNION ALL SELECT bucket, orphaned, false FROM up
-            UNION ALL SELECT bucket, orphaned, false FROM unowned_down
-            UNION ALL SELECT bucket, orphaned, false FROM orphaned_down) AS c, start
+    SELECT c.bucket, c.orphaned, c.was_node, c.was_token, c.was_since
+      FROM (SELECT bucket, orphaned, was_node, was_token, was_since, true AS sticky FROM sticky
+            UNION ALL SELECT bucket, orphaned, was_node, was_token, was_since, false FROM up
+            UNION ALL SELECT bucket, orphaned, was_node, was_token, was_since, false FROM unowned_down
+            UNION ALL SELECT bucket, orphaned, was_node, was_token, was_since, false FROM orphaned_down) AS c, start
      ORDER BY c.sticky DESC, c.bucket < start.b, c.bucket
      LIMIT $3
 ), won AS (
+    -- The counter counts ended tenures: raised only for a bucket whose dead session's tenure
+    -- this claim ends (below); a free bucket's row is taken with no tenure write at all, its
+    -- open tenure being the row itself (owner_node, token, updated_at).
     UPDATE lease.shards s
        SET owner_node = $2, owner_session = mine.session_id, last_node = $2,
            token = greatest(s.token + 1, epoch.floor), updated_at = mine.t,
-           tenures = s.tenures + 1
+           tenures = s.tenures + CASE WHEN picked.orphaned THEN 1 ELSE 0 END
       FROM picked, mine, epoch
      WHERE s.group_name = $1 AND s.bucket = picked.bucket
-    RETURNING s.bucket, s.token, s.tenures, picked.orphaned
+    RETURNING s.bucket, s.token, s.tenures, picked.orphaned, picked.was_node,
+              picked.was_token, picked.was_since
 ), expired AS (
-    -- T2: a bucket taken from a session that is not live (an orphaned walk's): that session's
-    -- tenure, the bucket's last (seq one below the new one), ends as expired at the claim's
-    -- time, if it is open. No other statement writes the bucket's tenures meanwhile: every
-    -- writer holds the bucket row, which this claim holds from its walk to its commit.
-    UPDATE lease.tenures t SET ended_at = mine.t, reason = 'expired'
+    -- T2, T3: a bucket taken from a session that is not live (an orphaned walk's): that
+    -- session's tenure ends as expired at the claim's time, written into the ring slot of its
+    -- number (the counter as won left it: the row's latest version, which Postgres re-reads
+    -- when the row changed since this statement's snapshot), replacing the ended tenure 8
+    -- before it. Owner, token and start are the row's as the walk locked it (carried through
+    -- picked), before won changed them. No other statement writes the bucket's ring
+    -- meanwhile: every writer holds the bucket row, which this claim holds to its commit.
+    INSERT INTO lease.tenures AS t
+           (group_name, bucket, slot, seq, token, owner_node, began_at, ended_at, reason)
+    SELECT $1, won.bucket, won.tenures % 8, won.tenures, won.was_token, won.was_node,
+           won.was_since, mine.t, 'expired'
       FROM won, mine
-     WHERE won.orphaned AND t.group_name = $1 AND t.bucket = won.bucket
-       AND t.slot = (won.tenures - 1) % 8 AND t.seq = won.tenures - 1 AND t.ended_at IS NULL
-    RETURNING t.bucket
-), begun AS (
-    -- T1, T3: the claim begins a tenure in its ring slot, replacing the tenure 8 before it.
-    -- Its number is the bucket row's counter as this claim's UPDATE left it: the row's latest
-    -- version (Postgres re-reads a row changed since the snapshot before updating it), so a
-    -- tenure begun and ended after this statement's snapshot keeps its slot.
-    INSERT INTO lease.tenures AS t (group_name, bucket, slot, seq, token, owner_node, began_at)
-    SELECT $1, won.bucket, won.tenures % 8, won.tenures, won.token, $2, mine.t FROM won, mine
+     WHERE won.orphaned
     ON CONFLICT (group_name, bucket, slot) DO UPDATE
        SET seq = excluded.seq, token = excluded.token, owner_node = excluded.owner_node,
-           began_at = excluded.began_at, ended_at = NULL, reason = NULL
+           began_at = excluded.began_at, ended_at = excluded.ended_at, reason = excluded.reason
     RETURNING t.bucket
 ), counted AS (
     UPDATE lease.members m SET owned = m.owned + (SELECT count(*) FROM won)
      WHERE m.group_name = $1 AND m.node_id = $2 AND EXISTS (SELECT 1 FROM won)
 ), bumped AS (
     -- H8: a view of the group changed. Last: the counter's lock is held from here to commit.
-    -- Counting the tenure writes runs them to completion first: Postgres runs the CTEs the
+    -- Counting the tenure ends runs them to completion first: Postgres runs the CTEs the
     -- query below does not read after it, in the reverse of their order here, so this one
     -- would otherwise lock the counter before them and hold it while they write.
     UPDATE lease.group_changes c SET version = c.version + 1
      WHERE c.group_name = $1 AND EXISTS (SELECT 1 FROM won)
-       AND (SELECT count(*) FROM expired) + (SELECT count(*) FROM begun) >= 0
+       AND (SELECT count(*) FROM expired) >= 0
 )
 SELECT g.shard_count, mine.session_id, mine.expires_at,
        ARRAY(SELECT bucket FROM won ORDER BY bucket) AS buckets,
@@ -618,16 +633,19 @@ WITH grp AS (
 ), freed AS (
     -- Rows another transaction holds (an application's fencing check) are skipped, not
     -- waited for: waiting could deadlock with that transaction's next check, and the caller
-    -- retries what was not released.
+    -- retries what was not released. The held rows' owner, token and updated_at (the open
+    -- tenure, as locked) are carried to `ended`; the count of ended tenures goes up by one.
     UPDATE lease.shards s
-       SET owner_node = NULL, owner_session = NULL, updated_at = mine.t
-      FROM mine
-     WHERE s.group_name = $1
-       AND s.bucket IN (SELECT x.bucket FROM lease.shards x, mine
-                         WHERE x.group_name = $1 AND x.owner_session = mine.session_id
-                           AND x.bucket = ANY ($3::bigint[])
-                           FOR UPDATE OF x SKIP LOCKED)
-    RETURNING s.bucket, s.tenures, s.quarantined_until > mine.t AS quarantined
+       SET owner_node = NULL, owner_session = NULL, updated_at = mine.t,
+           tenures = s.tenures + 1
+      FROM mine,
+           (SELECT x.bucket, x.owner_node, x.token, x.updated_at FROM lease.shards x, mine
+             WHERE x.group_name = $1 AND x.owner_session = mine.session_id
+               AND x.bucket = ANY ($3::bigint[])
+               FOR UPDATE OF x SKIP LOCKED) AS h
+     WHERE s.group_name = $1 AND s.bucket = h.bucket
+    RETURNING s.bucket, s.tenures, s.quarantined_until > mine.t AS quarantined,
+              h.owner_node AS was_node, h.token AS was_token, h.updated_at AS was_since
 ), mode AS (
     -- T2: the owner's mode, judged on the latest committed state now that its member row is
     -- locked (lease.mode_of, a fresh snapshot), as a claim judges it (C11): a control of the
@@ -635,19 +653,23 @@ WITH grp AS (
     -- waits for this release is not. Only when something was released.
     SELECT lease.mode_of($1, $2) AS mode FROM mine WHERE EXISTS (SELECT 1 FROM freed)
 ), ended AS (
-    -- T2: each released bucket's tenure, the bucket's last, ends at the release's time:
-    -- quarantined if the bucket is under quarantine then (judged on the row `freed` updated,
-    -- its latest version, which lease.quarantine writes: a quarantine committed after this
-    -- statement's snapshot counts), else drained if the owner is draining, else released.
-    -- The draining generation's buckets record nothing (T4).
-    UPDATE lease.tenures t
-       SET ended_at = mine.t,
-           reason = CASE WHEN f.quarantined THEN 'quarantined'
-                         WHEN mode.mode = 'draining' THEN 'drained'
-                         ELSE 'released' END
+    -- T2, T3: each released bucket's tenure ends at the release's time, written into the
+    -- ring slot of its number (replacing the ended tenure 8 before it): quarantined if the
+    -- bucket is under quarantine then (judged on the row `freed` updated, its latest
+    -- version, which lease.quarantine writes: a quarantine committed after this statement's
+    -- snapshot counts), else drained if the owner is draining, else released. The draining
+    -- generation's buckets record nothing (T4).
+    INSERT INTO lease.tenures AS t
+           (group_name, bucket, slot, seq, token, owner_node, began_at, ended_at, reason)
+    SELECT $1, f.bucket, f.tenures % 8, f.tenures, f.was_token, f.was_node, f.was_since,
+           mine.t,
+           CASE WHEN f.quarantined THEN 'quarantined'
+                WHEN mode.mode = 'draining' THEN 'drained'
+                ELSE 'released' END
       FROM freed f, mine, mode
-     WHERE t.group_name = $1 AND t.bucket = f.bucket AND t.slot = f.tenures % 8
-       AND t.seq = f.tenures AND t.ended_at IS NULL
+    ON CONFLICT (group_name, bucket, slot) DO UPDATE
+       SET seq = excluded.seq, token = excluded.token, owner_node = excluded.owner_node,
+           began_at = excluded.began_at, ended_at = excluded.ended_at, reason = excluded.reason
     RETURNING t.bucket
 ), freed_old AS (
     UPDATE lease.draining_shards d
@@ -747,19 +769,32 @@ pub(crate) struct HandOverRow {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
-/// A bucket's history (T1-T5): the group's shard count, and the kept tenures of bucket `$2`
-/// of group `$1`'s current generation, oldest first (by `seq`). No row: no such group; one
-/// row with a null `owner_node`: the group, and no tenure (a bucket at or above the count,
-/// T5, or one never claimed). One statement, one snapshot: the count and the rows agree (a
-/// resize deletes the group's tenures in the transaction that changes the count). Reads
-/// only: a role that may read `lease.groups` and `lease.tenures` runs it (a monitor's).
+/// A bucket's history (T1-T5): the group's shard count, and the last 8 tenures of bucket `$2`
+/// of group `$1`'s current generation, oldest first (by `seq`): when the bucket row has an
+/// owner (a live session's or a dead one's), the last 7 ended tenures of its ring and the open
+/// one, which is the row itself (owner, token, begun at `updated_at`, numbered one past the
+/// ended ones); otherwise the last 8 ended. No row: no such group; one row with a null
+/// `owner_node`: the group, and no tenure (a bucket at or above the count, T5, or one never
+/// claimed). One statement, one snapshot: the count, the row and the ring agree (a resize
+/// deletes the group's tenures in the transaction that changes the count). Reads only: a role
+/// that may read `lease.groups`, `lease.shards` and `lease.tenures` runs it (a monitor's).
 pub(crate) const HISTORY: &str = r#"
-SELECT g.shard_count, t.owner_node, t.token, t.began_at, t.ended_at, t.reason
+SELECT g.shard_count, h.owner_node, h.token, h.began_at, h.ended_at, h.reason
   FROM lease.groups g
-  LEFT JOIN lease.tenures t
-    ON t.group_name = g.name AND t.bucket = $2 AND $2 < g.shard_count
+  LEFT JOIN lease.shards s
+    ON s.group_name = g.name AND s.bucket = $2 AND $2 < g.shard_count
+  LEFT JOIN LATERAL (
+      (SELECT t.seq, t.owner_node, t.token, t.began_at, t.ended_at, t.reason
+         FROM lease.tenures t
+        WHERE t.group_name = g.name AND t.bucket = s.bucket
+        ORDER BY t.seq DESC
+        LIMIT CASE WHEN s.owner_node IS NULL THEN 8 ELSE 7 END)
+      UNION ALL
+      SELECT s.tenures + 1, s.owner_node, s.token, s.updated_at, NULL, NULL
+       WHERE s.owner_node IS NOT NULL
+  ) AS h ON true
  WHERE g.name = $1
- ORDER BY t.seq
+ ORDER BY h.seq
 "#;
 
 /// Row of [`HISTORY`].

@@ -1590,13 +1590,13 @@ async fn migration_8_keeps_the_rows_and_the_roles_of_the_previous_release() {
     }
 }
 
-/// Migration 9 (a bucket's history), additive: it keeps every row and gives each owned bucket
-/// its current tenure (its owner and token, begun at the bucket row's `updated_at`, which the
-/// claim that took it wrote), none to a bucket released before it; its `down.sql` undoes it;
-/// and roles set up by the previous release's `leasectl grant` run the new release: a worker
-/// role's claims, releases and leaves (an eviction too) begin and end tenures (the migration
-/// grants it the table and `lease.mode_of`; `lease.leave` keeps its grant), a monitor role
-/// reads them.
+/// Migration 9 (a bucket's history), additive: it keeps every row, and each owned bucket shows
+/// its current tenure with no ring row written for it (the open tenure is the bucket row: its
+/// owner and token, begun at its `updated_at`, which the claim that took it wrote), none for a
+/// bucket released before it; its `down.sql` undoes it; and roles set up by the previous
+/// release's `leasectl grant` run the new release: a worker role's claims, releases and leaves
+/// (an eviction too) end tenures into the ring (the migration grants it the table and
+/// `lease.mode_of`; `lease.leave` keeps its grant), a monitor role reads them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_9_gives_owned_buckets_their_tenure_and_keeps_the_roles() {
     use lease_core::EndReason::{Evicted, Left, Released};

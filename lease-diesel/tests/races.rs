@@ -2323,27 +2323,27 @@ async fn tenures(
         .collect()
 }
 
-/// T4 against a claim in flight: a resize clears the tenure a claim began while the resize
-/// waited for that claim's bucket row. The resize deletes the group's tenures in a statement
+/// T4 against a release in flight: a resize clears the tenure a release ended while the resize
+/// waited for that release's bucket row. The resize deletes the group's tenures in a statement
 /// after the one that moves the bucket rows (RESIZE_OPEN), whose snapshot is taken once the
-/// move has waited for every transaction holding a bucket row, so it sees the tenures they
-/// wrote. Measured with the delete before the move (in RESIZE_DROP_OLD, whose snapshot lacks
-/// the claim's uncommitted insert): the new generation's bucket 1 showed a's open tenure
-/// (token 1) of the old bucket 1.
+/// move has waited for every transaction holding a bucket row, so it sees the ends they wrote.
+/// With the delete before the move (in RESIZE_DROP_OLD, whose snapshot lacks the release's
+/// uncommitted ring row) the new generation's bucket of that number would show a's released
+/// tenure of the old one. (Before the open tenure moved to the bucket row, this test held a
+/// claim in flight: a claim of a free bucket now writes no ring row.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resize_clears_the_tenure_a_concurrent_claim_began() {
+async fn a_resize_clears_the_tenure_a_concurrent_release_ended() {
     let (url, group, [(a, a_beat), _]) = two_members(2, long()).await;
     let mut admin = connect(&url).await;
-    let mut claimer = connect(&url).await;
+    let mut releaser = connect(&url).await;
     let mut resizer = connect(&url).await;
-    let (claimer_pid, resizer_pid) = (
-        backend_pid(&mut claimer).await,
+    let (releaser_pid, resizer_pid) = (
+        backend_pid(&mut releaser).await,
         backend_pid(&mut resizer).await,
     );
 
-    exec(&mut claimer, "BEGIN").await;
     let won = ops::claim(
-        &mut claimer,
+        &mut releaser,
         None,
         &group,
         a,
@@ -2354,14 +2354,26 @@ async fn a_resize_clears_the_tenure_a_concurrent_claim_began() {
     .await
     .expect("a claims");
     assert_eq!(won.len(), 1);
+    exec(&mut releaser, "BEGIN").await;
+    let released = ops::release(
+        &mut releaser,
+        None,
+        &group,
+        a,
+        a_beat.session,
+        &[won[0].bucket],
+    )
+    .await
+    .expect("a releases");
+    assert_eq!(released, [won[0].bucket]);
     let resize = {
         let group = group.clone();
         tokio::spawn(
             async move { ops::resize(&mut resizer, None, &group, count(2), count(4)).await },
         )
     };
-    wait_blocked_by(&mut admin, resizer_pid, claimer_pid).await;
-    exec(&mut claimer, "COMMIT").await;
+    wait_blocked_by(&mut admin, resizer_pid, releaser_pid).await;
+    exec(&mut releaser, "COMMIT").await;
     resize
         .await
         .expect("the resize task")
@@ -2370,40 +2382,61 @@ async fn a_resize_clears_the_tenure_a_concurrent_claim_began() {
         assert_eq!(
             tenures(&mut admin, &group, Bucket(b)).await,
             [],
-            "bucket {b} of the new generation shows a tenure of the old one (a claimed old \
+            "bucket {b} of the new generation shows a tenure of the old one (a released old \
              bucket {})",
             won[0].bucket.0
         );
     }
 }
 
-/// T1, T3 against a claim's snapshot: a claim numbers its tenure from the bucket row's
-/// counter as its UPDATE leaves it, the row's latest version, so a tenure begun and ended
-/// after the claim's snapshot (here while the claim waits for its own member row) keeps its
-/// ring slot. Measured with the number read in the claim's snapshot (a lateral read of the
-/// bucket row's counter, 0, before a's tenure): b's tenure (token 2) took a's slot, and bucket
-/// 0's history lost a's released tenure.
+/// T1, T3 against a claim's snapshot: a claim that takes a dead session's bucket numbers the
+/// tenure it ends (expired) from the bucket row's count of ended tenures as its UPDATE leaves
+/// it, the row's latest version, so a tenure ended after the claim's snapshot (here while the
+/// claim waits for its own member row) keeps its ring slot. a holds every bucket when b's
+/// claim takes its snapshot; meanwhile a releases them (ended tenure 1) and claims them again
+/// with the same session (its open tenure, no ring row), then its session runs out; b's claim
+/// then takes them from a's dead session and ends a's second tenure as expired, ended tenure 2.
+/// With the number read in the claim's snapshot (the count 0, before a's release), a's expired
+/// tenure would take the slot of its released one, and the history would lose that holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_numbers_its_tenure_after_one_begun_since_its_snapshot() {
-    use lease_core::EndReason::Released;
-    let (url, group, [(a, a_beat), (b, b_beat)]) = two_members(SHARDS, long()).await;
+async fn a_claim_numbers_the_tenure_it_ends_after_one_ended_since_its_snapshot() {
+    use lease_core::EndReason::{Expired, Released};
+    // a's session lasts 1 s, b's 60 s; every call runs at a client time, a's before its
+    // session's end, b's claim after it.
+    let (url, group, [(a, a_beat), (b, b_beat)]) = two_members(SHARDS, short()).await;
     let mut admin = connect(&url).await;
     let mut gate = connect(&url).await;
     let mut claimer = connect(&url).await;
     let pid = backend_pid(&mut claimer).await;
+    let base = a_beat.observed_at;
+    let at = move |ms: i64| Some(base + chrono::Duration::milliseconds(ms));
+    let every: Vec<Bucket> = (0..SHARDS).map(Bucket).collect();
 
+    let first = ops::claim(
+        &mut admin,
+        at(100),
+        &group,
+        a,
+        a_beat.session,
+        SHARDS,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("a claims");
+    assert_eq!(first.len(), SHARDS as usize);
     // Hold b's member row, so b's claim takes its snapshot and then waits for the row lock.
     exec(
         &mut gate,
         &format!("BEGIN; SELECT 1 FROM lease.members WHERE node_id = '{b}' FOR UPDATE"),
     )
     .await;
+    let b_at = at(2_000);
     let claim = {
         let group = group.clone();
         tokio::spawn(async move {
             ops::claim(
                 &mut claimer,
-                None,
+                b_at,
                 &group,
                 b,
                 b_beat.session,
@@ -2415,11 +2448,13 @@ async fn a_claim_numbers_its_tenure_after_one_begun_since_its_snapshot() {
         })
     };
     wait_blocked_on_lock(&mut admin, pid).await;
-    // Meanwhile a holds every bucket and gives them back: one tenure each, ended.
-    let every: Vec<Bucket> = (0..SHARDS).map(Bucket).collect();
-    let won = ops::claim(
+    let released = ops::release(&mut admin, at(200), &group, a, a_beat.session, &every)
+        .await
+        .expect("a releases");
+    assert_eq!(released, every);
+    let again = ops::claim(
         &mut admin,
-        None,
+        at(300),
         &group,
         a,
         a_beat.session,
@@ -2427,19 +2462,39 @@ async fn a_claim_numbers_its_tenure_after_one_begun_since_its_snapshot() {
         Takeover::Allowed,
     )
     .await
-    .expect("a claims");
-    assert_eq!(won.len(), SHARDS as usize);
-    let released = ops::release(&mut admin, None, &group, a, a_beat.session, &every)
-        .await
-        .expect("a releases");
-    assert_eq!(released, every);
+    .expect("a claims again");
+    assert_eq!(again.len(), SHARDS as usize);
     exec(&mut gate, "COMMIT").await;
     let taken = claim.await.expect("the claim task");
     assert_eq!(taken.len(), SHARDS as usize, "b takes every bucket");
     for bucket in every {
+        let (t1, t2) = (
+            first
+                .iter()
+                .find(|l| l.bucket == bucket)
+                .expect("first")
+                .token
+                .0,
+            again
+                .iter()
+                .find(|l| l.bucket == bucket)
+                .expect("again")
+                .token
+                .0,
+        );
+        let t3 = taken
+            .iter()
+            .find(|l| l.bucket == bucket)
+            .expect("taken")
+            .token
+            .0;
         assert_eq!(
             tenures(&mut admin, &group, bucket).await,
-            [(a, 1, Some(Released)), (b, 2, None)],
+            [
+                (a, t1, Some(Released)),
+                (a, t2, Some(Expired)),
+                (b, t3, None)
+            ],
             "bucket {}",
             bucket.0
         );
@@ -2567,15 +2622,18 @@ async fn a_release_ends_as_quarantined_a_bucket_quarantined_after_its_snapshot()
     );
 }
 
-/// A claim never waits for its group's row, which a resize locks first (RESIZE_LOCK) and holds
-/// while it waits for bucket rows (RESIZE_MOVE): lease.tenures has no foreign key to
-/// lease.groups, whose check would share-lock the group's row after the claim has locked its
-/// bucket rows. So a claim made while a resize holds the group's row commits, and the resize
-/// waits for it and then clears the tenure it began (T4). Measured with the foreign key (`ON
-/// DELETE CASCADE`): the claim waited for the group's row, the resize for the claim's bucket
-/// row, and Postgres broke the deadlock by failing the claim ("deadlock detected").
+/// A statement ending a tenure never waits for its group's row, which a resize locks first
+/// (RESIZE_LOCK) and holds while it waits for bucket rows (RESIZE_MOVE): lease.tenures has no
+/// foreign key to lease.groups, whose check would share-lock the group's row after the
+/// statement has locked its bucket rows. So a release made while a resize holds the group's
+/// row commits, and the resize waits for it and then clears the tenure it ended (T4). With
+/// the foreign key (`ON DELETE CASCADE`) the release's ring insert would wait for the group's
+/// row, the resize for the release's bucket row: a deadlock, which Postgres breaks by failing
+/// one of them. (Before the open tenure moved to the bucket row, a claim's ring insert showed
+/// it: measured then, "deadlock detected", the claim failed. A claim of a free bucket now
+/// writes no ring row.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_beginning_a_tenure_never_waits_for_the_groups_row() {
+async fn a_release_ending_a_tenure_never_waits_for_the_groups_row() {
     let (url, group, [(a, a_beat), _]) = two_members(2, long()).await;
     let mut admin = connect(&url).await;
     let mut claimer = connect(&url).await;
@@ -2584,6 +2642,19 @@ async fn a_claim_beginning_a_tenure_never_waits_for_the_groups_row() {
         backend_pid(&mut claimer).await,
         backend_pid(&mut resizer).await,
     );
+    let held = ops::claim(
+        &mut claimer,
+        None,
+        &group,
+        a,
+        a_beat.session,
+        1,
+        Takeover::Allowed,
+    )
+    .await
+    .expect("a claims");
+    assert_eq!(held.len(), 1);
+    let bucket = held[0].bucket;
     // The resize's first lock, in a transaction the resize below continues.
     exec(
         &mut resizer,
@@ -2594,20 +2665,12 @@ async fn a_claim_beginning_a_tenure_never_waits_for_the_groups_row() {
     let claim = {
         let group = group.clone();
         tokio::spawn(async move {
-            let won = ops::claim(
-                &mut claimer,
-                None,
-                &group,
-                a,
-                a_beat.session,
-                1,
-                Takeover::Allowed,
-            )
-            .await;
-            (won, claimer)
+            let released =
+                ops::release(&mut claimer, None, &group, a, a_beat.session, &[bucket]).await;
+            (released, claimer)
         })
     };
-    // The claim returns, or waits for a lock: then the resize below would meet it.
+    // The release returns, or waits for a lock: then the resize below would meet it.
     let blocked = format!("SELECT {resizer_pid} = ANY (pg_blocking_pids({claimer_pid})) AS yes");
     for _ in 0..2_000 {
         if claim.is_finished() || flag(&mut admin, &blocked, None).await {
@@ -2622,9 +2685,9 @@ async fn a_claim_beginning_a_tenure_never_waits_for_the_groups_row() {
             (outcome, resizer)
         })
     };
-    let (won, mut claimer) = claim.await.expect("the claim task");
-    let won = won.expect("a's claim while a resize holds the group's row");
-    assert_eq!(won.len(), 1);
+    let (released, mut claimer) = claim.await.expect("the release task");
+    let released = released.expect("a's release while a resize holds the group's row");
+    assert_eq!(released, [bucket]);
     wait_blocked_by(&mut admin, resizer_pid, claimer_pid).await;
     exec(&mut claimer, "COMMIT").await;
     let (outcome, mut resizer) = resize.await.expect("the resize task");
@@ -2653,42 +2716,60 @@ async fn counter_free(admin: &mut AsyncPgConnection, group: &GroupName) -> bool 
 }
 
 /// The group's change counter is the last lock a claim or a release takes, after its tenure
-/// writes: `bumped` counts the rows `begun` and `expired` (`ended` in a release) return, which
-/// runs them to completion first. Postgres runs the data-modifying CTEs the main query does
-/// not read in the reverse of their order in the `WITH`, so without that `bumped` ran first and
-/// every claim, release and join of the group waited for the counter while one statement
-/// wrote its tenures. Here a tenure write is held up (the slot a claim inserts, inserted by a
-/// transaction left open; the row a release ends, locked), and the counter must be free
-/// meanwhile. Measured without the counts: the counter was locked while the claim waited for
-/// the slot (the 50-worker cold start of `pg_scale` went from 4-6 s to 20-52 s, its claims
-/// and heartbeats waiting for the counter).
+/// writes: `bumped` counts the rows `expired` (`ended` in a release) return, which runs them to
+/// completion first. Postgres runs the data-modifying CTEs the main query does not read in the
+/// reverse of their order in the `WITH`, so without that `bumped` ran first and every claim,
+/// release and join of the group waited for the counter while one statement wrote its
+/// tenures. Here a tenure write is held up (the ring slot the end goes to, inserted by a
+/// transaction left open), and the counter must be free meanwhile: first a claim taking a
+/// dead session's bucket (the expired end), then a release. Measured without the counts
+/// (before the open tenure moved to the bucket row, with a claim's begun tenure held up): the
+/// counter was locked while the claim waited for the slot (the 50-worker cold start of
+/// `pg_scale` went from 4-6 s to 20-52 s, its claims and heartbeats waiting for the counter).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_and_a_release_take_the_counter_after_their_tenure_writes() {
-    let (url, group, [_, (b, b_beat)]) = two_members(SHARDS, long()).await;
+    use lease_core::EndReason::{Expired, Released};
+    // a's session lasts 1 s; calls at client times, b's after a's session ended.
+    let (url, group, [(a, a_beat), (b, b_beat)]) = two_members(1, short()).await;
     let mut admin = connect(&url).await;
     let mut gate = connect(&url).await;
     let mut worker = connect(&url).await;
     let (gate_pid, worker_pid) = (backend_pid(&mut gate).await, backend_pid(&mut worker).await);
-
-    // The slot bucket 0's first tenure goes to, inserted by a transaction left open.
-    exec(
-        &mut gate,
-        &format!(
-            "BEGIN; INSERT INTO lease.tenures (group_name, bucket, slot, seq, token, owner_node, \
-             began_at) VALUES ('{group}', 0, 1, 1, 1, '{b}', clock_timestamp())"
-        ),
+    let base = a_beat.observed_at;
+    let at = move |ms: i64| Some(base + chrono::Duration::milliseconds(ms));
+    let held = ops::claim(
+        &mut admin,
+        at(100),
+        &group,
+        a,
+        a_beat.session,
+        1,
+        Takeover::Allowed,
     )
-    .await;
+    .await
+    .expect("a claims");
+    assert_eq!(held.len(), 1);
+
+    // The slot a's tenure ends in (ended tenure 1), inserted by a transaction left open.
+    let hold_slot = |slot: i32| {
+        format!(
+            "BEGIN; INSERT INTO lease.tenures (group_name, bucket, slot, seq, token, owner_node, \
+             began_at, ended_at, reason) VALUES ('{group}', 0, {slot}, {slot}, 1, '{b}', \
+             clock_timestamp(), clock_timestamp(), 'released')"
+        )
+    };
+    exec(&mut gate, &hold_slot(1)).await;
     let claim = {
         let group = group.clone();
+        let b_at = at(2_000);
         tokio::spawn(async move {
             let won = ops::claim(
                 &mut worker,
-                None,
+                b_at,
                 &group,
                 b,
                 b_beat.session,
-                SHARDS,
+                1,
                 Takeover::Allowed,
             )
             .await
@@ -2704,28 +2785,28 @@ async fn a_claim_and_a_release_take_the_counter_after_their_tenure_writes() {
         free_while_claiming,
         "the claim held the group's counter while it wrote its tenures"
     );
-    assert_eq!(won.len(), SHARDS as usize);
+    assert_eq!(won.len(), 1, "b takes a's bucket");
 
-    // The row bucket 0's tenure ends in, locked.
-    exec(
-        &mut gate,
-        &format!(
-            "BEGIN; SELECT 1 FROM lease.tenures WHERE group_name = '{group}' AND bucket = 0 \
-             FOR UPDATE"
-        ),
-    )
-    .await;
+    // The slot b's tenure ends in (ended tenure 2), likewise.
+    exec(&mut gate, &hold_slot(2)).await;
     let release = {
         let group = group.clone();
         tokio::spawn(async move {
-            ops::release(&mut worker, None, &group, b, b_beat.session, &[Bucket(0)])
-                .await
-                .expect("b's release")
+            ops::release(
+                &mut worker,
+                at(2_100),
+                &group,
+                b,
+                b_beat.session,
+                &[Bucket(0)],
+            )
+            .await
+            .expect("b's release")
         })
     };
     wait_blocked_by(&mut admin, worker_pid, gate_pid).await;
     let free_while_releasing = counter_free(&mut admin, &group).await;
-    exec(&mut gate, "COMMIT").await;
+    exec(&mut gate, "ROLLBACK").await;
     assert_eq!(release.await.expect("the release task"), [Bucket(0)]);
     assert!(
         free_while_releasing,
@@ -2733,6 +2814,9 @@ async fn a_claim_and_a_release_take_the_counter_after_their_tenure_writes() {
     );
     assert_eq!(
         tenures(&mut admin, &group, Bucket(0)).await,
-        [(b, won[0].token.0, Some(lease_core::EndReason::Released))]
+        [
+            (a, held[0].token.0, Some(Expired)),
+            (b, won[0].token.0, Some(Released))
+        ]
     );
 }
