@@ -184,16 +184,6 @@ fn ended(reason: EndReason) -> &'static str {
 /// What the policy makes the members do next about the bucket.
 fn next(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> String {
     let view = snap.view();
-    // What the owner plans with, as its worker does: what it holds, less the quarantined
-    // buckets it is letting go anyway.
-    let mine = |w: WorkerId| -> Vec<Bucket> {
-        snap.buckets
-            .iter()
-            .filter(|b| b.state == BucketState::Live && b.owner == Some(w))
-            .filter(|b| b.quarantined_until.is_none())
-            .map(|b| b.bucket)
-            .collect()
-    };
     if info.state == BucketState::Live
         && let Some(w) = info.owner
     {
@@ -207,7 +197,7 @@ fn next(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> String {
         let Some(member) = member else {
             return format!("Next: {w} is not a live member any more; the bucket waits for it.");
         };
-        let held = mine(w);
+        let held = planned_with(snap, w);
         let plan = policy::plan(&view, w, &held);
         // The worker's own rule: an operator's drain, or weight 0, is why it sheds.
         let reason = if member.weight == 0 {
@@ -285,17 +275,12 @@ fn claimers(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> Stri
     if view.members.is_empty() {
         return "no member is live, so the first worker to join claims it".to_owned();
     }
-    let leases = snap.live_leases();
     let room: Vec<(WorkerId, u32)> = view
         .members
         .iter()
         .filter(|m| Some(m.worker) != info.owner || info.state != BucketState::Live)
         .filter_map(|m| {
-            let held: Vec<Bucket> = leases
-                .iter()
-                .filter(|l| l.owner == m.worker)
-                .map(|l| l.bucket)
-                .collect();
+            let held = planned_with(snap, m.worker);
             let plan = policy::plan(&view, m.worker, &held);
             // Once this bucket is free, every member short of its target may take it.
             let short = plan.target.saturating_sub(held.len() as u32);
@@ -321,6 +306,17 @@ fn claimers(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> Stri
                 .join(", ")
         ),
     }
+}
+
+/// What member `w` plans with, as its worker does: the buckets it holds, less the quarantined
+/// ones it is letting go anyway.
+fn planned_with(snap: &GroupSnapshot, w: WorkerId) -> Vec<Bucket> {
+    snap.buckets
+        .iter()
+        .filter(|b| b.state == BucketState::Live && b.owner == Some(w))
+        .filter(|b| b.quarantined_until.is_none())
+        .map(|b| b.bucket)
+        .collect()
 }
 
 /// The old buckets a new bucket still waits for while a resize drains.
@@ -453,6 +449,17 @@ mod tests {
                 .expect("release");
         }
 
+        async fn weight(&self, w: WorkerId, n: u32) {
+            self.store
+                .control(
+                    &self.name,
+                    w,
+                    MemberControl::Weight(lease::Weight::new(n).expect("weight")),
+                )
+                .await
+                .expect("weight");
+        }
+
         async fn mode(&self, w: WorkerId, m: MemberMode) {
             self.store
                 .control(&self.name, w, MemberControl::Mode(m))
@@ -532,14 +539,7 @@ mod tests {
             "sheds 1 of its highest-numbered buckets (3), not this one",
         );
         // At weight 0 the worker revokes with reason drained.
-        g.store
-            .control(
-                &g.name,
-                a,
-                MemberControl::Weight(lease::Weight::new(0).expect("weight")),
-            )
-            .await
-            .expect("weight 0");
+        g.weight(a, 0).await;
         let why = g.why(2).await;
         has(&why, "this bucket included (reason drained)");
         // An owner gone with its session, the bucket under quarantine: nobody takes it yet.
@@ -643,14 +643,7 @@ mod tests {
             "no member is live, so the first worker to join claims it",
         );
         g.claim(a, 1).await;
-        g.store
-            .control(
-                &g.name,
-                a,
-                MemberControl::Weight(lease::Weight::new(0).expect("weight")),
-            )
-            .await
-            .expect("weight 0");
+        g.weight(a, 0).await;
         let why = g.why(1).await;
         has(&why, "no live member has room for it");
         has(&why, "or a cordoned member is uncordoned");
