@@ -1825,6 +1825,15 @@ pub async fn snapshot_lists_every_member<S: LeaseStore>(store: S, clock: ManualC
 
 // ---- changes -------------------------------------------------------------------------------
 
+/// The group's change feed, which this suite expects every store to have.
+async fn feed<S: LeaseStore + ?Sized>(store: &S, g: &GroupName) -> ChangeFeed {
+    store
+        .changes(g)
+        .await
+        .expect("changes")
+        .expect("this suite expects a store with a change feed")
+}
+
 async fn next_change(feed: &mut ChangeFeed, what: &str) -> Change {
     // A real-time bound on a notification that should arrive at once; it fails loudly
     // rather than hanging the suite.
@@ -1843,11 +1852,7 @@ pub async fn changes_report_joins_releases_and_leaves<S: LeaseStore>(
 ) {
     let g = setup(&store, "orders", 4).await;
     let other = setup(&store, "other", 4).await;
-    let mut feed = store
-        .changes(&g)
-        .await
-        .expect("changes")
-        .expect("this suite expects a store with a change feed");
+    let mut feed = feed(&store, &g).await;
     let [a, b] = workers(2)[..] else {
         unreachable!()
     };
@@ -1963,11 +1968,7 @@ pub async fn a_new_session_is_a_member_of_no_group<S: LeaseStore>(store: S, cloc
     beat(&store, &orders, a).await;
     beat(&store, &billing, a).await;
     claim(&store, &orders, a, 4).await;
-    let mut feed = store
-        .changes(&orders)
-        .await
-        .expect("changes")
-        .expect("this suite expects a store with a change feed");
+    let mut feed = feed(&store, &orders).await;
     clock.advance(secs(TTL_SECS));
     let hb = node_beat(&store, a, &[]).await;
     assert!(hb.new_session);
@@ -2038,11 +2039,7 @@ pub async fn join_is_idempotent_and_touches_no_other_group<S: LeaseStore>(
     beat(&store, &billing, a).await;
     claim(&store, &billing, a, 2).await;
     let before = store.snapshot(&billing).await.expect("snapshot");
-    let mut feed = store
-        .changes(&orders)
-        .await
-        .expect("changes")
-        .expect("this suite expects a store with a change feed");
+    let mut feed = feed(&store, &orders).await;
     let session = session(&store, &billing, a).await;
     let joined_at = clock.now();
     store.join(&orders, a, session).await.expect("join");
@@ -2671,11 +2668,7 @@ pub async fn ensure_group_accepts_the_count_resized_from<S: LeaseStore>(
 /// W1, Z2: a resize reaches a feed opened before it.
 pub async fn resize_sends_a_change<S: LeaseStore>(store: S, _clock: ManualClock) {
     let g = setup(&store, "orders", 4).await;
-    let mut feed = store
-        .changes(&g)
-        .await
-        .expect("changes")
-        .expect("this suite expects a store with a change feed");
+    let mut feed = feed(&store, &g).await;
     resize(&store, &g, 4, 6).await;
     assert_eq!(next_change(&mut feed, "resize").await, Change::Resized);
 }

@@ -466,11 +466,7 @@ pub async fn a_handed_over_session_without_successor_expires<S: LeaseStore>(
 pub async fn controls_wake_the_group<S: LeaseStore>(store: S, _clock: ManualClock) {
     use lease_core::Change;
     let g = setup(&store, "orders", 4).await;
-    let mut feed = store
-        .changes(&g)
-        .await
-        .expect("changes")
-        .expect("this suite expects a store with a change feed");
+    let mut feed = super::feed(&store, &g).await;
     let [a, b] = workers(2)[..] else {
         unreachable!()
     };
