@@ -223,6 +223,43 @@ pub async fn a_rolling_restart_with_hand_over_moves_nothing<S: LeaseStore + Clon
     nodes.shutdown().await;
 }
 
+/// A node with `keep_on_stop` (10 s) whose application of "orders" takes `revoke` to
+/// acknowledge a revocation, given up on after `ack_limit`; returned once it owns the group.
+async fn start_slow_keeper<S: LeaseStore + Clone + 'static>(
+    nodes: &mut Nodes<S>,
+    env: &Env<S>,
+    ack_limit: Duration,
+    revoke: Duration,
+) -> WorkerId {
+    let id = WorkerId::new();
+    nodes
+        .start_with(&[], |b| {
+            b.node_id(id)
+                .keep_on_stop(Duration::from_secs(10))
+                .revoke_ack_limit(ack_limit)
+        })
+        .await;
+    nodes
+        .add_slow(
+            id,
+            "orders",
+            super::Slow {
+                revoke,
+                ..super::Slow::default()
+            },
+        )
+        .await;
+    let shards = nodes.groups[&Nodes::<S>::group("orders")].0 as usize;
+    until(
+        3 * RENEW + env.slack(),
+        "the node owns the group",
+        || nodes.owned("orders").get(&id) == Some(&shards),
+        || nodes.owned("orders"),
+    )
+    .await;
+    id
+}
+
 /// A node whose application does not acknowledge its shutdown revocations within the limit
 /// (a stuck bucket) does not hand its session over, though configured to: a successor would
 /// hold the stuck bucket under the same token while the old application may still write. The
@@ -232,29 +269,11 @@ pub async fn a_stop_with_a_stuck_bucket_does_not_hand_over<S: LeaseStore + Clone
     env: Env<S>,
 ) {
     let mut nodes = Nodes::new(&env, &[("orders", 4)]);
-    let id = WorkerId::new();
-    nodes
-        .start_with(&[], |b| {
-            b.node_id(id)
-                .keep_on_stop(Duration::from_secs(10))
-                .revoke_ack_limit(Duration::from_millis(200))
-        })
-        .await;
-    nodes
-        .add_slow(
-            id,
-            "orders",
-            super::Slow {
-                revoke: Duration::from_secs(1),
-                ..super::Slow::default()
-            },
-        )
-        .await;
-    until(
-        3 * RENEW + env.slack(),
-        "the node owns the group",
-        || nodes.owned("orders").get(&id) == Some(&4),
-        || nodes.owned("orders"),
+    let id = start_slow_keeper(
+        &mut nodes,
+        &env,
+        Duration::from_millis(200),
+        Duration::from_secs(1),
     )
     .await;
     nodes.stop(id).await;
@@ -368,29 +387,11 @@ pub async fn a_hand_over_after_the_session_ended_fails<S: LeaseStore + Clone + '
     env: Env<S>,
 ) {
     let mut nodes = Nodes::new(&env, &[("orders", 1)]);
-    let id = WorkerId::new();
-    nodes
-        .start_with(&[], |b| {
-            b.node_id(id)
-                .keep_on_stop(Duration::from_secs(10))
-                .revoke_ack_limit(Duration::from_secs(30))
-        })
-        .await;
-    nodes
-        .add_slow(
-            id,
-            "orders",
-            super::Slow {
-                revoke: super::TTL + RENEW,
-                ..super::Slow::default()
-            },
-        )
-        .await;
-    until(
-        3 * RENEW + env.slack(),
-        "the node owns the group",
-        || nodes.owned("orders").get(&id) == Some(&1),
-        || nodes.owned("orders"),
+    let id = start_slow_keeper(
+        &mut nodes,
+        &env,
+        Duration::from_secs(30),
+        super::TTL + RENEW,
     )
     .await;
     let node = nodes.nodes.remove(&id).expect("a running node");
