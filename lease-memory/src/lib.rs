@@ -49,366 +49,37 @@
 
 #![warn(missing_docs)]
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+pub mod state;
+
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use lease_core::{
-    BackendFailure, Bucket, BucketInfo, BucketState, Change, ChangeFeed, Clock, FencingToken,
-    GroupBeat, GroupName, GroupSnapshot, GroupStamp, GroupView, Heartbeat, Incarnation, Lease,
-    LeaseStore, MemberInfo, MemberLoad, MemberMetadata, MemberMode, NodeInfo, NodesSnapshot,
-    Operation, SessionId, ShardCount, StoreError, SystemClock, Takeover, Timestamp, Ttl, ViewStamp,
-    WorkerId, store_precision,
+    BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot,
+    GroupStamp, Heartbeat, Incarnation, Lease, LeaseStore, MemberControl, MemberMetadata,
+    NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionId, ShardCount, StoreError,
+    SystemClock, Takeover, Tenure, Timestamp, Ttl, WorkerId, store_precision,
 };
-use lease_core::{EndReason, MemberControl, QuarantineFor, Tenure, Tenures, Weight};
-use lease_core::{Generation, ResizeOutcome, resize};
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
+
+use crate::state::State;
 
 /// How many unread changes a feed buffers before reporting [`Change::Missed`].
 const FEED_CAPACITY: usize = 256;
 
 #[derive(Debug, Default)]
-struct BucketRow {
-    owner: Option<(WorkerId, SessionId)>,
-    token: i64,
-    /// C9: the node of the last session that held it.
-    last_node: Option<WorkerId>,
-    /// T1-T3: its last tenures (the current generation's only: T4).
-    tenures: Tenures,
-}
-
-/// A node's session: the only row a renewal writes.
-#[derive(Debug)]
-struct NodeRow {
-    session: SessionId,
-    /// The process start that began `session`: the only one that may extend it.
-    incarnation: Incarnation,
-    started_at: Timestamp,
-    heartbeat_at: Timestamp,
-    expires_at: Timestamp,
-    metadata: MemberMetadata,
-    /// HO1: handed over, waiting for a successor.
-    handed_over: bool,
-}
-
-impl NodeRow {
-    fn is_live(&self, now: Timestamp) -> bool {
-        now < self.expires_at
-    }
-}
-
-type Nodes = BTreeMap<WorkerId, NodeRow>;
-
-/// A node's membership of a group. A member row exists only under its node's current session
-/// (a new session removes them all), so its sets are of that session.
-#[derive(Debug)]
-struct MemberRow {
-    joined_at: Timestamp,
-    /// Buckets of the current generation recorded under the node's session. Exact while the
-    /// session is live: a bucket leaves a live session only by release or leave, both of which
-    /// update this set.
-    held: BTreeSet<Bucket>,
-    /// Buckets of the draining generation recorded under the session (moved here from `held`
-    /// by a resize); exact the same way.
-    held_old: BTreeSet<Bucket>,
-}
-
-#[derive(Debug)]
-struct GroupState {
-    shards: ShardCount,
-    buckets: Vec<BucketRow>,
-    members: BTreeMap<WorkerId, MemberRow>,
-    generation: Generation,
-    /// The count the current generation was resized from.
-    previous: Option<ShardCount>,
-    /// The previous generation's rows (of `previous` buckets) while it may drain; emptied by
-    /// the first operation that finds every one retired.
-    old: Vec<BucketRow>,
-    /// The change counter of H8: moves with every change a view could show.
-    version: u64,
-    /// K1: controls set, by node (absent: weight 1, active).
-    controls: BTreeMap<WorkerId, (u32, MemberMode)>,
-    /// Q1: buckets of the current generation under quarantine, and when it ends (past ends
-    /// are ignored, and dropped by the next quarantine call).
-    quarantines: BTreeMap<Bucket, Timestamp>,
-}
-
-/// Whether `node`'s session is `session` and live.
-fn session_live(nodes: &Nodes, node: WorkerId, session: SessionId, now: Timestamp) -> bool {
-    nodes
-        .get(&node)
-        .is_some_and(|n| n.session == session && n.is_live(now))
-}
-
-fn node_live(nodes: &Nodes, node: WorkerId, now: Timestamp) -> bool {
-    nodes.get(&node).is_some_and(|n| n.is_live(now))
-}
-
-impl GroupState {
-    fn bump(&mut self) {
-        self.version += 1;
-    }
-
-    /// The member row of `node`, if `session` is its node's live session.
-    fn live_member_mut(
-        &mut self,
-        nodes: &Nodes,
-        node: WorkerId,
-        session: SessionId,
-        now: Timestamp,
-    ) -> Option<&mut MemberRow> {
-        self.members
-            .get_mut(&node)
-            .filter(|_| session_live(nodes, node, session, now))
-    }
-
-    /// Owned: recorded under its node's live session, the node a member of the group.
-    fn is_owned_live(&self, nodes: &Nodes, row: &BucketRow, now: Timestamp) -> bool {
-        row.owner
-            .is_some_and(|(w, s)| self.members.contains_key(&w) && session_live(nodes, w, s, now))
-    }
-
-    /// Z3: an old bucket is retired once released or once its session is not live; with
-    /// `Takeover::Deferred` (C8) only a released one counts.
-    fn retired(&self, nodes: &Nodes, row: &BucketRow, now: Timestamp, takeover: Takeover) -> bool {
-        match takeover {
-            Takeover::Deferred => row.owner.is_none(),
-            _ => !self.is_owned_live(nodes, row, now),
-        }
-    }
-
-    /// Old buckets not retired yet; when none is left, the old generation is dropped.
-    fn draining(&mut self, nodes: &Nodes, now: Timestamp) -> u32 {
-        let n = self
-            .old
-            .iter()
-            .filter(|row| !self.retired(nodes, row, now, Takeover::Allowed))
-            .count();
-        if n == 0 && !self.old.is_empty() {
-            self.old = Vec::new();
-            for m in self.members.values_mut() {
-                m.held_old.clear();
-            }
-        }
-        n as u32
-    }
-
-    /// C8: whether every old bucket new bucket `i` shares keys with is retired.
-    fn parents_retired(&self, nodes: &Nodes, i: usize, now: Timestamp, takeover: Takeover) -> bool {
-        let Some(from) = self.previous.filter(|_| !self.old.is_empty()) else {
-            return true;
-        };
-        resize::parents(from, self.shards, Bucket(i as u32))
-            .iter()
-            .all(|p| self.retired(nodes, &self.old[p.0 as usize], now, takeover))
-    }
-
-    fn bucket_info(&self, nodes: &Nodes, i: usize, row: &BucketRow, now: Timestamp) -> BucketInfo {
-        let session = row.owner.and_then(|(w, s)| {
-            nodes
-                .get(&w)
-                .filter(|n| n.session == s && self.members.contains_key(&w))
-        });
-        let state = match (row.owner, session) {
-            (None, _) => BucketState::Unowned,
-            (Some(_), Some(n)) if n.is_live(now) => BucketState::Live,
-            (Some(_), _) => BucketState::Expired,
-        };
-        BucketInfo {
-            bucket: Bucket(i as u32),
-            owner: row.owner.map(|(w, _)| w),
-            session: row.owner.map(|(_, s)| s),
-            token: FencingToken(row.token),
-            expires_at: session.map(|n| n.expires_at),
-            state,
-            quarantined_until: self.quarantined(Bucket(i as u32), now),
-        }
-    }
-
-    /// K1: a node's weight and mode.
-    fn control(&self, node: WorkerId) -> (u32, MemberMode) {
-        self.controls
-            .get(&node)
-            .copied()
-            .unwrap_or((Weight::DEFAULT.get(), MemberMode::Active))
-    }
-
-    /// Q1: when `bucket`'s quarantine ends, if it is under one at `now`.
-    fn quarantined(&self, bucket: Bucket, now: Timestamp) -> Option<Timestamp> {
-        self.quarantines
-            .get(&bucket)
-            .copied()
-            .filter(|&end| now < end)
-    }
-
-    fn live_held(&self, nodes: &Nodes, now: Timestamp) -> usize {
-        self.members
-            .iter()
-            .filter(|(w, _)| node_live(nodes, **w, now))
-            .map(|(_, m)| m.held.len())
-            .sum()
-    }
-
-    /// H3: remove the member rows of nodes whose sessions are dead; the nodes removed.
-    fn remove_dead_members(&mut self, nodes: &Nodes, now: Timestamp) -> Vec<WorkerId> {
-        let dead: Vec<WorkerId> = self
-            .members
-            .keys()
-            .copied()
-            .filter(|w| !node_live(nodes, *w, now))
-            .collect();
-        for w in &dead {
-            self.members.remove(w);
-        }
-        if !dead.is_empty() {
-            self.bump();
-        }
-        dead
-    }
-
-    /// H4: the view of the group and `node`'s leases in it, expiring at `expires_at`.
-    fn beat(
-        &self,
-        nodes: &Nodes,
-        group: &GroupName,
-        node: WorkerId,
-        draining: u32,
-        expires_at: Timestamp,
-        now: Timestamp,
-    ) -> GroupBeat {
-        let mut owned: Vec<Lease> = Vec::new();
-        if let Some(me) = self.members.get(&node) {
-            owned = me
-                .held
-                .iter()
-                .map(|&bucket| Lease {
-                    bucket,
-                    shards: self.shards,
-                    owner: node,
-                    token: FencingToken(self.buckets[bucket.0 as usize].token),
-                    expires_at,
-                })
-                .chain(me.held_old.iter().filter_map(|&bucket| {
-                    Some(Lease {
-                        bucket,
-                        shards: self.previous?,
-                        owner: node,
-                        token: FencingToken(self.old.get(bucket.0 as usize)?.token),
-                        expires_at,
-                    })
-                }))
-                .collect();
-            owned.sort_by_key(|l| l.bucket);
-        }
-        let members = self
-            .members
-            .iter()
-            .filter(|(w, _)| node_live(nodes, **w, now))
-            .map(|(&w, m)| {
-                let (weight, mode) = self.control(w);
-                MemberLoad {
-                    worker: w,
-                    owned: m.held.len() as u32,
-                    weight,
-                    mode,
-                }
-            })
-            .collect();
-        let quarantined: Vec<(Bucket, Timestamp)> = self
-            .quarantines
-            .iter()
-            .filter(|&(_, &end)| now < end)
-            .map(|(&b, &end)| (b, end))
-            .collect();
-        let held_quarantined = quarantined
-            .iter()
-            .filter(|(b, _)| self.is_owned_live(nodes, &self.buckets[b.0 as usize], now))
-            .count();
-        let claimable = (self.shards.get() as usize
-            - self.live_held(nodes, now)
-            - (quarantined.len() - held_quarantined)) as u32;
-        // Q3: not "unchanged" past a quarantine's end, nor past another member's expiry.
-        let until = self
-            .members
-            .keys()
-            .filter(|&&w| w != node)
-            .filter_map(|w| nodes.get(w).filter(|n| n.is_live(now)))
-            .map(|n| n.expires_at)
-            .chain(quarantined.iter().map(|&(_, end)| end))
-            .min();
-        let own_quarantined = owned
-            .iter()
-            .filter(|l| l.shards == self.shards && self.quarantined(l.bucket, now).is_some())
-            .map(|l| l.bucket)
-            .collect();
-        GroupBeat {
-            group: group.clone(),
-            view: GroupView {
-                shard_count: self.shards,
-                members,
-                claimable,
-                generation: self.generation,
-                previous: self.previous,
-                draining,
-                quarantined: quarantined.len() as u32,
-            },
-            owned,
-            stamp: ViewStamp::new(self.version, until),
-            quarantined: own_quarantined,
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct State {
-    nodes: Nodes,
-    groups: HashMap<GroupName, GroupState>,
+struct Inner {
+    state: State,
     feeds: HashMap<GroupName, broadcast::Sender<Change>>,
-}
-
-impl State {
-    fn group_mut(&mut self, group: &GroupName) -> Result<&mut GroupState, StoreError> {
-        self.groups.get_mut(group).ok_or_else(|| not_found(group))
-    }
-
-    /// The nodes and a group, borrowed apart.
-    fn split(&mut self, group: &GroupName) -> Result<(&Nodes, &mut GroupState), StoreError> {
-        let g = self.groups.get_mut(group).ok_or_else(|| not_found(group))?;
-        Ok((&self.nodes, g))
-    }
-
-    fn notify(&self, group: &GroupName, change: Change) {
-        if let Some(tx) = self.feeds.get(group) {
-            // No receiver left is not an error: wake-ups are hints for whoever listens.
-            tx.send(change).ok();
-        }
-    }
-
-    /// The groups `node` is a member of, sorted by name.
-    fn groups_of(&self, node: WorkerId) -> Vec<GroupName> {
-        let mut names: Vec<GroupName> = self
-            .groups
-            .iter()
-            .filter(|(_, g)| g.members.contains_key(&node))
-            .map(|(name, _)| name.clone())
-            .collect();
-        names.sort();
-        names
-    }
-}
-
-fn not_found(group: &GroupName) -> StoreError {
-    StoreError::GroupNotFound {
-        group: group.clone(),
-    }
 }
 
 /// The in-memory [`LeaseStore`]. Cheap to clone: clones share the same state.
 #[derive(Clone, Debug)]
 pub struct MemoryLeaseStore {
-    state: Arc<Mutex<State>>,
+    inner: Arc<Mutex<Inner>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -427,13 +98,13 @@ impl MemoryLeaseStore {
     /// A store deciding expiry by `clock` (a [`lease_core::ManualClock`] in tests).
     pub fn with_clock(clock: impl Clock + 'static) -> Self {
         Self {
-            state: Arc::new(Mutex::new(State::default())),
+            inner: Arc::new(Mutex::new(Inner::default())),
             clock: Arc::new(clock),
         }
     }
 
-    fn lock(&self, op: Operation) -> Result<(MutexGuard<'_, State>, Timestamp), StoreError> {
-        let guard = self.state.lock().map_err(|_| {
+    fn lock(&self, op: Operation) -> Result<(MutexGuard<'_, Inner>, Timestamp), StoreError> {
+        let guard = self.inner.lock().map_err(|_| {
             StoreError::backend_detail(
                 op,
                 BackendFailure::Corrupt,
@@ -443,39 +114,30 @@ impl MemoryLeaseStore {
         // Read the clock under the lock, so operations are ordered as their times are.
         Ok((guard, store_precision(self.clock.now())))
     }
+
+    /// Run `f` on the state at the store's time, then deliver the changes it sent.
+    fn run<T>(
+        &self,
+        op: Operation,
+        f: impl FnOnce(&mut State, Timestamp) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let (mut inner, now) = self.lock(op)?;
+        let result = f(&mut inner.state, now);
+        let Inner { state, feeds } = &mut *inner;
+        for (group, change) in state.outbox.drain(..) {
+            if let Some(tx) = feeds.get(&group) {
+                // No receiver left is not an error: wake-ups are hints for whoever listens.
+                tx.send(change).ok();
+            }
+        }
+        result
+    }
 }
 
 #[async_trait]
 impl LeaseStore for MemoryLeaseStore {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
-        let (mut state, _now) = self.lock(Operation::EnsureGroup)?;
-        match state.groups.get(group) {
-            // E3: the count the group was resized from is accepted too (the caller adopts).
-            Some(g) if g.shards == shards || g.previous == Some(shards) => Ok(()),
-            Some(g) => Err(StoreError::ShardCountMismatch {
-                group: group.clone(),
-                configured: shards,
-                found: g.shards,
-            }),
-            None => {
-                let buckets = shards.buckets().map(|_| BucketRow::default()).collect();
-                state.groups.insert(
-                    group.clone(),
-                    GroupState {
-                        shards,
-                        buckets,
-                        members: BTreeMap::new(),
-                        generation: Generation::default(),
-                        previous: None,
-                        old: Vec::new(),
-                        version: 0,
-                        controls: BTreeMap::new(),
-                        quarantines: BTreeMap::new(),
-                    },
-                );
-                Ok(())
-            }
-        }
+        self.run(Operation::EnsureGroup, |s, _| s.ensure_group(group, shards))
     }
 
     async fn heartbeat(
@@ -486,104 +148,8 @@ impl LeaseStore for MemoryLeaseStore {
         metadata: &MemberMetadata,
         seen: &[GroupStamp],
     ) -> Result<Heartbeat, StoreError> {
-        let (mut state, now) = self.lock(Operation::Heartbeat)?;
-        if let Some(other) = state
-            .nodes
-            .get(&node)
-            .filter(|n| n.is_live(now) && n.incarnation != incarnation && !n.handed_over)
-        {
-            return Err(StoreError::WorkerIdInUse {
-                worker: node,
-                expires_at: other.expires_at,
-            });
-        }
-        let expires_at = now + ttl.as_chrono();
-        let new_session = !node_live(&state.nodes, node, now);
-        if new_session {
-            // H2: a new session is a member of no group.
-            for name in state.groups_of(node) {
-                if let Ok(g) = state.group_mut(&name) {
-                    g.members.remove(&node);
-                    g.bump();
-                }
-                state.notify(&name, Change::Left(node));
-            }
-            state.nodes.insert(
-                node,
-                NodeRow {
-                    session: SessionId::new(),
-                    incarnation,
-                    started_at: now,
-                    heartbeat_at: now,
-                    expires_at,
-                    metadata: metadata.clone(),
-                    handed_over: false,
-                },
-            );
-            // H9: dead nodes in no group go.
-            let members: BTreeSet<WorkerId> = state
-                .groups
-                .values()
-                .flat_map(|g| g.members.keys().copied())
-                .collect();
-            state
-                .nodes
-                .retain(|&w, n| w == node || n.is_live(now) || members.contains(&w));
-        }
-        let session = {
-            let me = state.nodes.get_mut(&node).ok_or_else(|| {
-                StoreError::backend_detail(
-                    Operation::Heartbeat,
-                    BackendFailure::Corrupt,
-                    "the memory store lost a node row it had just written",
-                )
-            })?;
-            me.expires_at = expires_at;
-            me.heartbeat_at = now;
-            me.metadata = metadata.clone();
-            // HO3: a handed-over session is now this incarnation's.
-            me.incarnation = incarnation;
-            me.handed_over = false;
-            me.session
-        };
-        let mut groups = Vec::new();
-        let mut unchanged = Vec::new();
-        let mut dead_nodes: BTreeSet<WorkerId> = BTreeSet::new();
-        for name in state.groups_of(node) {
-            let (nodes, g) = state.split(&name)?;
-            dead_nodes.extend(g.remove_dead_members(nodes, now));
-            let draining = g.draining(nodes, now);
-            let beat = g.beat(nodes, &name, node, draining, expires_at, now);
-            // H8: the same version means no change a view could show (a member whose session
-            // ended was removed just above, which moved it), unless a quarantine the view
-            // counted has ended since (Q3: its `until`).
-            let same = seen.iter().any(|s| {
-                s.group == name
-                    && s.stamp.version() == g.version
-                    && s.stamp.until().is_none_or(|u| now < u)
-            });
-            if same {
-                unchanged.push(GroupStamp {
-                    group: name,
-                    stamp: beat.stamp,
-                });
-            } else {
-                groups.push(beat);
-            }
-        }
-        // H3: nodes found dead that are members of no group any more go too.
-        for dead in dead_nodes {
-            if state.groups_of(dead).is_empty() {
-                state.nodes.remove(&dead);
-            }
-        }
-        Ok(Heartbeat {
-            session,
-            new_session,
-            observed_at: now,
-            expires_at,
-            groups,
-            unchanged,
+        self.run(Operation::Heartbeat, |s, now| {
+            s.heartbeat(now, node, incarnation, ttl, metadata, seen)
         })
     }
 
@@ -593,28 +159,7 @@ impl LeaseStore for MemoryLeaseStore {
         node: WorkerId,
         session: SessionId,
     ) -> Result<(), StoreError> {
-        let (mut state, now) = self.lock(Operation::Join)?;
-        let (nodes, g) = state.split(group)?;
-        if !session_live(nodes, node, session, now) {
-            return Err(StoreError::SessionExpired {
-                group: group.clone(),
-                worker: node,
-            });
-        }
-        if g.members.contains_key(&node) {
-            return Ok(());
-        }
-        g.members.insert(
-            node,
-            MemberRow {
-                joined_at: now,
-                held: BTreeSet::new(),
-                held_old: BTreeSet::new(),
-            },
-        );
-        g.bump();
-        state.notify(group, Change::Joined(node));
-        Ok(())
+        self.run(Operation::Join, |s, now| s.join(now, group, node, session))
     }
 
     async fn claim(
@@ -625,87 +170,9 @@ impl LeaseStore for MemoryLeaseStore {
         want: u32,
         takeover: Takeover,
     ) -> Result<Vec<Lease>, StoreError> {
-        let (mut state, now) = self.lock(Operation::Claim)?;
-        let (nodes, g) = state.split(group)?;
-        g.draining(nodes, now);
-        let (expires_at, renewed_at) = match g.live_member_mut(nodes, worker, session, now) {
-            Some(_) => nodes
-                .get(&worker)
-                .map(|n| (n.expires_at, n.heartbeat_at))
-                .ok_or_else(|| StoreError::SessionExpired {
-                    group: group.clone(),
-                    worker,
-                })?,
-            None => {
-                return Err(StoreError::SessionExpired {
-                    group: group.clone(),
-                    worker,
-                });
-            }
-        };
-        // C11: a cordoned or draining member claims nothing.
-        if g.control(worker).1 != MemberMode::Active {
-            return Ok(Vec::new());
-        }
-        let take_dead = takeover.takes_dead(now - renewed_at);
-        let effective = if take_dead {
-            Takeover::Allowed
-        } else {
-            Takeover::Deferred
-        };
-        let (mut picked, others): (Vec<usize>, Vec<usize>) = g
-            .shards
-            .claim_order(worker)
-            .map(|b| b.0 as usize)
-            .filter(|&i| {
-                if take_dead {
-                    !g.is_owned_live(nodes, &g.buckets[i], now)
-                } else {
-                    g.buckets[i].owner.is_none()
-                }
-            })
-            // C10: not under quarantine.
-            .filter(|&i| g.quarantined(Bucket(i as u32), now).is_none())
-            // C8: the resize barrier, with the takeover C7 allows now.
-            .filter(|&i| g.parents_retired(nodes, i, now, effective))
-            // C9: the buckets it last held first.
-            .partition(|&i| g.buckets[i].last_node == Some(worker));
-        picked.extend(others);
-        picked.truncate(want as usize);
-        picked.sort_unstable();
-        let mut won = Vec::with_capacity(picked.len());
-        for i in picked {
-            let bucket = Bucket(i as u32);
-            let row = &mut g.buckets[i];
-            let previous = row.owner.replace((worker, session));
-            if previous.is_some() {
-                row.tenures.end(now, EndReason::Expired);
-            }
-            row.token += 1;
-            row.last_node = Some(worker);
-            row.tenures.begin(worker, FencingToken(row.token), now);
-            // The previous session is dead; keep its member row's set honest for snapshots.
-            if let Some((w, s)) = previous
-                && nodes.get(&w).is_some_and(|n| n.session == s)
-                && let Some(m) = g.members.get_mut(&w)
-            {
-                m.held.remove(&bucket);
-            }
-            won.push(Lease {
-                bucket,
-                shards: g.shards,
-                owner: worker,
-                token: FencingToken(g.buckets[i].token),
-                expires_at,
-            });
-        }
-        if let Some(me) = g.members.get_mut(&worker) {
-            me.held.extend(won.iter().map(|l| l.bucket));
-        }
-        if !won.is_empty() {
-            g.bump();
-        }
-        Ok(won)
+        self.run(Operation::Claim, |s, now| {
+            s.claim(now, group, worker, session, want, takeover)
+        })
     }
 
     async fn release(
@@ -715,49 +182,9 @@ impl LeaseStore for MemoryLeaseStore {
         session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
-        let (mut state, now) = self.lock(Operation::Release)?;
-        let (nodes, g) = state.split(group)?;
-        g.draining(nodes, now);
-        let old_range = g.old.len();
-        if let Some(&bucket) = buckets
-            .iter()
-            .find(|&&b| !g.shards.contains(b) && b.0 as usize >= old_range)
-        {
-            return Err(StoreError::BucketOutOfRange {
-                group: group.clone(),
-                bucket,
-                shard_count: g.shards,
-            });
-        }
-        let Some(me) = g.live_member_mut(nodes, worker, session, now) else {
-            return Ok(Vec::new());
-        };
-        let mut released: Vec<Bucket> = Vec::new();
-        let mut released_old: Vec<Bucket> = Vec::new();
-        for b in buckets {
-            if me.held.remove(b) {
-                released.push(*b);
-            } else if me.held_old.remove(b) {
-                released_old.push(*b);
-            }
-        }
-        let mode = g.control(worker).1;
-        for &b in &released {
-            let reason = EndReason::of_release(g.quarantined(b, now).is_some(), mode);
-            let row = &mut g.buckets[b.0 as usize];
-            row.owner = None;
-            row.tenures.end(now, reason);
-        }
-        for b in &released_old {
-            g.old[b.0 as usize].owner = None;
-        }
-        released.extend(released_old);
-        released.sort_unstable();
-        if !released.is_empty() {
-            g.bump();
-            state.notify(group, Change::Released(worker));
-        }
-        Ok(released)
+        self.run(Operation::Release, |s, now| {
+            s.release(now, group, worker, session, buckets)
+        })
     }
 
     async fn leave(
@@ -766,120 +193,17 @@ impl LeaseStore for MemoryLeaseStore {
         worker: WorkerId,
         session: Option<SessionId>,
     ) -> Result<Vec<Bucket>, StoreError> {
-        let (mut state, now) = self.lock(Operation::Leave)?;
-        let (nodes, g) = state.split(group)?;
-        let holds = session.is_none_or(|s| nodes.get(&worker).is_some_and(|n| n.session == s));
-        if !holds || !g.members.contains_key(&worker) {
-            return Ok(Vec::new());
-        }
-        let live = node_live(nodes, worker, now);
-        let Some(me) = g.members.remove(&worker) else {
-            return Ok(Vec::new());
-        };
-        let (held, held_old) = if live {
-            (me.held, me.held_old)
-        } else {
-            Default::default()
-        };
-        let reason = match session {
-            Some(_) => EndReason::Left,
-            None => EndReason::Evicted,
-        };
-        for b in &held {
-            let row = &mut g.buckets[b.0 as usize];
-            row.owner = None;
-            row.tenures.end(now, reason);
-        }
-        for b in &held_old {
-            if let Some(row) = g.old.get_mut(b.0 as usize) {
-                row.owner = None;
-            }
-        }
-        g.bump();
-        let mut released: Vec<Bucket> = held.into_iter().chain(held_old).collect();
-        released.sort_unstable();
-        state.notify(group, Change::Left(worker));
-        // L3: a node in no group any more has no session to keep.
-        if state.groups_of(worker).is_empty() {
-            state.nodes.remove(&worker);
-        }
-        Ok(released)
+        self.run(Operation::Leave, |s, now| {
+            s.leave(now, group, worker, session)
+        })
     }
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
-        let (mut state, now) = self.lock(Operation::Snapshot)?;
-        let (nodes, g) = state.split(group)?;
-        g.draining(nodes, now);
-        let members = g
-            .members
-            .iter()
-            .filter_map(|(&worker, m)| {
-                let n = nodes.get(&worker)?;
-                let live = n.is_live(now);
-                let (weight, mode) = g.control(worker);
-                Some(MemberInfo {
-                    worker,
-                    session: n.session,
-                    joined_at: m.joined_at,
-                    heartbeat_at: n.heartbeat_at,
-                    expires_at: n.expires_at,
-                    live,
-                    owned: if live { m.held.len() as u32 } else { 0 },
-                    metadata: n.metadata.clone(),
-                    weight,
-                    mode,
-                })
-            })
-            .collect();
-        let buckets = g
-            .buckets
-            .iter()
-            .enumerate()
-            .map(|(i, row)| g.bucket_info(nodes, i, row, now))
-            .collect();
-        // Quarantines are of the current generation's buckets only (Q4).
-        let draining = g
-            .old
-            .iter()
-            .enumerate()
-            .map(|(i, row)| BucketInfo {
-                quarantined_until: None,
-                ..g.bucket_info(nodes, i, row, now)
-            })
-            .collect();
-        Ok(GroupSnapshot {
-            group: group.clone(),
-            shard_count: g.shards,
-            observed_at: now,
-            members,
-            buckets,
-            generation: g.generation,
-            previous: g.previous,
-            draining,
-        })
+        self.run(Operation::Snapshot, |s, now| s.snapshot(now, group))
     }
 
     async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
-        let (state, now) = self.lock(Operation::Nodes)?;
-        let nodes = state
-            .nodes
-            .iter()
-            .map(|(&node, n)| NodeInfo {
-                node,
-                session: n.session,
-                started_at: n.started_at,
-                heartbeat_at: n.heartbeat_at,
-                expires_at: n.expires_at,
-                live: n.is_live(now),
-                metadata: n.metadata.clone(),
-                groups: state.groups_of(node),
-                handed_over: n.handed_over,
-            })
-            .collect();
-        Ok(NodesSnapshot {
-            observed_at: now,
-            nodes,
-        })
+        self.run(Operation::Nodes, |s, now| s.nodes(now))
     }
 
     async fn is_current(
@@ -889,18 +213,9 @@ impl LeaseStore for MemoryLeaseStore {
         worker: WorkerId,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
-        let (state, now) = self.lock(Operation::IsCurrent)?;
-        let Some(g) = state.groups.get(group) else {
-            return Ok(false);
-        };
-        let current = |row: &BucketRow| {
-            row.token == token.0
-                && row.owner.is_some_and(|(w, _)| w == worker)
-                && g.is_owned_live(&state.nodes, row, now)
-        };
-        // F1: either generation; an old bucket owned live is not retired.
-        Ok(g.buckets.get(bucket.0 as usize).is_some_and(current)
-            || g.old.get(bucket.0 as usize).is_some_and(current))
+        self.run(Operation::IsCurrent, |s, now| {
+            s.is_current(now, group, bucket, worker, token)
+        })
     }
 
     async fn resize(
@@ -909,58 +224,7 @@ impl LeaseStore for MemoryLeaseStore {
         from: ShardCount,
         to: ShardCount,
     ) -> Result<ResizeOutcome, StoreError> {
-        let (mut state, now) = self.lock(Operation::Resize)?;
-        let (nodes, g) = state.split(group)?;
-        if g.shards != from {
-            return Err(StoreError::ResizeFromMismatch {
-                group: group.clone(),
-                from,
-                found: g.shards,
-            });
-        }
-        if from == to {
-            return Ok(ResizeOutcome::Unchanged {
-                generation: g.generation,
-            });
-        }
-        let draining = g.draining(nodes, now);
-        if let (Some(previous), true) = (g.previous, draining > 0) {
-            return Err(StoreError::ResizeInProgress {
-                group: group.clone(),
-                from: previous,
-                to: g.shards,
-                draining,
-            });
-        }
-        // Z4: a new bucket starts at its parents' highest token.
-        let buckets = to
-            .buckets()
-            .map(|new| BucketRow {
-                token: resize::parents(from, to, new)
-                    .iter()
-                    .map(|p| g.buckets[p.0 as usize].token)
-                    .max()
-                    .unwrap_or(0),
-                ..BucketRow::default()
-            })
-            .collect();
-        // Q4: bucket numbers change meaning.
-        g.quarantines.clear();
-        g.old = std::mem::replace(&mut g.buckets, buckets);
-        // T4: the new generation starts with no history.
-        for row in &mut g.old {
-            row.tenures = Tenures::default();
-        }
-        for m in g.members.values_mut() {
-            m.held_old = std::mem::take(&mut m.held);
-        }
-        g.shards = to;
-        g.previous = Some(from);
-        g.generation = g.generation.next();
-        g.bump();
-        let generation = g.generation;
-        state.notify(group, Change::Resized);
-        Ok(ResizeOutcome::Started { generation })
+        self.run(Operation::Resize, |s, now| s.resize(now, group, from, to))
     }
 
     async fn hand_over(
@@ -969,24 +233,9 @@ impl LeaseStore for MemoryLeaseStore {
         incarnation: Incarnation,
         keep: Ttl,
     ) -> Result<Option<Timestamp>, StoreError> {
-        let (mut state, now) = self.lock(Operation::HandOver)?;
-        let Some(n) = state
-            .nodes
-            .get_mut(&node)
-            .filter(|n| n.is_live(now) && n.incarnation == incarnation)
-        else {
-            return Ok(None);
-        };
-        n.expires_at = now + keep.as_chrono();
-        n.handed_over = true;
-        let expires_at = n.expires_at;
-        // The other members' stamps hold the session's old expiry (H8's `until`).
-        for name in state.groups_of(node) {
-            if let Ok(g) = state.group_mut(&name) {
-                g.bump();
-            }
-        }
-        Ok(Some(expires_at))
+        self.run(Operation::HandOver, |s, now| {
+            s.hand_over(now, node, incarnation, keep)
+        })
     }
 
     async fn control(
@@ -995,25 +244,7 @@ impl LeaseStore for MemoryLeaseStore {
         node: WorkerId,
         control: MemberControl,
     ) -> Result<(), StoreError> {
-        let (mut state, _now) = self.lock(Operation::Control)?;
-        let g = state.group_mut(group)?;
-        // K2: a member, or a node controlled before.
-        if !g.members.contains_key(&node) && !g.controls.contains_key(&node) {
-            return Err(StoreError::NotAMember {
-                group: group.clone(),
-                worker: node,
-            });
-        }
-        let current = g.control(node);
-        let next = control.apply(current);
-        // K3: the value stored already writes nothing.
-        if next == current {
-            return Ok(());
-        }
-        g.controls.insert(node, next);
-        g.bump();
-        state.notify(group, Change::Controlled);
-        Ok(())
+        self.run(Operation::Control, |s, _| s.control(group, node, control))
     }
 
     async fn quarantine(
@@ -1022,46 +253,18 @@ impl LeaseStore for MemoryLeaseStore {
         bucket: Bucket,
         duration: Option<QuarantineFor>,
     ) -> Result<(), StoreError> {
-        let (mut state, now) = self.lock(Operation::Quarantine)?;
-        let g = state.group_mut(group)?;
-        if !g.shards.contains(bucket) {
-            return Err(StoreError::BucketOutOfRange {
-                group: group.clone(),
-                bucket,
-                shard_count: g.shards,
-            });
-        }
-        g.quarantines.retain(|_, end| now < *end);
-        match duration {
-            Some(d) => {
-                g.quarantines
-                    .insert(bucket, store_precision(now + d.as_chrono()));
-            }
-            // Q3: lifting a bucket not under quarantine writes nothing.
-            None if g.quarantines.remove(&bucket).is_none() => return Ok(()),
-            None => {}
-        }
-        g.bump();
-        state.notify(group, Change::Controlled);
-        Ok(())
+        self.run(Operation::Quarantine, |s, now| {
+            s.quarantine(now, group, bucket, duration)
+        })
     }
 
     async fn history(&self, group: &GroupName, bucket: Bucket) -> Result<Vec<Tenure>, StoreError> {
-        let (mut state, _now) = self.lock(Operation::History)?;
-        let g = state.group_mut(group)?;
-        g.buckets
-            .get(bucket.0 as usize)
-            .map(|row| row.tenures.to_vec())
-            .ok_or_else(|| StoreError::BucketOutOfRange {
-                group: group.clone(),
-                bucket,
-                shard_count: g.shards,
-            })
+        self.run(Operation::History, |s, _| s.history(group, bucket))
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
-        let (mut state, _now) = self.lock(Operation::Changes)?;
-        let tx = state
+        let (mut inner, _now) = self.lock(Operation::Changes)?;
+        let tx = inner
             .feeds
             .entry(group.clone())
             .or_insert_with(|| broadcast::channel(FEED_CAPACITY).0);
