@@ -127,6 +127,15 @@ impl Tenures {
     }
 }
 
+/// Tenures read back from storage, oldest first; only the last [`TENURES_KEPT`] are kept.
+impl From<Vec<Tenure>> for Tenures {
+    fn from(mut tenures: Vec<Tenure>) -> Self {
+        let excess = tenures.len().saturating_sub(TENURES_KEPT);
+        tenures.drain(..excess);
+        Self(tenures.into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,19 +2,16 @@
 //!
 //! | key | holds |
 //! |---|---|
-//! | `P/n/<node>` | the node's record, attached to its session's etcd lease |
-//! | `P/g/<group>/meta` | the group's count, generation and previous count |
-//! | `P/g/<group>/v` | the change counter: its `mod_revision` stamps views; watched for wake-ups |
-//! | `P/g/<group>/m/<node>` | a member |
-//! | `P/g/<group>/c/<node>` | an operator's control of a node |
-//! | `P/g/<group>/b/<bucket>` | a bucket of the current generation (absent: unowned, never held) |
-//! | `P/g/<group>/o/<bucket>` | a bucket of the draining generation |
-//! | `P/g/<group>/t/<bucket>/<slot>` | the bucket's history ring |
+//! | `P/n/<node>` | the node's record: its session, incarnation, times, metadata, groups |
+//! | `P/l/<node>` | the session's liveness key, attached to its etcd lease (lease mode) |
+//! | `P/g/<group>/d` | the group's document: count, generation, members, controls, quarantines, change counter |
+//! | `P/g/<group>/p/<generation>/<page>` | a page of a generation's buckets (absent: never written, all unowned at token 0) |
 //!
 //! Group names are hex-encoded (any name, no `/` inside, and no group's keys are a prefix of
-//! another's); bucket numbers are 10 decimal digits, so a range read returns them in order.
+//! another's); generations are 20 and pages 10 decimal digits, so a range read returns them
+//! in order.
 
-use lease_core::{Bucket, GroupName, WorkerId};
+use lease_core::{GroupName, WorkerId};
 
 /// The keys of one store (one prefix).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,84 +42,50 @@ impl Keys {
         key.strip_prefix(&self.nodes())?.parse().ok()
     }
 
+    /// Every liveness key starts with this.
+    pub fn lives(&self) -> String {
+        format!("{}/l/", self.prefix)
+    }
+
+    /// A node's liveness key.
+    pub fn live(&self, node: WorkerId) -> String {
+        format!("{}{node}", self.lives())
+    }
+
+    /// The node a key from [`lives`](Self::lives) is of.
+    pub fn live_of(&self, key: &str) -> Option<WorkerId> {
+        key.strip_prefix(&self.lives())?.parse().ok()
+    }
+
     /// Every key of `group` starts with this.
     pub fn group(&self, group: &GroupName) -> String {
         format!("{}/g/{}/", self.prefix, hex(group.as_str()))
     }
 
-    /// The group's count, generation and previous count.
-    pub fn meta(&self, group: &GroupName) -> String {
-        format!("{}meta", self.group(group))
+    /// The group's document.
+    pub fn doc(&self, group: &GroupName) -> String {
+        format!("{}d", self.group(group))
     }
 
-    /// The group's change counter.
-    pub fn version(&self, group: &GroupName) -> String {
-        format!("{}v", self.group(group))
+    /// Every page of `generation` starts with this.
+    pub fn pages(&self, group: &GroupName, generation: u64) -> String {
+        format!("{}p/{generation:020}/", self.group(group))
     }
 
-    /// Every member key of `group` starts with this.
-    pub fn members(&self, group: &GroupName) -> String {
-        format!("{}m/", self.group(group))
+    /// A page of `generation`'s buckets.
+    pub fn page(&self, group: &GroupName, generation: u64, page: usize) -> String {
+        format!("{}{page:010}", self.pages(group, generation))
     }
 
-    /// A member of `group`.
-    pub fn member(&self, group: &GroupName, node: WorkerId) -> String {
-        format!("{}{node}", self.members(group))
-    }
-
-    /// The node a key from [`members`](Self::members) is of.
-    pub fn member_of(&self, group: &GroupName, key: &str) -> Option<WorkerId> {
-        key.strip_prefix(&self.members(group))?.parse().ok()
-    }
-
-    /// Every control key of `group` starts with this.
-    pub fn controls(&self, group: &GroupName) -> String {
-        format!("{}c/", self.group(group))
-    }
-
-    /// An operator's control of `node` in `group`.
-    pub fn control(&self, group: &GroupName, node: WorkerId) -> String {
-        format!("{}{node}", self.controls(group))
-    }
-
-    /// Every bucket key of `group`'s current generation starts with this.
-    pub fn buckets(&self, group: &GroupName) -> String {
-        format!("{}b/", self.group(group))
-    }
-
-    /// A bucket of the current generation.
-    pub fn bucket(&self, group: &GroupName, bucket: Bucket) -> String {
-        format!("{}{:010}", self.buckets(group), bucket.get())
-    }
-
-    /// The bucket a key from [`buckets`](Self::buckets) (or [`old_buckets`](Self::old_buckets),
-    /// with that prefix) is of.
-    pub fn bucket_of(prefix: &str, key: &str) -> Option<Bucket> {
-        let digits = key.strip_prefix(prefix)?;
-        if digits.len() != 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    /// The generation and page a key of `group` names, if it is a page's.
+    pub fn page_of(&self, group: &GroupName, key: &str) -> Option<(u64, usize)> {
+        let rest = key.strip_prefix(&format!("{}p/", self.group(group)))?;
+        let (generation, page) = rest.split_once('/')?;
+        let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(generation, 20) || !digits(page, 10) {
             return None;
         }
-        digits.parse().ok().map(Bucket)
-    }
-
-    /// Every bucket key of `group`'s draining generation starts with this.
-    pub fn old_buckets(&self, group: &GroupName) -> String {
-        format!("{}o/", self.group(group))
-    }
-
-    /// A bucket of the draining generation.
-    pub fn old_bucket(&self, group: &GroupName, bucket: Bucket) -> String {
-        format!("{}{:010}", self.old_buckets(group), bucket.get())
-    }
-
-    /// Every history key of `bucket` starts with this.
-    pub fn tenures(&self, group: &GroupName, bucket: Bucket) -> String {
-        format!("{}t/{:010}/", self.group(group), bucket.get())
-    }
-
-    /// One slot of `bucket`'s history ring.
-    pub fn tenure(&self, group: &GroupName, bucket: Bucket, slot: usize) -> String {
-        format!("{}{slot}", self.tenures(group, bucket))
+        Some((generation.parse().ok()?, page.parse().ok()?))
     }
 }
 
@@ -173,44 +136,36 @@ mod tests {
                 }
             }
         }
-        assert_eq!(k.meta(&g("a")), "lease/g/61/meta");
+        assert_eq!(k.doc(&g("a")), "lease/g/61/d");
     }
 
     #[test]
-    fn bucket_keys_sort_by_number_and_parse_back() {
+    fn page_keys_sort_by_number_and_parse_back() {
         let k = Keys::new("p");
         let orders = g("orders");
-        let mut keys: Vec<String> = [65_535, 0, 10, 9, 100]
+        let mut keys: Vec<String> = [(2, 0), (1, 10), (1, 9), (10, 0), (1, 100)]
             .into_iter()
-            .map(|b| k.bucket(&orders, Bucket(b)))
+            .map(|(generation, page)| k.page(&orders, generation, page))
             .collect();
         keys.sort();
-        let back: Vec<u32> = keys
+        let back: Vec<(u64, usize)> = keys
             .iter()
-            .filter_map(|key| Keys::bucket_of(&k.buckets(&orders), key))
-            .map(|b| b.get())
+            .filter_map(|key| k.page_of(&orders, key))
             .collect();
-        assert_eq!(back, [0, 9, 10, 100, 65_535]);
-        assert_eq!(Keys::bucket_of(&k.buckets(&orders), &k.meta(&orders)), None);
-        assert_eq!(Keys::bucket_of(&k.buckets(&orders), "p/g/6f/b/12"), None);
-        let old = k.old_bucket(&orders, Bucket(7));
-        assert_eq!(
-            Keys::bucket_of(&k.old_buckets(&orders), &old),
-            Some(Bucket(7))
-        );
-        assert!(
-            k.tenure(&orders, Bucket(7), 3)
-                .starts_with(&k.tenures(&orders, Bucket(7)))
-        );
+        assert_eq!(back, [(1, 9), (1, 10), (1, 100), (2, 0), (10, 0)]);
+        assert_eq!(k.page_of(&orders, &k.doc(&orders)), None);
+        assert_eq!(k.page_of(&orders, "p/g/6f726465727$/p/1/2"), None);
+        assert!(k.page(&orders, 3, 1).starts_with(&k.pages(&orders, 3)));
+        assert_eq!(k.page_of(&g("other"), &k.page(&orders, 3, 1)), None);
     }
 
     #[test]
-    fn nodes_and_members_parse_back() {
+    fn nodes_and_liveness_keys_parse_back() {
         let k = Keys::new("p");
         let w = WorkerId::new();
         assert_eq!(k.node_of(&k.node(w)), Some(w));
-        assert_eq!(k.member_of(&g("x"), &k.member(&g("x"), w)), Some(w));
-        assert_eq!(k.member_of(&g("y"), &k.member(&g("x"), w)), None);
+        assert_eq!(k.live_of(&k.live(w)), Some(w));
+        assert_eq!(k.node_of(&k.live(w)), None);
         assert_eq!(k.node_of("p/n/not-a-uuid"), None);
     }
 

@@ -1,11 +1,18 @@
-//! The lease engine's store on etcd: **in progress** (issue 16). What is here is what the
-//! store will stand on, each piece tested on its own: the `etcd://` URL ([`EtcdUrl`]), the key
-//! layout ([`keys`]) and the classification of the client's errors ([`classify`]). The design
-//! is in `docs/ARCHITECTURE.md`, section "etcd".
+//! The lease engine's store on etcd: [`EtcdLeaseStore`].
+//!
+//! It runs the memory store's rules ([`lease_memory::state`]) on what each operation reads
+//! from etcd and writes the result back in one transaction that holds only if nothing it read
+//! changed meanwhile; sessions are etcd leases (the etcd leader decides expiry). The design is
+//! in `docs/ARCHITECTURE.md`, section "etcd".
 
+#![warn(missing_docs)]
+
+mod codec;
 mod error;
 pub mod keys;
+mod store;
 mod url;
 
 pub use error::classify;
+pub use store::{ConnectError, EtcdLeaseStore, MAX_SHARDS, PAGE_ROWS};
 pub use url::{EtcdUrl, EtcdUrlError};

@@ -1,0 +1,337 @@
+//! How the memory state's rows are written as etcd values: compact JSON, one document per
+//! node, one per group and one per page of a generation's buckets. Decoding checks what it
+//! reads; a value that does not decode is [`BackendFailure::Corrupt`](lease_core::BackendFailure)
+//! (another program wrote under the prefix, or a newer release's format).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::DateTime;
+use lease_core::{
+    Bucket, Change, EndReason, FencingToken, Generation, GroupName, Incarnation, MemberMetadata,
+    MemberMode, SessionId, ShardCount, Tenure, TenureEnd, Tenures, Timestamp, WorkerId,
+};
+use lease_memory::state::{BucketRow, GroupState, MemberRow, NodeRow};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Why a value did not decode.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {detail}")]
+pub struct DecodeError {
+    what: &'static str,
+    detail: String,
+}
+
+fn bad(what: &'static str, detail: impl ToString) -> DecodeError {
+    DecodeError {
+        what,
+        detail: detail.to_string(),
+    }
+}
+
+fn micros(t: Timestamp) -> i64 {
+    t.timestamp_micros()
+}
+
+fn time(us: i64) -> Result<Timestamp, DecodeError> {
+    DateTime::from_timestamp_micros(us).ok_or_else(|| bad("a time", us))
+}
+
+fn shards(n: u32) -> Result<ShardCount, DecodeError> {
+    ShardCount::new(n).map_err(|e| bad("a shard count", e))
+}
+
+/// A node's record, at `P/n/<node>`.
+#[derive(Serialize, Deserialize)]
+struct NodeDoc {
+    s: Uuid,
+    i: Uuid,
+    st: i64,
+    hb: i64,
+    ex: i64,
+    md: String,
+    ho: bool,
+    g: Vec<String>,
+    /// The etcd lease the session's liveness key is attached to (lease mode only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    l: Option<i64>,
+    /// The session's ttl in microseconds (lease mode only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    t: Option<i64>,
+}
+
+/// What a node's record holds besides its row: its etcd lease (lease mode).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeExtra {
+    /// The etcd lease its liveness key is attached to.
+    pub lease: Option<i64>,
+    /// The session's ttl, in microseconds.
+    pub ttl: Option<i64>,
+}
+
+/// Encode a node row.
+pub fn encode_node(row: &NodeRow, extra: NodeExtra) -> Vec<u8> {
+    let doc = NodeDoc {
+        s: row.session.as_uuid(),
+        i: row.incarnation.as_uuid(),
+        st: micros(row.started_at),
+        hb: micros(row.heartbeat_at),
+        ex: micros(row.expires_at),
+        md: row.metadata.as_str().to_owned(),
+        ho: row.handed_over,
+        g: row.groups.iter().map(|g| g.as_str().to_owned()).collect(),
+        l: extra.lease,
+        t: extra.ttl,
+    };
+    // Serializing these types cannot fail (no maps with non-string keys, no floats).
+    serde_json::to_vec(&doc).unwrap_or_default()
+}
+
+/// Decode a node row.
+pub fn decode_node(bytes: &[u8]) -> Result<(NodeRow, NodeExtra), DecodeError> {
+    let doc: NodeDoc = serde_json::from_slice(bytes).map_err(|e| bad("a node record", e))?;
+    let groups = doc
+        .g
+        .into_iter()
+        .map(|g| GroupName::new(g).map_err(|e| bad("a group name", e)))
+        .collect::<Result<BTreeSet<_>, _>>()?;
+    Ok((
+        NodeRow {
+            session: SessionId::from_uuid(doc.s),
+            incarnation: Incarnation::from_uuid(doc.i),
+            started_at: time(doc.st)?,
+            heartbeat_at: time(doc.hb)?,
+            expires_at: time(doc.ex)?,
+            metadata: MemberMetadata::new(doc.md).map_err(|e| bad("node metadata", e))?,
+            handed_over: doc.ho,
+            groups,
+        },
+        NodeExtra {
+            lease: doc.l,
+            ttl: doc.t,
+        },
+    ))
+}
+
+/// A member row: node, joined at, held, held of the draining generation.
+type MemberDoc = (Uuid, i64, Vec<u32>, Vec<u32>);
+
+/// A group's document, at `P/g/<group>/d`: everything but its buckets.
+#[derive(Serialize, Deserialize)]
+struct GroupDoc {
+    n: u32,
+    r#gen: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    prev: Option<u32>,
+    /// Whether the previous generation's pages are still read (it may drain).
+    old: bool,
+    ver: u64,
+    m: Vec<MemberDoc>,
+    c: Vec<(Uuid, u32, String)>,
+    q: Vec<(u32, i64)>,
+    /// The changes the write that stored this document sent (W1): what watchers deliver.
+    ch: Vec<String>,
+}
+
+/// A group's document, decoded: the group without its buckets (`buckets` and `old` hold
+/// default rows of the right lengths) and whether the draining generation is kept.
+pub struct GroupHead {
+    /// The group, its buckets to be read from the pages.
+    pub state: GroupState,
+    /// Whether the previous generation's pages are to be read.
+    pub old: bool,
+    /// The changes the write that stored it sent.
+    pub changes: Vec<Change>,
+}
+
+/// Encode a group's document, with the changes the write sends.
+pub fn encode_group(g: &GroupState, changes: &[Change]) -> Vec<u8> {
+    let doc = GroupDoc {
+        n: g.shards.get(),
+        r#gen: g.generation.get(),
+        prev: g.previous.map(ShardCount::get),
+        old: !g.old.is_empty(),
+        ver: g.version,
+        m: g.members
+            .iter()
+            .map(|(w, m)| {
+                (
+                    w.as_uuid(),
+                    micros(m.joined_at),
+                    m.held.iter().map(|b| b.0).collect(),
+                    m.held_old.iter().map(|b| b.0).collect(),
+                )
+            })
+            .collect(),
+        c: g.controls
+            .iter()
+            .map(|(w, (weight, mode))| (w.as_uuid(), *weight, mode.as_str().to_owned()))
+            .collect(),
+        q: g.quarantines
+            .iter()
+            .map(|(b, t)| (b.0, micros(*t)))
+            .collect(),
+        ch: changes.iter().filter_map(encode_change).collect(),
+    };
+    serde_json::to_vec(&doc).unwrap_or_default()
+}
+
+/// Decode a group's document.
+pub fn decode_group(bytes: &[u8]) -> Result<GroupHead, DecodeError> {
+    let doc: GroupDoc = serde_json::from_slice(bytes).map_err(|e| bad("a group document", e))?;
+    let members = doc
+        .m
+        .into_iter()
+        .map(|(w, joined, held, held_old)| {
+            Ok((
+                WorkerId::from_uuid(w),
+                MemberRow {
+                    joined_at: time(joined)?,
+                    held: held.into_iter().map(Bucket).collect(),
+                    held_old: held_old.into_iter().map(Bucket).collect(),
+                },
+            ))
+        })
+        .collect::<Result<BTreeMap<_, _>, DecodeError>>()?;
+    let controls = doc
+        .c
+        .into_iter()
+        .map(|(w, weight, mode)| {
+            let mode = MemberMode::from_name(&mode).ok_or_else(|| bad("a member mode", &mode))?;
+            Ok((WorkerId::from_uuid(w), (weight, mode)))
+        })
+        .collect::<Result<BTreeMap<_, _>, DecodeError>>()?;
+    let quarantines = doc
+        .q
+        .into_iter()
+        .map(|(b, t)| Ok((Bucket(b), time(t)?)))
+        .collect::<Result<BTreeMap<_, _>, DecodeError>>()?;
+    let count = shards(doc.n)?;
+    let previous = doc.prev.map(shards).transpose()?;
+    let old_len = match (doc.old, previous) {
+        (true, Some(p)) => p.get() as usize,
+        (true, None) => {
+            return Err(bad(
+                "a group document",
+                "a draining generation with no count",
+            ));
+        }
+        (false, _) => 0,
+    };
+    Ok(GroupHead {
+        state: GroupState {
+            shards: count,
+            buckets: vec![BucketRow::default(); count.get() as usize],
+            members,
+            generation: Generation(doc.r#gen),
+            previous,
+            old: vec![BucketRow::default(); old_len],
+            version: doc.ver,
+            controls,
+            quarantines,
+        },
+        old: doc.old,
+        changes: doc.ch.iter().filter_map(|c| decode_change(c)).collect(),
+    })
+}
+
+fn encode_change(change: &Change) -> Option<String> {
+    Some(match change {
+        Change::Joined(w) => format!("j{w}"),
+        Change::Left(w) => format!("l{w}"),
+        Change::Released(w) => format!("r{w}"),
+        Change::Resized => "z".to_owned(),
+        Change::Controlled => "c".to_owned(),
+        // Not a change an operation sends; and `Change` may grow.
+        _ => return None,
+    })
+}
+
+fn decode_change(text: &str) -> Option<Change> {
+    let (kind, rest) = text.split_at_checked(1)?;
+    let worker = || rest.parse::<WorkerId>().ok();
+    Some(match kind {
+        "j" => Change::Joined(worker()?),
+        "l" => Change::Left(worker()?),
+        "r" => Change::Released(worker()?),
+        "z" => Change::Resized,
+        "c" => Change::Controlled,
+        // A newer release's change: a wake-up all the same.
+        _ => Change::Missed,
+    })
+}
+
+/// The changes a group document a watcher saw carries (none if it does not decode: the
+/// watcher wakes up anyway).
+pub fn changes_of(bytes: &[u8]) -> Vec<Change> {
+    decode_group(bytes).map(|h| h.changes).unwrap_or_default()
+}
+
+/// A tenure: owner, token, began, and its end (at, reason).
+type TenureDoc = (Uuid, i64, i64, Option<(i64, String)>);
+
+/// A bucket row: owner (node, session), token, last node, tenures.
+#[derive(Serialize, Deserialize)]
+struct RowDoc(Option<(Uuid, Uuid)>, i64, Option<Uuid>, Vec<TenureDoc>);
+
+/// Encode a page of bucket rows.
+pub fn encode_page(rows: &[BucketRow]) -> Vec<u8> {
+    let docs: Vec<RowDoc> = rows
+        .iter()
+        .map(|r| {
+            RowDoc(
+                r.owner.map(|(w, s)| (w.as_uuid(), s.as_uuid())),
+                r.token,
+                r.last_node.map(|w| w.as_uuid()),
+                r.tenures
+                    .to_vec()
+                    .into_iter()
+                    .map(|t| {
+                        (
+                            t.owner.as_uuid(),
+                            t.token.0,
+                            micros(t.began_at),
+                            t.ended
+                                .map(|e| (micros(e.at), e.reason.as_str().to_owned())),
+                        )
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    serde_json::to_vec(&docs).unwrap_or_default()
+}
+
+/// Decode a page of bucket rows.
+pub fn decode_page(bytes: &[u8]) -> Result<Vec<BucketRow>, DecodeError> {
+    let docs: Vec<RowDoc> = serde_json::from_slice(bytes).map_err(|e| bad("a bucket page", e))?;
+    docs.into_iter()
+        .map(|RowDoc(owner, token, last, tenures)| {
+            let tenures = tenures
+                .into_iter()
+                .map(|(owner, token, began, ended)| {
+                    Ok(Tenure {
+                        owner: WorkerId::from_uuid(owner),
+                        token: FencingToken(token),
+                        began_at: time(began)?,
+                        ended: ended
+                            .map(|(at, reason)| {
+                                Ok::<_, DecodeError>(TenureEnd {
+                                    at: time(at)?,
+                                    reason: EndReason::from_name(&reason)
+                                        .ok_or_else(|| bad("an end reason", &reason))?,
+                                })
+                            })
+                            .transpose()?,
+                    })
+                })
+                .collect::<Result<Vec<_>, DecodeError>>()?;
+            Ok(BucketRow {
+                owner: owner.map(|(w, s)| (WorkerId::from_uuid(w), SessionId::from_uuid(s))),
+                token,
+                last_node: last.map(WorkerId::from_uuid),
+                tenures: Tenures::from(tenures),
+            })
+        })
+        .collect()
+}

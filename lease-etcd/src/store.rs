@@ -1,0 +1,901 @@
+//! [`EtcdLeaseStore`]: the contract's rules (the memory store's [`State`] functions) run on
+//! what an operation reads from etcd, written back by one transaction that holds only if
+//! nothing it relied on changed meanwhile.
+//!
+//! An operation reads, in one transaction (one revision), every node record, every liveness
+//! key (lease mode) and the keys of the groups it names; decodes them into a [`State`]; runs
+//! the rule; and writes what changed in one transaction comparing the `mod_revision` of every
+//! document it writes or deletes (a group's document is written with any of its pages, so
+//! two writers of one group never both succeed) and, in clock mode, of every node record it
+//! read (liveness was judged on them). A failed comparison means another process wrote
+//! first: the operation reads again and reruns the rule, so concurrent operations are
+//! serialized per group and per node like the memory store's mutex serializes them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
+use futures_util::StreamExt;
+use lease_core::{
+    BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot,
+    GroupStamp, Heartbeat, Incarnation, Lease, LeaseStore, MemberControl, MemberMetadata,
+    NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionId, ShardCount, StoreError,
+    SystemClock, Takeover, Tenure, Timestamp, Ttl, WorkerId, store_precision,
+};
+use lease_memory::state::{BucketRow, GroupState, NodeRow, State};
+
+use crate::codec::{self, NodeExtra};
+use crate::error::classify;
+use crate::keys::{Keys, range_end};
+use crate::url::EtcdUrl;
+
+/// Buckets per page: a claim or release writes the pages its buckets are on.
+pub const PAGE_ROWS: usize = 64;
+
+/// The largest group the store holds: its pages fit one transaction under etcd's default
+/// `--max-txn-ops` (128) and its request size limit (1.5 MiB) with every bucket's history
+/// full.
+pub const MAX_SHARDS: u32 = 1024;
+
+/// How often an operation reruns after losing a race before it gives up with
+/// [`BackendFailure::Conflict`] (transient: the caller's next tick tries again).
+const ATTEMPTS: usize = 64;
+
+/// The client could not be set up for the URL's members.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot connect to etcd at {endpoints}: {source}")]
+pub struct ConnectError {
+    /// The members tried.
+    pub endpoints: String,
+    /// What the client said.
+    #[source]
+    pub source: etcd_client::Error,
+}
+
+/// Who decides that a session is over.
+#[derive(Clone)]
+enum Liveness {
+    /// Production: a session is an etcd lease, granted with the ttl and kept alive by the
+    /// heartbeat; the etcd leader expires it (G1: never a worker's clock).
+    Leases,
+    /// Tests: a session ends when `clock` reaches the expiry its record holds, as in the
+    /// memory store, so the conformance and differential suites can run on a manual clock.
+    Clock(Arc<dyn Clock>),
+}
+
+/// The lease store on etcd. Cheap to clone: clones share the client's channel.
+#[derive(Clone)]
+pub struct EtcdLeaseStore {
+    client: Client,
+    keys: Keys,
+    liveness: Liveness,
+}
+
+impl std::fmt::Debug for EtcdLeaseStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLeaseStore")
+            .field("keys", &self.keys)
+            .field(
+                "liveness",
+                &match self.liveness {
+                    Liveness::Leases => "etcd leases",
+                    Liveness::Clock(_) => "clock",
+                },
+            )
+            .finish()
+    }
+}
+
+/// What an operation read: the state and the revisions its write must find unchanged.
+#[derive(Clone, Default)]
+struct Loaded {
+    state: State,
+    /// The node records' `mod_revision`s.
+    node_revs: BTreeMap<WorkerId, i64>,
+    /// What the records hold besides the rows.
+    extras: BTreeMap<WorkerId, NodeExtra>,
+    /// Liveness keys (lease mode): the session each names, its `mod_revision` and lease.
+    lives: BTreeMap<WorkerId, (SessionId, i64, i64)>,
+    /// The groups' documents' `mod_revision`s (absent: not read; 0: read and not there).
+    doc_revs: BTreeMap<GroupName, i64>,
+    /// Generations with pages stored, by group.
+    page_gens: BTreeMap<GroupName, BTreeSet<u64>>,
+}
+
+/// What an operation reads besides the nodes.
+enum Scope<'a> {
+    /// One group.
+    Group(&'a GroupName),
+    /// A node's groups (its record's index; `seen` names the groups to read at once).
+    Node(WorkerId, &'a [GroupStamp]),
+    /// Nothing else.
+    Nodes,
+}
+
+/// The liveness keys to write with a state (lease mode): the key's new lease, and the
+/// revision it must have now (0: absent).
+type LivePuts = Vec<(WorkerId, SessionId, i64, i64)>;
+
+fn corrupt(op: Operation, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::backend_detail(op, BackendFailure::Corrupt, detail.to_string())
+}
+
+fn too_large(op: Operation, group: &GroupName, shards: ShardCount) -> StoreError {
+    StoreError::backend_detail(
+        op,
+        BackendFailure::Misconfigured,
+        format!(
+            "group {group} would have {shards} buckets; the etcd store holds groups of up to \
+             {MAX_SHARDS}"
+        ),
+    )
+}
+
+/// A ttl in whole seconds of an etcd lease, rounded up (a lease outlives the worker's trust,
+/// never the reverse), at least 1.
+fn lease_secs(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+impl EtcdLeaseStore {
+    /// Connect to the members `url` names; sessions are etcd leases.
+    pub async fn connect(url: &EtcdUrl) -> Result<Self, ConnectError> {
+        Self::open(url, Liveness::Leases).await
+    }
+
+    /// Connect with liveness judged on `clock` instead of etcd leases: for tests that drive
+    /// time by hand (the conformance and differential suites). Not for production: a
+    /// session's end is then a worker's clock reading.
+    pub async fn connect_with_clock(
+        url: &EtcdUrl,
+        clock: impl Clock + 'static,
+    ) -> Result<Self, ConnectError> {
+        Self::open(url, Liveness::Clock(Arc::new(clock))).await
+    }
+
+    async fn open(url: &EtcdUrl, liveness: Liveness) -> Result<Self, ConnectError> {
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(5))
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            // A member cut off from the leader answers "no leader" at once instead of
+            // serving what it last knew.
+            .with_require_leader(true);
+        let client = Client::connect(&url.endpoints, Some(options))
+            .await
+            .map_err(|source| ConnectError {
+                endpoints: url.endpoints.join(","),
+                source,
+            })?;
+        Ok(Self {
+            client,
+            keys: Keys::new(&url.prefix),
+            liveness,
+        })
+    }
+
+    fn leases(&self) -> bool {
+        matches!(self.liveness, Liveness::Leases)
+    }
+
+    fn now(&self) -> Timestamp {
+        store_precision(match &self.liveness {
+            Liveness::Leases => SystemClock.now(),
+            Liveness::Clock(clock) => clock.now(),
+        })
+    }
+
+    /// Read what `scope` needs, as of one revision.
+    async fn load(
+        &self,
+        op: Operation,
+        scope: &Scope<'_>,
+        now: Timestamp,
+    ) -> Result<Loaded, StoreError> {
+        let prefix = || Some(GetOptions::new().with_prefix());
+        let mut gets = vec![TxnOp::get(self.keys.nodes(), prefix())];
+        if self.leases() {
+            gets.push(TxnOp::get(self.keys.lives(), prefix()));
+        }
+        let mut groups: Vec<GroupName> = match scope {
+            Scope::Group(g) => vec![(*g).clone()],
+            Scope::Node(_, seen) => seen.iter().map(|s| s.group.clone()).collect(),
+            Scope::Nodes => Vec::new(),
+        };
+        groups.sort();
+        groups.dedup();
+        for g in &groups {
+            gets.push(TxnOp::get(self.keys.group(g), prefix()));
+        }
+        let mut kv = self.client.kv_client();
+        let resp = kv
+            .txn(Txn::new().and_then(gets))
+            .await
+            .map_err(|e| classify(op, e))?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+        let mut responses = resp.op_responses().into_iter();
+        let mut loaded = Loaded::default();
+        let mut next = || match responses.next() {
+            Some(TxnOpResponse::Get(get)) => Ok(get),
+            _ => Err(corrupt(op, "etcd answered a read with something else")),
+        };
+        let nodes = next()?;
+        let lives = if self.leases() { Some(next()?) } else { None };
+        for kv in nodes.kvs() {
+            let key = kv.key_str().map_err(|e| corrupt(op, e))?;
+            let Some(w) = self.keys.node_of(key) else {
+                continue;
+            };
+            let (row, extra) = codec::decode_node(kv.value()).map_err(|e| corrupt(op, e))?;
+            loaded.state.nodes.insert(w, row);
+            loaded.node_revs.insert(w, kv.mod_revision());
+            loaded.extras.insert(w, extra);
+        }
+        if let Some(lives) = lives {
+            for kv in lives.kvs() {
+                let key = kv.key_str().map_err(|e| corrupt(op, e))?;
+                let (Some(w), Ok(session)) = (
+                    self.keys.live_of(key),
+                    kv.value_str()
+                        .map_err(|e| corrupt(op, e))?
+                        .parse::<uuid::Uuid>(),
+                ) else {
+                    continue;
+                };
+                loaded.lives.insert(
+                    w,
+                    (SessionId::from_uuid(session), kv.mod_revision(), kv.lease()),
+                );
+            }
+        }
+        for g in &groups {
+            let get = next()?;
+            self.take_group(op, &mut loaded, g, get.kvs())?;
+        }
+        // A node's groups not read yet (its index names more than `seen`): read them as of
+        // the same revision.
+        if let Scope::Node(w, _) = scope {
+            let missing: Vec<GroupName> = loaded
+                .state
+                .groups_of(*w)
+                .into_iter()
+                .filter(|g| !loaded.doc_revs.contains_key(g))
+                .collect();
+            if !missing.is_empty() {
+                let gets: Vec<TxnOp> = missing
+                    .iter()
+                    .map(|g| {
+                        TxnOp::get(
+                            self.keys.group(g),
+                            Some(GetOptions::new().with_prefix().with_revision(revision)),
+                        )
+                    })
+                    .collect();
+                let resp = kv
+                    .txn(Txn::new().and_then(gets))
+                    .await
+                    .map_err(|e| classify(op, e))?;
+                for (g, r) in missing.iter().zip(resp.op_responses()) {
+                    let TxnOpResponse::Get(get) = r else {
+                        return Err(corrupt(op, "etcd answered a read with something else"));
+                    };
+                    self.take_group(op, &mut loaded, g, get.kvs())?;
+                }
+            }
+        }
+        self.judge_liveness(&mut loaded, now);
+        Ok(loaded)
+    }
+
+    /// Lease mode: a node's session is live while its liveness key names it; the rows are
+    /// given expiries that say so at `now` (the rules judge `now < expires_at`).
+    fn judge_liveness(&self, loaded: &mut Loaded, now: Timestamp) {
+        if !self.leases() {
+            return;
+        }
+        for (w, row) in loaded.state.nodes.iter_mut() {
+            let live = loaded
+                .lives
+                .get(w)
+                .is_some_and(|(session, _, _)| *session == row.session);
+            if live {
+                // The latest it can end: etcd knows when exactly, and the rules only ask
+                // whether it is live now.
+                let ttl = loaded.extras.get(w).and_then(|e| e.ttl).unwrap_or(0);
+                row.expires_at = now + chrono::TimeDelta::microseconds(ttl.max(1));
+            } else {
+                row.expires_at = row.expires_at.min(now);
+            }
+        }
+    }
+
+    fn take_group(
+        &self,
+        op: Operation,
+        loaded: &mut Loaded,
+        group: &GroupName,
+        kvs: &[etcd_client::KeyValue],
+    ) -> Result<(), StoreError> {
+        let doc_key = self.keys.doc(group);
+        let mut head = None;
+        let mut pages: Vec<(u64, usize, Vec<BucketRow>)> = Vec::new();
+        let mut gens = BTreeSet::new();
+        let mut doc_rev = 0;
+        for kv in kvs {
+            let key = kv.key_str().map_err(|e| corrupt(op, e))?;
+            if key == doc_key {
+                head = Some(codec::decode_group(kv.value()).map_err(|e| corrupt(op, e))?);
+                doc_rev = kv.mod_revision();
+            } else if let Some((generation, page)) = self.keys.page_of(group, key) {
+                gens.insert(generation);
+                let rows = codec::decode_page(kv.value()).map_err(|e| corrupt(op, e))?;
+                pages.push((generation, page, rows));
+            }
+        }
+        loaded.doc_revs.insert(group.clone(), doc_rev);
+        loaded.page_gens.insert(group.clone(), gens);
+        let Some(head) = head else {
+            return Ok(());
+        };
+        let mut g = head.state;
+        let current = g.generation.get();
+        for (generation, page, rows) in pages {
+            let target = if generation == current {
+                &mut g.buckets
+            } else if head.old && generation + 1 == current {
+                &mut g.old
+            } else {
+                continue;
+            };
+            for (i, row) in rows.into_iter().enumerate() {
+                if let Some(slot) = target.get_mut(page * PAGE_ROWS + i) {
+                    *slot = row;
+                }
+            }
+        }
+        loaded.state.groups.insert(group.clone(), g);
+        Ok(())
+    }
+
+    /// Write `after` where it differs from `before`, on condition that what `before` read is
+    /// unchanged. `Ok(false)`: another process wrote first.
+    async fn store(
+        &self,
+        op: Operation,
+        before: &Loaded,
+        after: &State,
+        extras: &BTreeMap<WorkerId, NodeExtra>,
+        lives: &LivePuts,
+    ) -> Result<bool, StoreError> {
+        let mut when: Vec<Compare> = Vec::new();
+        let mut then: Vec<TxnOp> = Vec::new();
+        let leases = self.leases();
+        let workers: BTreeSet<WorkerId> = before
+            .state
+            .nodes
+            .keys()
+            .chain(after.nodes.keys())
+            .copied()
+            .collect();
+        for w in workers {
+            let key = self.keys.node(w);
+            let rev = before.node_revs.get(&w).copied().unwrap_or(0);
+            let extra = extras.get(&w).copied().unwrap_or_default();
+            match (before.state.nodes.get(&w), after.nodes.get(&w)) {
+                (Some(b), Some(a)) => {
+                    let changed = node_changed(b, a, leases)
+                        || before.extras.get(&w).copied().unwrap_or_default() != extra;
+                    if changed {
+                        then.push(TxnOp::put(key.clone(), codec::encode_node(a, extra), None));
+                    }
+                    if changed || !leases {
+                        when.push(Compare::mod_revision(key, CompareOp::Equal, rev));
+                    }
+                }
+                (Some(_), None) => {
+                    when.push(Compare::mod_revision(key.clone(), CompareOp::Equal, rev));
+                    then.push(TxnOp::delete(key, None));
+                }
+                (None, Some(a)) => {
+                    when.push(Compare::version(key.clone(), CompareOp::Equal, 0));
+                    then.push(TxnOp::put(key, codec::encode_node(a, extra), None));
+                }
+                (None, None) => {}
+            }
+        }
+        for &(w, session, lease, rev) in lives {
+            let key = self.keys.live(w);
+            when.push(Compare::mod_revision(key.clone(), CompareOp::Equal, rev));
+            then.push(TxnOp::put(
+                key,
+                session.as_uuid().to_string(),
+                Some(PutOptions::new().with_lease(lease)),
+            ));
+        }
+        let mut outbox: BTreeMap<&GroupName, Vec<Change>> = BTreeMap::new();
+        for (g, change) in &after.outbox {
+            outbox.entry(g).or_default().push(*change);
+        }
+        for (name, a) in &after.groups {
+            let b = before.state.groups.get(name);
+            let pages = self.page_writes(name, b, a, before.page_gens.get(name));
+            let changes = outbox.remove(name).unwrap_or_default();
+            if b == Some(a) && pages.is_empty() && changes.is_empty() {
+                continue;
+            }
+            if a.shards.get() > MAX_SHARDS {
+                return Err(too_large(op, name, a.shards));
+            }
+            let key = self.keys.doc(name);
+            let rev = before.doc_revs.get(name).copied().unwrap_or(0);
+            when.push(Compare::mod_revision(key.clone(), CompareOp::Equal, rev));
+            then.push(TxnOp::put(key, codec::encode_group(a, &changes), None));
+            then.extend(pages);
+        }
+        if then.is_empty() {
+            return Ok(true);
+        }
+        let mut kv = self.client.kv_client();
+        let resp = kv
+            .txn(Txn::new().when(when).and_then(then))
+            .await
+            .map_err(|e| classify(op, e))?;
+        Ok(resp.succeeded())
+    }
+
+    /// The page writes and deletes that take `group` from `before` to `after`.
+    fn page_writes(
+        &self,
+        name: &GroupName,
+        before: Option<&GroupState>,
+        after: &GroupState,
+        stored: Option<&BTreeSet<u64>>,
+    ) -> Vec<TxnOp> {
+        let gens = |g: &GroupState| {
+            let mut m: BTreeMap<u64, Vec<BucketRow>> = BTreeMap::new();
+            m.insert(g.generation.get(), g.buckets.clone());
+            if !g.old.is_empty() {
+                m.insert(g.generation.get().saturating_sub(1), g.old.clone());
+            }
+            m
+        };
+        let before_gens = before.map(gens).unwrap_or_default();
+        let after_gens = gens(after);
+        let mut ops = Vec::new();
+        for (&generation, rows) in &after_gens {
+            // A draining generation's history is never read again (T4): not a change.
+            let current = generation == after.generation.get();
+            let same = |a: &BucketRow, b: &BucketRow| {
+                if current {
+                    a == b
+                } else {
+                    a.owner == b.owner && a.token == b.token && a.last_node == b.last_node
+                }
+            };
+            let prev = before_gens
+                .get(&generation)
+                .filter(|p| p.len() == rows.len());
+            for (page, chunk) in rows.chunks(PAGE_ROWS).enumerate() {
+                let unchanged = match prev {
+                    Some(p) => chunk
+                        .iter()
+                        .zip(&p[page * PAGE_ROWS..])
+                        .all(|(a, b)| same(a, b)),
+                    None => chunk.iter().all(|r| same(r, &BucketRow::default())),
+                };
+                if !unchanged {
+                    ops.push(TxnOp::put(
+                        self.keys.page(name, generation, page),
+                        codec::encode_page(chunk),
+                        None,
+                    ));
+                }
+            }
+        }
+        let gone: BTreeSet<u64> = before_gens
+            .keys()
+            .copied()
+            .chain(stored.into_iter().flatten().copied())
+            .filter(|g| !after_gens.contains_key(g))
+            .collect();
+        for generation in gone {
+            let prefix = self.keys.pages(name, generation);
+            ops.push(TxnOp::delete(
+                prefix.clone(),
+                Some(DeleteOptions::new().with_range(range_end(&prefix))),
+            ));
+        }
+        ops
+    }
+
+    /// Read, run `rule`, write back; again while another process wins the race.
+    async fn run<T>(
+        &self,
+        op: Operation,
+        scope: Scope<'_>,
+        writes: bool,
+        mut rule: impl FnMut(&mut State, Timestamp) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        for _ in 0..ATTEMPTS {
+            let now = self.now();
+            let loaded = self.load(op, &scope, now).await?;
+            let mut state = loaded.state.clone();
+            let result = rule(&mut state, now);
+            if !writes || result.is_err() {
+                return result;
+            }
+            if self
+                .store(op, &loaded, &state, &loaded.extras, &Vec::new())
+                .await?
+            {
+                return result;
+            }
+        }
+        Err(StoreError::backend_detail(
+            op,
+            BackendFailure::Conflict,
+            format!("lost the race to other writers {ATTEMPTS} times in a row"),
+        ))
+    }
+
+    /// Lease mode's heartbeat: keep the session's etcd lease alive, or grant one for a new
+    /// (or taken over) session, around the same rule.
+    async fn beat(
+        &self,
+        node: WorkerId,
+        incarnation: Incarnation,
+        ttl: Ttl,
+        metadata: &MemberMetadata,
+        seen: &[GroupStamp],
+    ) -> Result<Heartbeat, StoreError> {
+        let op = Operation::Heartbeat;
+        let mut lease_client = self.client.lease_client();
+        for _ in 0..ATTEMPTS {
+            let now = self.now();
+            let loaded = self.load(op, &Scope::Node(node, seen), now).await?;
+            let mine = loaded.state.nodes.get(&node).filter(|r| r.is_live(now));
+            let lease = loaded.extras.get(&node).and_then(|e| e.lease);
+            // Renewal: the lease must still be there when the keep-alive reaches the leader;
+            // if it is not, the session is over (read again: a new one starts).
+            if let (Some(row), Some(lease)) = (mine, lease)
+                && row.incarnation == incarnation
+                && !row.handed_over
+            {
+                let (mut keeper, mut answers) = lease_client
+                    .keep_alive(lease)
+                    .await
+                    .map_err(|e| classify(op, e))?;
+                keeper.keep_alive().await.map_err(|e| classify(op, e))?;
+                let answer = answers.message().await.map_err(|e| classify(op, e))?;
+                if answer.is_none_or(|a| a.ttl() <= 0) {
+                    // Expired between the read and the keep-alive.
+                    continue;
+                }
+            }
+            let mut state = loaded.state.clone();
+            let result = state.heartbeat(now, node, incarnation, ttl, metadata, seen);
+            let beat = result?;
+            let mut extras = loaded.extras.clone();
+            let mut lives: LivePuts = Vec::new();
+            let mut granted = None;
+            let takes_over = mine.is_some_and(|r| r.handed_over);
+            if beat.new_session || takes_over {
+                let grant = lease_client
+                    .grant(lease_secs(ttl.as_duration()), None)
+                    .await
+                    .map_err(|e| classify(op, e))?;
+                granted = Some(grant.id());
+                let rev = loaded.lives.get(&node).map_or(0, |l| l.1);
+                lives.push((node, beat.session, grant.id(), rev));
+                extras.insert(
+                    node,
+                    NodeExtra {
+                        lease: Some(grant.id()),
+                        ttl: Some(ttl.as_micros()),
+                    },
+                );
+            }
+            let stored = self.store(op, &loaded, &state, &extras, &lives).await;
+            match (stored, granted) {
+                (Ok(true), _) => {
+                    // The old lease (a handed-over session's) is not needed any more; if this
+                    // fails it runs out by itself.
+                    if let (true, Some(old)) = (takes_over, lease) {
+                        lease_client.revoke(old).await.ok();
+                    }
+                    return Ok(beat);
+                }
+                (outcome, Some(new)) => {
+                    // Not written: the lease granted for it would keep nothing alive.
+                    lease_client.revoke(new).await.ok();
+                    outcome?;
+                }
+                (outcome, None) => {
+                    outcome?;
+                }
+            }
+        }
+        Err(StoreError::backend_detail(
+            op,
+            BackendFailure::Conflict,
+            format!("lost the race to other writers {ATTEMPTS} times in a row"),
+        ))
+    }
+}
+
+/// Whether a node's record must be written: in lease mode a live session's expiry and
+/// renewal time are not stored on every heartbeat (etcd holds the expiry).
+fn node_changed(before: &NodeRow, after: &NodeRow, leases: bool) -> bool {
+    if leases && before.session == after.session && !after.handed_over {
+        let mut a = after.clone();
+        a.expires_at = before.expires_at;
+        a.heartbeat_at = before.heartbeat_at;
+        a != *before
+    } else {
+        before != after
+    }
+}
+
+#[async_trait]
+impl LeaseStore for EtcdLeaseStore {
+    async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
+        if shards.get() > MAX_SHARDS {
+            return Err(too_large(Operation::EnsureGroup, group, shards));
+        }
+        self.run(Operation::EnsureGroup, Scope::Group(group), true, |s, _| {
+            s.ensure_group(group, shards)
+        })
+        .await
+    }
+
+    async fn heartbeat(
+        &self,
+        node: WorkerId,
+        incarnation: Incarnation,
+        ttl: Ttl,
+        metadata: &MemberMetadata,
+        seen: &[GroupStamp],
+    ) -> Result<Heartbeat, StoreError> {
+        if self.leases() {
+            return self.beat(node, incarnation, ttl, metadata, seen).await;
+        }
+        self.run(
+            Operation::Heartbeat,
+            Scope::Node(node, seen),
+            true,
+            |s, now| s.heartbeat(now, node, incarnation, ttl, metadata, seen),
+        )
+        .await
+    }
+
+    async fn join(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+    ) -> Result<(), StoreError> {
+        self.run(Operation::Join, Scope::Group(group), true, |s, now| {
+            s.join(now, group, node, session)
+        })
+        .await
+    }
+
+    async fn claim(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        session: SessionId,
+        want: u32,
+        takeover: Takeover,
+    ) -> Result<Vec<Lease>, StoreError> {
+        // Lease mode: etcd ended every dead session by its own timers (a new leader extends
+        // every lease), so a session it calls dead is one whose holder's trust ran out.
+        let takeover = match (self.leases(), takeover) {
+            (true, Takeover::AllowedWithin(_)) => Takeover::Allowed,
+            (_, t) => t,
+        };
+        self.run(Operation::Claim, Scope::Group(group), true, |s, now| {
+            s.claim(now, group, worker, session, want, takeover)
+        })
+        .await
+    }
+
+    async fn release(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        session: SessionId,
+        buckets: &[Bucket],
+    ) -> Result<Vec<Bucket>, StoreError> {
+        self.run(Operation::Release, Scope::Group(group), true, |s, now| {
+            s.release(now, group, worker, session, buckets)
+        })
+        .await
+    }
+
+    async fn leave(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        session: Option<SessionId>,
+    ) -> Result<Vec<Bucket>, StoreError> {
+        self.run(Operation::Leave, Scope::Group(group), true, |s, now| {
+            s.leave(now, group, worker, session)
+        })
+        .await
+    }
+
+    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
+        self.run(Operation::Snapshot, Scope::Group(group), false, |s, now| {
+            s.snapshot(now, group)
+        })
+        .await
+    }
+
+    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
+        self.run(Operation::Nodes, Scope::Nodes, false, |s, now| s.nodes(now))
+            .await
+    }
+
+    async fn is_current(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        worker: WorkerId,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        self.run(
+            Operation::IsCurrent,
+            Scope::Group(group),
+            false,
+            |s, now| s.is_current(now, group, bucket, worker, token),
+        )
+        .await
+    }
+
+    async fn resize(
+        &self,
+        group: &GroupName,
+        from: ShardCount,
+        to: ShardCount,
+    ) -> Result<ResizeOutcome, StoreError> {
+        self.run(Operation::Resize, Scope::Group(group), true, |s, now| {
+            if to.get() > MAX_SHARDS && s.groups.contains_key(group) {
+                return Err(too_large(Operation::Resize, group, to));
+            }
+            s.resize(now, group, from, to)
+        })
+        .await
+    }
+
+    async fn hand_over(
+        &self,
+        node: WorkerId,
+        incarnation: Incarnation,
+        keep: Ttl,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        let op = Operation::HandOver;
+        if !self.leases() {
+            return self
+                .run(op, Scope::Node(node, &[]), true, |s, now| {
+                    s.hand_over(now, node, incarnation, keep)
+                })
+                .await;
+        }
+        // Lease mode: the session's liveness key moves to a lease of `keep`.
+        let mut lease_client = self.client.lease_client();
+        for _ in 0..ATTEMPTS {
+            let now = self.now();
+            let loaded = self.load(op, &Scope::Node(node, &[]), now).await?;
+            let mut state = loaded.state.clone();
+            let Some(expires_at) = state.hand_over(now, node, incarnation, keep)? else {
+                return Ok(None);
+            };
+            let old = loaded.extras.get(&node).and_then(|e| e.lease);
+            let grant = lease_client
+                .grant(lease_secs(keep.as_duration()), None)
+                .await
+                .map_err(|e| classify(op, e))?;
+            let mut extras = loaded.extras.clone();
+            extras.insert(
+                node,
+                NodeExtra {
+                    lease: Some(grant.id()),
+                    ttl: Some(keep.as_micros()),
+                },
+            );
+            let rev = loaded.lives.get(&node).map_or(0, |l| l.1);
+            let session = state.nodes.get(&node).map(|r| r.session);
+            let lives: LivePuts = session
+                .map(|s| vec![(node, s, grant.id(), rev)])
+                .unwrap_or_default();
+            match self.store(op, &loaded, &state, &extras, &lives).await {
+                Ok(true) => {
+                    if let Some(old) = old {
+                        lease_client.revoke(old).await.ok();
+                    }
+                    return Ok(Some(expires_at));
+                }
+                outcome => {
+                    lease_client.revoke(grant.id()).await.ok();
+                    outcome?;
+                }
+            }
+        }
+        Err(StoreError::backend_detail(
+            op,
+            BackendFailure::Conflict,
+            format!("lost the race to other writers {ATTEMPTS} times in a row"),
+        ))
+    }
+
+    async fn control(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        control: MemberControl,
+    ) -> Result<(), StoreError> {
+        self.run(Operation::Control, Scope::Group(group), true, |s, _| {
+            s.control(group, node, control)
+        })
+        .await
+    }
+
+    async fn quarantine(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        duration: Option<QuarantineFor>,
+    ) -> Result<(), StoreError> {
+        self.run(
+            Operation::Quarantine,
+            Scope::Group(group),
+            true,
+            |s, now| s.quarantine(now, group, bucket, duration),
+        )
+        .await
+    }
+
+    async fn history(&self, group: &GroupName, bucket: Bucket) -> Result<Vec<Tenure>, StoreError> {
+        self.run(Operation::History, Scope::Group(group), false, |s, _| {
+            s.history(group, bucket)
+        })
+        .await
+    }
+
+    async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
+        let mut watch = self.client.watch_client();
+        // Returns once etcd confirmed the watch: every later write is seen (W1).
+        let (watcher, stream) = watch
+            .watch(self.keys.doc(group), None)
+            .await
+            .map_err(|e| classify(Operation::Changes, e))?;
+        let changes = futures_util::stream::unfold(Some((watcher, stream)), |open| async move {
+            let (watcher, mut stream) = open?;
+            match stream.message().await {
+                Ok(Some(resp)) => {
+                    let changes: Vec<Change> = if resp.canceled() {
+                        vec![Change::Missed]
+                    } else {
+                        resp.events()
+                            .iter()
+                            .filter_map(|e| e.kv())
+                            .flat_map(|kv| codec::changes_of(kv.value()))
+                            .collect()
+                    };
+                    let next = (!resp.canceled()).then_some((watcher, stream));
+                    Some((futures_util::stream::iter(changes), next))
+                }
+                // The watch broke: say so once; the worker re-plans and polls.
+                Ok(None) | Err(_) => Some((futures_util::stream::iter(vec![Change::Missed]), None)),
+            }
+        })
+        .flatten();
+        Ok(Some(ChangeFeed::new(changes)))
+    }
+}
