@@ -543,6 +543,39 @@ impl EtcdLeaseStore {
         ))
     }
 
+    /// Lease mode: when each live session was last renewed and when it ends, as etcd says
+    /// (its time-to-live is in whole seconds, so an expiry is told up to a second early; the
+    /// rules judge liveness by the liveness keys, not by these).
+    async fn lease_times(
+        &self,
+        op: Operation,
+        loaded: &Loaded,
+        now: Timestamp,
+    ) -> Result<BTreeMap<WorkerId, (Timestamp, Timestamp)>, StoreError> {
+        let mut times = BTreeMap::new();
+        for (&w, &(session, _, lease)) in &loaded.lives {
+            if loaded.state.nodes.get(&w).is_none_or(|r| r.session != session) {
+                continue;
+            }
+            let answer = self
+                .client
+                .lease_client()
+                .time_to_live(lease, None)
+                .await
+                .map_err(|e| classify(op, e))?;
+            let (left, granted) = (answer.ttl(), answer.granted_ttl());
+            // Still live with less than a second left: it ends after now.
+            let expires = if left > 0 {
+                now + chrono::TimeDelta::seconds(left)
+            } else {
+                now + chrono::TimeDelta::microseconds(1)
+            };
+            let renewed = expires - chrono::TimeDelta::seconds(granted.max(left));
+            times.insert(w, (renewed.min(now), expires));
+        }
+        Ok(times)
+    }
+
     /// Lease mode's heartbeat: keep the session's etcd lease alive, or grant one for a new
     /// (or taken over) session, around the same rule.
     async fn beat(
@@ -578,8 +611,18 @@ impl EtcdLeaseStore {
                 }
             }
             let mut state = loaded.state.clone();
-            let result = state.heartbeat(now, node, incarnation, ttl, metadata, seen);
-            let beat = result?;
+            let beat = match state.heartbeat(now, node, incarnation, ttl, metadata, seen) {
+                Ok(beat) => beat,
+                // H7: say when the other process's session ends as etcd knows it.
+                Err(StoreError::WorkerIdInUse { worker, expires_at }) => {
+                    let times = self.lease_times(op, &loaded, now).await?;
+                    return Err(StoreError::WorkerIdInUse {
+                        worker,
+                        expires_at: times.get(&worker).map_or(expires_at, |t| t.1),
+                    });
+                }
+                Err(e) => return Err(e),
+            };
             let mut extras = loaded.extras.clone();
             let mut lives: LivePuts = Vec::new();
             let mut granted = None;
@@ -731,15 +774,42 @@ impl LeaseStore for EtcdLeaseStore {
     }
 
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
-        self.run(Operation::Snapshot, Scope::Group(group), false, |s, now| {
-            s.snapshot(now, group)
-        })
-        .await
+        let op = Operation::Snapshot;
+        let now = self.now();
+        let loaded = self.load(op, &Scope::Group(group), now).await?;
+        let mut snap = loaded.state.clone().snapshot(now, group)?;
+        if self.leases() {
+            let times = self.lease_times(op, &loaded, now).await?;
+            for m in &mut snap.members {
+                if let Some(&(renewed, expires)) = times.get(&m.worker) {
+                    (m.heartbeat_at, m.expires_at) = (renewed, expires);
+                }
+            }
+            for b in &mut snap.buckets {
+                if let (Some(owner), Some(expires)) = (b.owner, b.expires_at.as_mut())
+                    && let Some(&(_, at)) = times.get(&owner)
+                {
+                    *expires = at;
+                }
+            }
+        }
+        Ok(snap)
     }
 
     async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
-        self.run(Operation::Nodes, Scope::Nodes, false, |s, now| s.nodes(now))
-            .await
+        let op = Operation::Nodes;
+        let now = self.now();
+        let loaded = self.load(op, &Scope::Nodes, now).await?;
+        let mut nodes = loaded.state.clone().nodes(now)?;
+        if self.leases() {
+            let times = self.lease_times(op, &loaded, now).await?;
+            for n in &mut nodes.nodes {
+                if let Some(&(renewed, expires)) = times.get(&n.node) {
+                    (n.heartbeat_at, n.expires_at) = (renewed, expires);
+                }
+            }
+        }
+        Ok(nodes)
     }
 
     async fn is_current(
