@@ -135,6 +135,38 @@ fn too_large(op: Operation, group: &GroupName, shards: ShardCount) -> StoreError
     )
 }
 
+/// How often a request that never reached a member is sent again at once before the call
+/// fails (the client picked a member that is down; the next pick is likely another).
+const UNSENT_RETRIES: usize = 6;
+
+/// Whether the request never left: the client could not connect to the member it picked.
+/// Sending it again is safe (nothing was applied) and likely reaches a live member.
+fn unsent(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable && status.message().contains("connect")
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// Run the request `f` makes; again (at most [`UNSENT_RETRIES`] times) while it never reached
+/// a member.
+async fn send<T, Fut>(op: Operation, mut f: impl FnMut() -> Fut) -> Result<T, StoreError>
+where
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if unsent(&e) && tries < UNSENT_RETRIES => tries += 1,
+            Err(e) => return Err(classify(op, e)),
+        }
+    }
+}
+
 /// A ttl in whole seconds of an etcd lease, rounded up (a lease outlives the worker's trust,
 /// never the reverse), at least 1.
 fn lease_secs(ttl: Duration) -> i64 {
@@ -179,6 +211,16 @@ impl EtcdLeaseStore {
         })
     }
 
+    /// One transaction, sent again while it never reached a member.
+    async fn txn(&self, op: Operation, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
+        send(op, || {
+            let mut kv = self.client.kv_client();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
     fn leases(&self) -> bool {
         matches!(self.liveness, Liveness::Leases)
     }
@@ -212,11 +254,7 @@ impl EtcdLeaseStore {
         for g in &groups {
             gets.push(TxnOp::get(self.keys.group(g), prefix()));
         }
-        let mut kv = self.client.kv_client();
-        let resp = kv
-            .txn(Txn::new().and_then(gets))
-            .await
-            .map_err(|e| classify(op, e))?;
+        let resp = self.txn(op, Txn::new().and_then(gets)).await?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
         let mut responses = resp.op_responses().into_iter();
         let mut loaded = Loaded::default();
@@ -276,10 +314,7 @@ impl EtcdLeaseStore {
                         )
                     })
                     .collect();
-                let resp = kv
-                    .txn(Txn::new().and_then(gets))
-                    .await
-                    .map_err(|e| classify(op, e))?;
+                let resp = self.txn(op, Txn::new().and_then(gets)).await?;
                 for (g, r) in missing.iter().zip(resp.op_responses()) {
                     let TxnOpResponse::Get(get) = r else {
                         return Err(corrupt(op, "etcd answered a read with something else"));
@@ -440,11 +475,7 @@ impl EtcdLeaseStore {
         if then.is_empty() {
             return Ok(true);
         }
-        let mut kv = self.client.kv_client();
-        let resp = kv
-            .txn(Txn::new().when(when).and_then(then))
-            .await
-            .map_err(|e| classify(op, e))?;
+        let resp = self.txn(op, Txn::new().when(when).and_then(then)).await?;
         Ok(resp.succeeded())
     }
 
@@ -543,6 +574,30 @@ impl EtcdLeaseStore {
         ))
     }
 
+    /// A new etcd lease for a session of `ttl`.
+    async fn grant(
+        &self,
+        op: Operation,
+        ttl: Ttl,
+    ) -> Result<etcd_client::LeaseGrantResponse, StoreError> {
+        send(op, || {
+            let mut leases = self.client.lease_client();
+            async move { leases.grant(lease_secs(ttl.as_duration()), None).await }
+        })
+        .await
+    }
+
+    /// Revoke a lease no session uses (any more). A failure is left alone: the lease runs
+    /// out by itself and keeps nothing alive meanwhile.
+    async fn revoke(&self, lease: i64) {
+        send(Operation::Heartbeat, || {
+            let mut leases = self.client.lease_client();
+            async move { leases.revoke(lease).await }
+        })
+        .await
+        .ok();
+    }
+
     /// Lease mode: when each live session was last renewed and when it ends, as etcd says
     /// (its time-to-live is in whole seconds, so an expiry is told up to a second early; the
     /// rules judge liveness by the liveness keys, not by these).
@@ -554,15 +609,19 @@ impl EtcdLeaseStore {
     ) -> Result<BTreeMap<WorkerId, (Timestamp, Timestamp)>, StoreError> {
         let mut times = BTreeMap::new();
         for (&w, &(session, _, lease)) in &loaded.lives {
-            if loaded.state.nodes.get(&w).is_none_or(|r| r.session != session) {
+            if loaded
+                .state
+                .nodes
+                .get(&w)
+                .is_none_or(|r| r.session != session)
+            {
                 continue;
             }
-            let answer = self
-                .client
-                .lease_client()
-                .time_to_live(lease, None)
-                .await
-                .map_err(|e| classify(op, e))?;
+            let answer = send(op, || {
+                let mut leases = self.client.lease_client();
+                async move { leases.time_to_live(lease, None).await }
+            })
+            .await?;
             let (left, granted) = (answer.ttl(), answer.granted_ttl());
             // Still live with less than a second left: it ends after now.
             let expires = if left > 0 {
@@ -587,7 +646,6 @@ impl EtcdLeaseStore {
         seen: &[GroupStamp],
     ) -> Result<Heartbeat, StoreError> {
         let op = Operation::Heartbeat;
-        let mut lease_client = self.client.lease_client();
         for _ in 0..ATTEMPTS {
             let now = self.now();
             let loaded = self.load(op, &Scope::Node(node, seen), now).await?;
@@ -599,12 +657,15 @@ impl EtcdLeaseStore {
                 && row.incarnation == incarnation
                 && !row.handed_over
             {
-                let (mut keeper, mut answers) = lease_client
-                    .keep_alive(lease)
-                    .await
-                    .map_err(|e| classify(op, e))?;
-                keeper.keep_alive().await.map_err(|e| classify(op, e))?;
-                let answer = answers.message().await.map_err(|e| classify(op, e))?;
+                let answer = send(op, || {
+                    let mut leases = self.client.lease_client();
+                    async move {
+                        let (mut keeper, mut answers) = leases.keep_alive(lease).await?;
+                        keeper.keep_alive().await?;
+                        answers.message().await
+                    }
+                })
+                .await?;
                 if answer.is_none_or(|a| a.ttl() <= 0) {
                     // Expired between the read and the keep-alive.
                     continue;
@@ -628,10 +689,7 @@ impl EtcdLeaseStore {
             let mut granted = None;
             let takes_over = mine.is_some_and(|r| r.handed_over);
             if beat.new_session || takes_over {
-                let grant = lease_client
-                    .grant(lease_secs(ttl.as_duration()), None)
-                    .await
-                    .map_err(|e| classify(op, e))?;
+                let grant = self.grant(op, ttl).await?;
                 granted = Some(grant.id());
                 let rev = loaded.lives.get(&node).map_or(0, |l| l.1);
                 lives.push((node, beat.session, grant.id(), rev));
@@ -649,13 +707,13 @@ impl EtcdLeaseStore {
                     // The old lease (a handed-over session's) is not needed any more; if this
                     // fails it runs out by itself.
                     if let (true, Some(old)) = (takes_over, lease) {
-                        lease_client.revoke(old).await.ok();
+                        self.revoke(old).await;
                     }
                     return Ok(beat);
                 }
                 (outcome, Some(new)) => {
                     // Not written: the lease granted for it would keep nothing alive.
-                    lease_client.revoke(new).await.ok();
+                    self.revoke(new).await;
                     outcome?;
                 }
                 (outcome, None) => {
@@ -858,7 +916,6 @@ impl LeaseStore for EtcdLeaseStore {
                 .await;
         }
         // Lease mode: the session's liveness key moves to a lease of `keep`.
-        let mut lease_client = self.client.lease_client();
         for _ in 0..ATTEMPTS {
             let now = self.now();
             let loaded = self.load(op, &Scope::Node(node, &[]), now).await?;
@@ -867,10 +924,7 @@ impl LeaseStore for EtcdLeaseStore {
                 return Ok(None);
             };
             let old = loaded.extras.get(&node).and_then(|e| e.lease);
-            let grant = lease_client
-                .grant(lease_secs(keep.as_duration()), None)
-                .await
-                .map_err(|e| classify(op, e))?;
+            let grant = self.grant(op, keep).await?;
             let mut extras = loaded.extras.clone();
             extras.insert(
                 node,
@@ -887,12 +941,12 @@ impl LeaseStore for EtcdLeaseStore {
             match self.store(op, &loaded, &state, &extras, &lives).await {
                 Ok(true) => {
                     if let Some(old) = old {
-                        lease_client.revoke(old).await.ok();
+                        self.revoke(old).await;
                     }
                     return Ok(Some(expires_at));
                 }
                 outcome => {
-                    lease_client.revoke(grant.id()).await.ok();
+                    self.revoke(grant.id()).await;
                     outcome?;
                 }
             }
@@ -939,12 +993,14 @@ impl LeaseStore for EtcdLeaseStore {
     }
 
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
-        let mut watch = self.client.watch_client();
+        let key = self.keys.doc(group);
         // Returns once etcd confirmed the watch: every later write is seen (W1).
-        let (watcher, stream) = watch
-            .watch(self.keys.doc(group), None)
-            .await
-            .map_err(|e| classify(Operation::Changes, e))?;
+        let (watcher, stream) = send(Operation::Changes, || {
+            let mut watch = self.client.watch_client();
+            let key = key.clone();
+            async move { watch.watch(key, None).await }
+        })
+        .await?;
         let changes = futures_util::stream::unfold(Some((watcher, stream)), |open| async move {
             let (watcher, mut stream) = open?;
             match stream.message().await {
