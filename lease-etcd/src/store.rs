@@ -232,13 +232,27 @@ impl EtcdLeaseStore {
         })
     }
 
-    /// Read what `scope` needs, as of one revision.
+    /// Read what `scope` needs, as of one revision: with `pages` false, the groups'
+    /// documents only (their buckets read as unowned: see `beat`).
     async fn load(
         &self,
         op: Operation,
         scope: &Scope<'_>,
         now: Timestamp,
+        pages: bool,
     ) -> Result<Loaded, StoreError> {
+        let group_get = |g: &GroupName, revision: Option<i64>| {
+            let options = GetOptions::new();
+            let options = match revision {
+                Some(r) => options.with_revision(r),
+                None => options,
+            };
+            if pages {
+                TxnOp::get(self.keys.group(g), Some(options.with_prefix()))
+            } else {
+                TxnOp::get(self.keys.doc(g), Some(options))
+            }
+        };
         let prefix = || Some(GetOptions::new().with_prefix());
         let mut gets = vec![TxnOp::get(self.keys.nodes(), prefix())];
         if self.leases() {
@@ -252,7 +266,7 @@ impl EtcdLeaseStore {
         groups.sort();
         groups.dedup();
         for g in &groups {
-            gets.push(TxnOp::get(self.keys.group(g), prefix()));
+            gets.push(group_get(g, None));
         }
         let resp = self.txn(op, Txn::new().and_then(gets)).await?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
@@ -293,7 +307,7 @@ impl EtcdLeaseStore {
         }
         for g in &groups {
             let get = next()?;
-            self.take_group(op, &mut loaded, g, get.kvs())?;
+            self.take_group(op, &mut loaded, g, get.kvs(), pages)?;
         }
         // A node's groups not read yet (its index names more than `seen`): read them as of
         // the same revision.
@@ -307,19 +321,14 @@ impl EtcdLeaseStore {
             if !missing.is_empty() {
                 let gets: Vec<TxnOp> = missing
                     .iter()
-                    .map(|g| {
-                        TxnOp::get(
-                            self.keys.group(g),
-                            Some(GetOptions::new().with_prefix().with_revision(revision)),
-                        )
-                    })
+                    .map(|g| group_get(g, Some(revision)))
                     .collect();
                 let resp = self.txn(op, Txn::new().and_then(gets)).await?;
                 for (g, r) in missing.iter().zip(resp.op_responses()) {
                     let TxnOpResponse::Get(get) = r else {
                         return Err(corrupt(op, "etcd answered a read with something else"));
                     };
-                    self.take_group(op, &mut loaded, g, get.kvs())?;
+                    self.take_group(op, &mut loaded, g, get.kvs(), pages)?;
                 }
             }
         }
@@ -355,6 +364,7 @@ impl EtcdLeaseStore {
         loaded: &mut Loaded,
         group: &GroupName,
         kvs: &[etcd_client::KeyValue],
+        pages_read: bool,
     ) -> Result<(), StoreError> {
         let doc_key = self.keys.doc(group);
         let mut head = None;
@@ -390,6 +400,24 @@ impl EtcdLeaseStore {
             for (i, row) in rows.into_iter().enumerate() {
                 if let Some(slot) = target.get_mut(page * PAGE_ROWS + i) {
                     *slot = row;
+                }
+            }
+        }
+        if !pages_read {
+            // Stand-ins from the document: each bucket a member holds is recorded under its
+            // node's session (a member row exists only under the current session), so
+            // ownership, loads, claimable counts and the drain read as from the pages; tokens
+            // and histories are 0 and empty (see `beat` for why they are never used).
+            for (w, m) in &g.members {
+                let Some(session) = loaded.state.nodes.get(w).map(|n| n.session) else {
+                    continue;
+                };
+                for (held, rows) in [(&m.held, &mut g.buckets), (&m.held_old, &mut g.old)] {
+                    for b in held {
+                        if let Some(row) = rows.get_mut(b.0 as usize) {
+                            row.owner = Some((*w, session));
+                        }
+                    }
                 }
             }
         }
@@ -554,7 +582,7 @@ impl EtcdLeaseStore {
     ) -> Result<T, StoreError> {
         for _ in 0..ATTEMPTS {
             let now = self.now();
-            let loaded = self.load(op, &scope, now).await?;
+            let loaded = self.load(op, &scope, now, true).await?;
             let mut state = loaded.state.clone();
             let result = rule(&mut state, now);
             if !writes || result.is_err() {
@@ -635,8 +663,17 @@ impl EtcdLeaseStore {
         Ok(times)
     }
 
-    /// Lease mode's heartbeat: keep the session's etcd lease alive, or grant one for a new
-    /// (or taken over) session, around the same rule.
+    /// The heartbeat: the rule run first on the groups' documents alone, and only if that
+    /// cannot answer (a group changed, or the rule would write to a group) again on the whole
+    /// groups. In lease mode, around the rule, the session's etcd lease is kept alive, or one
+    /// is granted for a new (or taken over) session.
+    ///
+    /// Why the documents alone can answer: a group the rule answers unchanged (H8) is
+    /// answered by its stamp, made of the document's change counter and the members'
+    /// expiries and quarantine ends, never of its buckets; and if the rule would change a
+    /// group (H2, H3, or the end of a drain it would find in the unowned stand-in buckets),
+    /// that group differs from what was read and the whole read is done instead. Node
+    /// records are read whole either way.
     async fn beat(
         &self,
         node: WorkerId,
@@ -646,14 +683,15 @@ impl EtcdLeaseStore {
         seen: &[GroupStamp],
     ) -> Result<Heartbeat, StoreError> {
         let op = Operation::Heartbeat;
+        let scope = Scope::Node(node, seen);
         for _ in 0..ATTEMPTS {
             let now = self.now();
-            let loaded = self.load(op, &Scope::Node(node, seen), now).await?;
+            let loaded = self.load(op, &scope, now, false).await?;
             let mine = loaded.state.nodes.get(&node).filter(|r| r.is_live(now));
             let lease = loaded.extras.get(&node).and_then(|e| e.lease);
             // Renewal: the lease must still be there when the keep-alive reaches the leader;
             // if it is not, the session is over (read again: a new one starts).
-            if let (Some(row), Some(lease)) = (mine, lease)
+            if let (true, Some(row), Some(lease)) = (self.leases(), mine, lease)
                 && row.incarnation == incarnation
                 && !row.handed_over
             {
@@ -671,8 +709,21 @@ impl EtcdLeaseStore {
                     continue;
                 }
             }
+            let takes_over = mine.is_some_and(|r| r.handed_over);
             let mut state = loaded.state.clone();
-            let beat = match state.heartbeat(now, node, incarnation, ttl, metadata, seen) {
+            let mut result = state.heartbeat(now, node, incarnation, ttl, metadata, seen);
+            let quiet = result.as_ref().is_ok_and(|b| b.groups.is_empty())
+                && state.groups == loaded.state.groups
+                && state.outbox.is_empty();
+            let loaded = if quiet {
+                loaded
+            } else {
+                let whole = self.load(op, &scope, now, true).await?;
+                state = whole.state.clone();
+                result = state.heartbeat(now, node, incarnation, ttl, metadata, seen);
+                whole
+            };
+            let beat = match result {
                 Ok(beat) => beat,
                 // H7: say when the other process's session ends as etcd knows it.
                 Err(StoreError::WorkerIdInUse { worker, expires_at }) => {
@@ -687,8 +738,7 @@ impl EtcdLeaseStore {
             let mut extras = loaded.extras.clone();
             let mut lives: LivePuts = Vec::new();
             let mut granted = None;
-            let takes_over = mine.is_some_and(|r| r.handed_over);
-            if beat.new_session || takes_over {
+            if self.leases() && (beat.new_session || takes_over) {
                 let grant = self.grant(op, ttl).await?;
                 granted = Some(grant.id());
                 let rev = loaded.lives.get(&node).map_or(0, |l| l.1);
@@ -762,16 +812,7 @@ impl LeaseStore for EtcdLeaseStore {
         metadata: &MemberMetadata,
         seen: &[GroupStamp],
     ) -> Result<Heartbeat, StoreError> {
-        if self.leases() {
-            return self.beat(node, incarnation, ttl, metadata, seen).await;
-        }
-        self.run(
-            Operation::Heartbeat,
-            Scope::Node(node, seen),
-            true,
-            |s, now| s.heartbeat(now, node, incarnation, ttl, metadata, seen),
-        )
-        .await
+        self.beat(node, incarnation, ttl, metadata, seen).await
     }
 
     async fn join(
@@ -834,7 +875,7 @@ impl LeaseStore for EtcdLeaseStore {
     async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
         let op = Operation::Snapshot;
         let now = self.now();
-        let loaded = self.load(op, &Scope::Group(group), now).await?;
+        let loaded = self.load(op, &Scope::Group(group), now, true).await?;
         let mut snap = loaded.state.clone().snapshot(now, group)?;
         if self.leases() {
             let times = self.lease_times(op, &loaded, now).await?;
@@ -857,7 +898,7 @@ impl LeaseStore for EtcdLeaseStore {
     async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
         let op = Operation::Nodes;
         let now = self.now();
-        let loaded = self.load(op, &Scope::Nodes, now).await?;
+        let loaded = self.load(op, &Scope::Nodes, now, true).await?;
         let mut nodes = loaded.state.clone().nodes(now)?;
         if self.leases() {
             let times = self.lease_times(op, &loaded, now).await?;
@@ -918,7 +959,7 @@ impl LeaseStore for EtcdLeaseStore {
         // Lease mode: the session's liveness key moves to a lease of `keep`.
         for _ in 0..ATTEMPTS {
             let now = self.now();
-            let loaded = self.load(op, &Scope::Node(node, &[]), now).await?;
+            let loaded = self.load(op, &Scope::Node(node, &[]), now, true).await?;
             let mut state = loaded.state.clone();
             let Some(expires_at) = state.hand_over(now, node, incarnation, keep)? else {
                 return Ok(None);
