@@ -1066,3 +1066,197 @@ impl LeaseStore for EtcdLeaseStore {
         Ok(Some(ChangeFeed::new(changes)))
     }
 }
+
+/// The compare rules, each as a deterministic race: one operation reads, another writes, then
+/// the first writes what it decided. Each test fails when its compare is removed.
+#[cfg(test)]
+mod races {
+    use std::time::Duration;
+
+    use lease_core::{ManualClock, Takeover};
+
+    use super::*;
+
+    fn g() -> GroupName {
+        GroupName::new("races").expect("a group name")
+    }
+
+    fn url() -> EtcdUrl {
+        EtcdUrl {
+            endpoints: lease_testetcd::cluster().endpoints(),
+            prefix: lease_testetcd::prefix().trim_end_matches('/').to_owned(),
+        }
+    }
+
+    async fn on(url: &EtcdUrl, clock: &ManualClock) -> EtcdLeaseStore {
+        EtcdLeaseStore::connect_with_clock(url, clock.clone())
+            .await
+            .expect("a store")
+    }
+
+    fn ttl() -> Ttl {
+        Ttl::from_secs(10).expect("a ttl")
+    }
+
+    /// A node in the group, its session.
+    async fn member(store: &EtcdLeaseStore, node: WorkerId) -> SessionId {
+        let none = MemberMetadata::empty();
+        let session = store
+            .heartbeat(node, Incarnation::new(), ttl(), &none, &[])
+            .await
+            .expect("a heartbeat")
+            .session;
+        store.join(&g(), node, session).await.expect("a join");
+        session
+    }
+
+    /// C5 through the group document's compare: a claim decided on a read that another claim
+    /// overtook is not written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_decided_before_another_claim_is_not_written() {
+        let clock = ManualClock::new();
+        let store = on(&url(), &clock).await;
+        store
+            .ensure_group(&g(), ShardCount::new(4).expect("a count"))
+            .await
+            .expect("a group");
+        let (a, b) = (WorkerId::new(), WorkerId::new());
+        let (sa, sb) = (member(&store, a).await, member(&store, b).await);
+
+        let now = store.now();
+        let read = store
+            .load(Operation::Claim, &Scope::Group(&g()), now, true)
+            .await
+            .expect("a read");
+        let mut decided = read.state.clone();
+        let won = decided
+            .claim(now, &g(), a, sa, 4, Takeover::Allowed)
+            .expect("a decision");
+        assert_eq!(won.len(), 4);
+
+        let overtaking = store
+            .claim(&g(), b, sb, 4, Takeover::Allowed)
+            .await
+            .expect("the other claim");
+        assert_eq!(overtaking.len(), 4);
+
+        let written = store
+            .store(Operation::Claim, &read, &decided, &read.extras, &Vec::new())
+            .await
+            .expect("a write");
+        assert!(!written, "a claim on a stale read must not be written");
+        let snap = store.snapshot(&g()).await.expect("a snapshot");
+        assert!(snap.buckets.iter().all(|x| x.owner == Some(b)));
+    }
+
+    /// Clock mode, G3 through the node records' compare: a takeover decided while the owner
+    /// looked dead is not written if the owner renewed meanwhile (a renewal read a moment
+    /// earlier, on another host's clock).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_takeover_decided_before_the_owner_renewed_is_not_written() {
+        let url = url();
+        let clock = ManualClock::new();
+        let store = on(&url, &clock).await;
+        store
+            .ensure_group(&g(), ShardCount::new(2).expect("a count"))
+            .await
+            .expect("a group");
+        let (owner, taker) = (WorkerId::new(), WorkerId::new());
+        let owner_process = Incarnation::new();
+        let none = MemberMetadata::empty();
+        let so = store
+            .heartbeat(owner, owner_process, ttl(), &none, &[])
+            .await
+            .expect("a heartbeat")
+            .session;
+        store.join(&g(), owner, so).await.expect("a join");
+        store
+            .claim(&g(), owner, so, 2, Takeover::Allowed)
+            .await
+            .expect("a claim");
+        // The taker renews along, so it is live when the owner is not.
+        let taker_process = Incarnation::new();
+        let st = store
+            .heartbeat(taker, taker_process, ttl(), &none, &[])
+            .await
+            .expect("a heartbeat")
+            .session;
+        store.join(&g(), taker, st).await.expect("a join");
+        clock.advance(Duration::from_secs(6));
+        store
+            .heartbeat(taker, taker_process, ttl(), &none, &[])
+            .await
+            .expect("the taker renews");
+
+        // The owner's host reads a clock just before its expiry; the taker's just after.
+        let owner_clock = ManualClock::starting_at(clock.now() + chrono::TimeDelta::seconds(3));
+        clock.advance(Duration::from_secs(4));
+        let now = store.now();
+        let read = store
+            .load(Operation::Claim, &Scope::Group(&g()), now, true)
+            .await
+            .expect("a read");
+        let mut decided = read.state.clone();
+        let taken = decided
+            .claim(now, &g(), taker, st, 2, Takeover::Allowed)
+            .expect("a decision");
+        assert_eq!(taken.len(), 2, "the owner looks dead to the taker");
+
+        let owner_store = on(&url, &owner_clock).await;
+        let renewed = owner_store
+            .heartbeat(owner, owner_process, ttl(), &none, &[])
+            .await
+            .expect("the owner renews");
+        assert!(!renewed.new_session, "the owner renews its session in time");
+
+        let written = store
+            .store(Operation::Claim, &read, &decided, &read.extras, &Vec::new())
+            .await
+            .expect("a write");
+        assert!(
+            !written,
+            "a takeover of a session renewed meanwhile must not be written"
+        );
+    }
+
+    /// H7 through the node record's creation compare: two processes starting one node id at
+    /// once never both start a session.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_first_heartbeats_of_one_node_id_never_both_start_a_session() {
+        let clock = ManualClock::new();
+        let store = on(&url(), &clock).await;
+        let node = WorkerId::new();
+        let none = MemberMetadata::empty();
+        let now = store.now();
+        let scope = Scope::Node(node, &[]);
+        let read = store
+            .load(Operation::Heartbeat, &scope, now, true)
+            .await
+            .expect("a read");
+        let mut decided = read.state.clone();
+        decided
+            .heartbeat(now, node, Incarnation::new(), ttl(), &none, &[])
+            .expect("a decision");
+
+        let other = store
+            .heartbeat(node, Incarnation::new(), ttl(), &none, &[])
+            .await
+            .expect("the other process's heartbeat");
+        assert!(other.new_session);
+
+        let written = store
+            .store(
+                Operation::Heartbeat,
+                &read,
+                &decided,
+                &read.extras,
+                &Vec::new(),
+            )
+            .await
+            .expect("a write");
+        assert!(
+            !written,
+            "a second session for one node id must not be written"
+        );
+    }
+}
