@@ -463,6 +463,11 @@ impl EtcdLeaseStore {
                 (Some(_), None) => {
                     when.push(Compare::mod_revision(key.clone(), CompareOp::Equal, rev));
                     then.push(TxnOp::delete(key, None));
+                    // L3: a node that left its last group has no session any more (its lease
+                    // then keeps nothing alive and runs out).
+                    if leases && before.lives.contains_key(&w) {
+                        then.push(TxnOp::delete(self.keys.live(w), None));
+                    }
                 }
                 (None, Some(a)) => {
                     when.push(Compare::version(key.clone(), CompareOp::Equal, 0));
