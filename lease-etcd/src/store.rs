@@ -139,21 +139,45 @@ fn too_large(op: Operation, group: &GroupName, shards: ShardCount) -> StoreError
 /// fails (the client picked a member that is down; the next pick is likely another).
 const UNSENT_RETRIES: usize = 6;
 
-/// Whether the request never left: the client could not connect to the member it picked.
-/// Sending it again is safe (nothing was applied) and likely reaches a live member.
-fn unsent(error: &etcd_client::Error) -> bool {
+/// Which failed requests are sent again (etcd's own client draws the same line).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Resend {
+    /// A write: only when nothing can have been applied.
+    IfUnapplied,
+    /// A read, a keep-alive, a revoke: whenever a member was unavailable.
+    Repeatable,
+}
+
+/// Whether a failed request may be sent again, and after how long.
+fn resend(error: &etcd_client::Error, kind: Resend, tries: usize) -> Option<Duration> {
+    let backoff = Duration::from_millis(25 << tries.min(4));
     match error {
-        etcd_client::Error::GRpcStatus(status) => {
-            status.code() == tonic::Code::Unavailable && status.message().contains("connect")
+        etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::Unavailable => {
+            let message = status.message();
+            if message.contains("connect") {
+                // The client could not reach the member it picked: nothing was sent, and the
+                // next pick is likely a live member.
+                Some(Duration::ZERO)
+            } else if message.contains("no leader") || kind == Resend::Repeatable {
+                // `require_leader`: a member without a leader refuses before proposing
+                // anything. Or a read during an election.
+                Some(backoff)
+            } else {
+                None
+            }
         }
-        etcd_client::Error::TransportError(_) => true,
-        _ => false,
+        etcd_client::Error::TransportError(_) => Some(Duration::ZERO),
+        _ => None,
     }
 }
 
-/// Run the request `f` makes; again (at most [`UNSENT_RETRIES`] times) while it never reached
-/// a member.
-async fn send<T, Fut>(op: Operation, mut f: impl FnMut() -> Fut) -> Result<T, StoreError>
+/// Run the request `f` makes; again (at most [`UNSENT_RETRIES`] times) while [`resend`] says
+/// it may be.
+async fn send<T, Fut>(
+    op: Operation,
+    kind: Resend,
+    mut f: impl FnMut() -> Fut,
+) -> Result<T, StoreError>
 where
     Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
 {
@@ -161,8 +185,13 @@ where
     loop {
         match f().await {
             Ok(v) => return Ok(v),
-            Err(e) if unsent(&e) && tries < UNSENT_RETRIES => tries += 1,
-            Err(e) => return Err(classify(op, e)),
+            Err(e) => match resend(&e, kind, tries) {
+                Some(wait) if tries < UNSENT_RETRIES => {
+                    tries += 1;
+                    tokio::time::sleep(wait).await;
+                }
+                _ => return Err(classify(op, e)),
+            },
         }
     }
 }
@@ -211,9 +240,14 @@ impl EtcdLeaseStore {
         })
     }
 
-    /// One transaction, sent again while it never reached a member.
-    async fn txn(&self, op: Operation, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
-        send(op, || {
+    /// One transaction, sent again as [`resend`] allows for its `kind`.
+    async fn txn(
+        &self,
+        op: Operation,
+        kind: Resend,
+        txn: Txn,
+    ) -> Result<etcd_client::TxnResponse, StoreError> {
+        send(op, kind, || {
             let mut kv = self.client.kv_client();
             let txn = txn.clone();
             async move { kv.txn(txn).await }
@@ -268,7 +302,9 @@ impl EtcdLeaseStore {
         for g in &groups {
             gets.push(group_get(g, None));
         }
-        let resp = self.txn(op, Txn::new().and_then(gets)).await?;
+        let resp = self
+            .txn(op, Resend::Repeatable, Txn::new().and_then(gets))
+            .await?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
         let mut responses = resp.op_responses().into_iter();
         let mut loaded = Loaded::default();
@@ -323,7 +359,9 @@ impl EtcdLeaseStore {
                     .iter()
                     .map(|g| group_get(g, Some(revision)))
                     .collect();
-                let resp = self.txn(op, Txn::new().and_then(gets)).await?;
+                let resp = self
+                    .txn(op, Resend::Repeatable, Txn::new().and_then(gets))
+                    .await?;
                 for (g, r) in missing.iter().zip(resp.op_responses()) {
                     let TxnOpResponse::Get(get) = r else {
                         return Err(corrupt(op, "etcd answered a read with something else"));
@@ -508,7 +546,13 @@ impl EtcdLeaseStore {
         if then.is_empty() {
             return Ok(true);
         }
-        let resp = self.txn(op, Txn::new().when(when).and_then(then)).await?;
+        let resp = self
+            .txn(
+                op,
+                Resend::IfUnapplied,
+                Txn::new().when(when).and_then(then),
+            )
+            .await?;
         Ok(resp.succeeded())
     }
 
@@ -613,7 +657,7 @@ impl EtcdLeaseStore {
         op: Operation,
         ttl: Ttl,
     ) -> Result<etcd_client::LeaseGrantResponse, StoreError> {
-        send(op, || {
+        send(op, Resend::IfUnapplied, || {
             let mut leases = self.client.lease_client();
             async move { leases.grant(lease_secs(ttl.as_duration()), None).await }
         })
@@ -623,7 +667,7 @@ impl EtcdLeaseStore {
     /// Revoke a lease no session uses (any more). A failure is left alone: the lease runs
     /// out by itself and keeps nothing alive meanwhile.
     async fn revoke(&self, lease: i64) {
-        send(Operation::Heartbeat, || {
+        send(Operation::Heartbeat, Resend::Repeatable, || {
             let mut leases = self.client.lease_client();
             async move { leases.revoke(lease).await }
         })
@@ -650,7 +694,7 @@ impl EtcdLeaseStore {
             {
                 continue;
             }
-            let answer = send(op, || {
+            let answer = send(op, Resend::Repeatable, || {
                 let mut leases = self.client.lease_client();
                 async move { leases.time_to_live(lease, None).await }
             })
@@ -700,7 +744,7 @@ impl EtcdLeaseStore {
                 && row.incarnation == incarnation
                 && !row.handed_over
             {
-                let answer = send(op, || {
+                let answer = send(op, Resend::Repeatable, || {
                     let mut leases = self.client.lease_client();
                     async move {
                         let (mut keeper, mut answers) = leases.keep_alive(lease).await?;
@@ -1041,7 +1085,7 @@ impl LeaseStore for EtcdLeaseStore {
     async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
         let key = self.keys.doc(group);
         // Returns once etcd confirmed the watch: every later write is seen (W1).
-        let (watcher, stream) = send(Operation::Changes, || {
+        let (watcher, stream) = send(Operation::Changes, Resend::Repeatable, || {
             let mut watch = self.client.watch_client();
             let key = key.clone();
             async move { watch.watch(key, None).await }
@@ -1069,6 +1113,43 @@ impl LeaseStore for EtcdLeaseStore {
         })
         .flatten();
         Ok(Some(ChangeFeed::new(changes)))
+    }
+}
+
+#[cfg(test)]
+mod resending {
+    use super::*;
+
+    fn unavailable(message: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::unavailable(message))
+    }
+
+    #[test]
+    fn writes_are_sent_again_only_when_nothing_was_applied() {
+        let w = Resend::IfUnapplied;
+        assert_eq!(
+            resend(&unavailable("tcp connect error"), w, 0),
+            Some(Duration::ZERO)
+        );
+        assert!(resend(&unavailable("etcdserver: no leader"), w, 0).is_some());
+        // Proposed, then the leader changed: it may have been applied.
+        assert_eq!(
+            resend(&unavailable("etcdserver: leader changed"), w, 0),
+            None
+        );
+        let timeout = etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded("x"));
+        assert_eq!(resend(&timeout, w, 0), None);
+    }
+
+    #[test]
+    fn reads_are_sent_again_whenever_a_member_was_unavailable_with_a_growing_wait() {
+        let r = Resend::Repeatable;
+        let changed = unavailable("etcdserver: leader changed");
+        assert_eq!(resend(&changed, r, 0), Some(Duration::from_millis(25)));
+        assert_eq!(resend(&changed, r, 2), Some(Duration::from_millis(100)));
+        assert_eq!(resend(&changed, r, 9), Some(Duration::from_millis(400)));
+        let denied = etcd_client::Error::GRpcStatus(tonic::Status::permission_denied("x"));
+        assert_eq!(resend(&denied, r, 0), None);
     }
 }
 
