@@ -27,6 +27,24 @@ const LOG_TAIL: usize = 12;
 
 static NEXT_CLUSTER: AtomicU32 = AtomicU32::new(0);
 
+/// Where clusters keep their data: `LEASE_TESTETCD_DIR` if set; else `/dev/shm` where it is a
+/// writable directory (memory: etcd's fsyncs cost nothing there, as lease-testdb's servers run
+/// with fsync off); else the temp directory.
+pub fn data_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("LEASE_TESTETCD_DIR") {
+        return dir.into();
+    }
+    let shm = Path::new("/dev/shm");
+    let writable = shm
+        .metadata()
+        .is_ok_and(|m| m.is_dir() && !m.permissions().readonly());
+    if writable {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
 /// How to start a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdOptions {
@@ -146,8 +164,7 @@ impl EtcdCluster {
             .unwrap_or(0);
         let n = NEXT_CLUSTER.fetch_add(1, Ordering::SeqCst);
         let token = format!("lease-{}-{n}-{stamp}", std::process::id());
-        let dir =
-            std::env::temp_dir().join(format!("lease-etcd-{}-{n}-{stamp}", std::process::id()));
+        let dir = data_root().join(format!("lease-etcd-{}-{n}-{stamp}", std::process::id()));
         std::fs::create_dir_all(&dir)
             .map_err(|e| failed(format!("creating {}: {e}", dir.display())))?;
         if let Err(e) = spawn_watchdog(&dir) {

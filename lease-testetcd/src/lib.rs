@@ -2,7 +2,8 @@
 //! `etcd-server`; tested with 3.4.23).
 //!
 //! - [`EtcdCluster::start`] starts `n` members on 127.0.0.1, each on a client and a peer port
-//!   of its own, with its data directory in one temp directory, with fast elections
+//!   of its own, with its data directory in one directory under [`data_root`] (memory, where
+//!   the machine has `/dev/shm`), with fast elections
 //!   (heartbeat 50 ms, election timeout 500 ms), and returns once every member is healthy and
 //!   all agree on a leader. A test may [`kill`](EtcdCluster::kill) a member (SIGKILL) and
 //!   [`restart`](EtcdCluster::restart) it on its ports and data, ask who the
@@ -32,7 +33,7 @@ mod ports;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-pub use cluster::{EtcdCluster, EtcdOptions};
+pub use cluster::{EtcdCluster, EtcdOptions, data_root};
 pub use http::MemberStatus;
 
 static SHARED: OnceLock<EtcdCluster> = OnceLock::new();
@@ -46,7 +47,20 @@ static NEXT_PREFIX: AtomicU32 = AtomicU32::new(0);
 /// If `etcd` is not installed (the message names the Debian package `etcd-server`) or the
 /// cluster does not start (the message has the members' logs).
 pub fn cluster() -> &'static EtcdCluster {
-    SHARED.get_or_init(|| EtcdCluster::start(3).unwrap_or_else(|e| panic!("{e}")))
+    SHARED
+        .get_or_init(|| EtcdCluster::start_with(shared_options()).unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// The shared cluster's options: etcd's default timings (heartbeat 100 ms, election timeout
+/// 1 s), not the fast elections of [`EtcdOptions::default`]. Its members are never killed, and
+/// on a loaded machine (many tests, two cores) a 500 ms election timeout is missed now and
+/// then: an election nobody asked for stalls every test on the cluster for a second.
+pub fn shared_options() -> EtcdOptions {
+    EtcdOptions {
+        heartbeat: std::time::Duration::from_millis(100),
+        election_timeout: std::time::Duration::from_millis(1000),
+        ..EtcdOptions::default()
+    }
 }
 
 /// A key prefix no other call of this process returns (`/lease-test/<pid>-<n>/`), for a
