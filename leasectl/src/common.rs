@@ -1,16 +1,46 @@
-//! What the subcommands share: where the database is and how to reach it (one retry loop),
-//! how a failure ends the command (exit codes), and how store errors read on the command line.
+//! What the subcommands share: where the store is (a Postgres database, or with the `etcd`
+//! feature an etcd cluster) and how to reach it (one retry loop), how a failure ends the
+//! command (exit codes), and how store errors read on the command line.
 
 use std::future::Future;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{SecondsFormat, Utc};
 use clap::Args;
 use lease::postgres::{PgLeaseStore, PgSetupError};
-use lease::{Chain, GroupName, StoreError, Timestamp};
+use lease::{Chain, GroupName, LeaseStore, StoreError, Timestamp};
+#[cfg(feature = "etcd")]
+use lease_etcd::{EtcdLeaseStore, EtcdUrl};
 
 use crate::output;
+
+/// A store the commands that only use the lease contract work on, whatever its backend.
+pub type Store = Arc<dyn LeaseStore>;
+
+/// What an `etcd://` URL gets from a leasectl built without the `etcd` feature.
+#[cfg(not(feature = "etcd"))]
+pub const NO_ETCD: &str = "this leasectl was built without etcd support: rebuild with \
+     --features etcd (cargo build -p leasectl --features etcd; needs protoc, Debian package \
+     protobuf-compiler)";
+
+/// What `--database-url` names, not connected yet.
+#[derive(Debug)]
+pub enum Backend {
+    /// A Postgres database.
+    Postgres(PgLeaseStore),
+    /// An etcd cluster and the key prefix the store lives under.
+    #[cfg(feature = "etcd")]
+    Etcd(EtcdUrl),
+}
+
+/// Whether `url` is meant for etcd (`etcd://`, or `etcds://` which the etcd store refuses
+/// with its own message).
+fn is_etcd(url: &str) -> bool {
+    let url = url.trim_start().to_ascii_lowercase();
+    url.starts_with("etcd://") || url.starts_with("etcds://")
+}
 
 /// Why `leasectl` failed, and so its exit code.
 #[derive(Debug)]
@@ -53,12 +83,14 @@ pub fn clap_exit(e: &clap::Error) -> ExitCode {
     }
 }
 
-/// Where the database is, and how it is reached.
+/// Where the store is, and how it is reached.
 #[derive(Args, Debug, Clone)]
 pub struct DbArgs {
     /// Postgres connection URL, e.g. postgres://user:pass@host:5432/db or
     /// "host=/var/run/postgresql user=app dbname=app". `transaction_pooler=true` in it is
-    /// --transaction-pooler.
+    /// --transaction-pooler. Or an etcd URL, etcd://host:2379,host:2380/prefix (members, and
+    /// the key prefix the store lives under, default `lease`), if this leasectl was built with
+    /// --features etcd.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
     /// The URL goes through a connection pooler in transaction pooling mode (PgBouncer with
@@ -92,8 +124,44 @@ impl DbArgs {
         self.direct_url.as_deref().filter(|u| !u.trim().is_empty())
     }
 
-    /// A store on this database; nothing is connected yet.
-    pub fn store(&self) -> Result<PgLeaseStore, Failure> {
+    /// What the URL names: a Postgres store (nothing connected yet) or an etcd cluster. An
+    /// etcd URL is a usage error without the `etcd` feature, and with Postgres-only flags.
+    pub fn backend(&self) -> Result<Backend, Failure> {
+        let url = self.url()?;
+        if !is_etcd(url) {
+            return self.postgres().map(Backend::Postgres);
+        }
+        #[cfg(not(feature = "etcd"))]
+        return Err(Failure::Usage(format!("--database-url: {NO_ETCD}")));
+        #[cfg(feature = "etcd")]
+        {
+            if self.transaction_pooler || self.direct_url().is_some() {
+                return Err(Failure::Usage(
+                    "--transaction-pooler and --direct-url (LEASE_TRANSACTION_POOLER, \
+                     LEASE_DIRECT_URL) are for Postgres; the --database-url is an etcd URL"
+                        .into(),
+                ));
+            }
+            EtcdUrl::parse(url.trim())
+                .map(Backend::Etcd)
+                .map_err(|e| Failure::Usage(format!("--database-url: {e}")))
+        }
+    }
+
+    /// A Postgres store on this database for `command`, which works on Postgres only;
+    /// nothing is connected yet.
+    pub fn postgres_only(&self, command: &str) -> Result<PgLeaseStore, Failure> {
+        if self.url().is_ok_and(is_etcd) {
+            return Err(Failure::Usage(format!(
+                "--database-url: {command} works on Postgres only, not on etcd (which has no \
+                 roles nor privileges to grant)"
+            )));
+        }
+        self.postgres()
+    }
+
+    /// A Postgres store on this database; nothing is connected yet.
+    fn postgres(&self) -> Result<PgLeaseStore, Failure> {
         let mut builder = PgLeaseStore::builder(self.url()?)
             .max_connections(8)
             .timeout(Duration::from_secs(3));
@@ -112,10 +180,9 @@ impl DbArgs {
             .map_err(|e| Failure::Usage(format!("--database-url: {e}")))
     }
 
-    /// A store to migrate with: behind a transaction pooler, only with a direct URL (the
-    /// migration lock belongs to the session).
-    pub fn store_to_migrate(&self) -> Result<PgLeaseStore, Failure> {
-        let store = self.store()?;
+    /// `store` (of [`backend`](Self::backend)) to migrate with: behind a transaction pooler,
+    /// only with a direct URL (the migration lock belongs to the session).
+    pub fn store_to_migrate(&self, store: PgLeaseStore) -> Result<PgLeaseStore, Failure> {
         if store.transaction_pooler() && self.direct_url().is_none() {
             return Err(Failure::Usage(
                 "migrating through a transaction pooler needs --direct-url (or \
@@ -127,21 +194,45 @@ impl DbArgs {
         Ok(store)
     }
 
-    /// A store on this database whose schema serves this build, retrying while the database
-    /// is unreachable. A schema with migrations of a newer release that are all additive
-    /// serves it: that is said on stderr (a warning), and the command goes on.
-    pub async fn open(&self) -> Result<PgLeaseStore, Failure> {
-        let store = self.store()?;
-        let status = retry_while_unreachable(|| store.schema_status()).await?;
-        if !status.newer_additive.is_empty() {
-            tracing::warn!(
-                migrations = %status.newer_additive.join(", "),
-                "the lease schema has migrations of a newer release, all additive: this \
-                 leasectl works with them; upgrade it when convenient"
-            );
+    /// A store on what the URL names, ready for the lease contract's operations: on
+    /// Postgres, see [`open_postgres`](Self::open_postgres); on etcd, a client on its members
+    /// (which connects at the first operation).
+    pub async fn open(&self) -> Result<Store, Failure> {
+        match self.backend()? {
+            Backend::Postgres(store) => Ok(Arc::new(open_postgres(store).await?)),
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(url) => Ok(Arc::new(connect_etcd(&url).await?)),
         }
-        Ok(store)
     }
+
+    /// A Postgres store on this database whose schema serves this build, for `command`, which
+    /// works on Postgres only; see [`open_postgres`].
+    pub async fn open_postgres(&self, command: &str) -> Result<PgLeaseStore, Failure> {
+        open_postgres(self.postgres_only(command)?).await
+    }
+}
+
+/// `store` once its schema serves this build, retrying while the database is unreachable. A
+/// schema with migrations of a newer release that are all additive serves it: that is said on
+/// stderr (a warning), and the command goes on.
+async fn open_postgres(store: PgLeaseStore) -> Result<PgLeaseStore, Failure> {
+    let status = retry_while_unreachable(|| store.schema_status()).await?;
+    if !status.newer_additive.is_empty() {
+        tracing::warn!(
+            migrations = %status.newer_additive.join(", "),
+            "the lease schema has migrations of a newer release, all additive: this leasectl \
+             works with them; upgrade it when convenient"
+        );
+    }
+    Ok(store)
+}
+
+/// A client on the etcd members `url` names (the store under its prefix).
+#[cfg(feature = "etcd")]
+pub async fn connect_etcd(url: &EtcdUrl) -> Result<EtcdLeaseStore, Failure> {
+    EtcdLeaseStore::connect(url)
+        .await
+        .map_err(|e| Failure::Runtime(Chain(&e).to_string()))
 }
 
 /// Attempts at an operation on a database that cannot be reached before giving up.

@@ -1,18 +1,17 @@
 //! The operators' controls: `cordon`, `drain`, `uncordon` and `weight` on a member of a group,
 //! `quarantine` and `unquarantine` on a bucket. Each is stored in the database, so it works
 //! from any host on live workers, survives their restarts, and takes effect at each member's
-//! next heartbeat (at once with wake-ups).
+//! next heartbeat (at once with wake-ups). They work on Postgres and on etcd alike.
 
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use lease::postgres::PgLeaseStore;
 use lease::{
     Bucket, GroupName, GroupSnapshot, LeaseStore, MemberControl, MemberMode, QuarantineFor, Weight,
     WorkerId,
 };
 
-use crate::common::{DbArgs, Failure, group_arg, rfc3339, store_failure};
+use crate::common::{DbArgs, Failure, Store, group_arg, rfc3339, store_failure};
 use crate::{duration, output};
 
 /// How often `drain --wait` looks.
@@ -32,7 +31,7 @@ pub struct MemberArgs {
 }
 
 impl MemberArgs {
-    async fn open(&self) -> Result<(PgLeaseStore, GroupName, WorkerId), Failure> {
+    async fn open(&self) -> Result<(Store, GroupName, WorkerId), Failure> {
         let group = group_arg(&self.group)?;
         let worker: WorkerId = self
             .worker
@@ -109,7 +108,7 @@ fn held(snap: &GroupSnapshot, worker: WorkerId) -> Option<(u32, bool)> {
 async fn set_mode(
     args: &MemberArgs,
     mode: MemberMode,
-) -> Result<(PgLeaseStore, GroupName, WorkerId), Failure> {
+) -> Result<(Store, GroupName, WorkerId), Failure> {
     let (store, group, worker) = args.open().await?;
     store
         .control(&group, worker, MemberControl::Mode(mode))

@@ -3,6 +3,11 @@
 //!
 //! Each check ends `ok`, `warn` (workers run, but something is weaker than it could be) or
 //! `FAIL` (workers cannot run, or would refuse to). Exit 0 when nothing failed, 1 otherwise.
+//!
+//! On etcd (the `etcd` feature) it checks what applies there: that the members answer a read
+//! of the nodes' sessions (which needs a leader, and writes nothing). The Postgres checks
+//! (TLS, server version, schema, privileges, primary, clock, replication, wake-ups) do not
+//! apply and are not printed; the connection line says so.
 
 use clap::Args;
 use lease::Chain;
@@ -11,7 +16,7 @@ use lease::postgres::privileges::{RoleKind, RoleName};
 use lease::postgres::{PgLeaseStore, PgSetupError, TlsMode, Verification};
 use serde_json::json;
 
-use crate::common::{DbArgs, Failure};
+use crate::common::{Backend, DbArgs, Failure};
 use crate::output;
 
 /// The oldest server the engine's SQL runs on (covering indexes with `INCLUDE`).
@@ -65,19 +70,10 @@ fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check
 
 /// Run the checks and print them.
 pub async fn run(args: DoctorArgs) -> Result<(), Failure> {
-    let store = args.db.store()?;
-    // One attempt: the doctor reports an unreachable server rather than wait for it.
-    let checks = match store.diagnose().await {
-        Ok(diagnosis) => {
-            let mut checks = judge(&diagnosis);
-            let at = checks
-                .iter()
-                .position(|c| c.name == "schema")
-                .map_or(checks.len(), |i| i + 1);
-            checks.insert(at, privileges(&store, &diagnosis).await);
-            checks
-        }
-        Err(e) => vec![unreachable(&e)],
+    let checks = match args.db.backend()? {
+        Backend::Postgres(store) => postgres(&store).await,
+        #[cfg(feature = "etcd")]
+        Backend::Etcd(url) => etcd(&url).await,
     };
     let failed = checks.iter().any(|c| c.status == Status::Fail);
     if args.json {
@@ -111,6 +107,73 @@ pub async fn run(args: DoctorArgs) -> Result<(), Failure> {
         )));
     }
     Ok(())
+}
+
+/// The checks on a Postgres database.
+async fn postgres(store: &PgLeaseStore) -> Vec<Check> {
+    // One attempt: the doctor reports an unreachable server rather than wait for it.
+    match store.diagnose().await {
+        Ok(diagnosis) => {
+            let mut checks = judge(&diagnosis);
+            let at = checks
+                .iter()
+                .position(|c| c.name == "schema")
+                .map_or(checks.len(), |i| i + 1);
+            checks.insert(at, privileges(store, &diagnosis).await);
+            checks
+        }
+        Err(e) => vec![unreachable(&e)],
+    }
+}
+
+/// The checks on an etcd cluster: the members answer a read of the nodes' sessions (one
+/// attempt, no write, no heartbeat).
+#[cfg(feature = "etcd")]
+async fn etcd(url: &lease_etcd::EtcdUrl) -> Vec<Check> {
+    use lease::LeaseStore;
+
+    let members = url.endpoints.join(",");
+    let store = match lease_etcd::EtcdLeaseStore::connect(url).await {
+        Ok(store) => store,
+        Err(e) => return vec![check("connection", Status::Fail, Chain(&e).to_string())],
+    };
+    match store.nodes().await {
+        Ok(nodes) => {
+            let live = nodes.nodes.iter().filter(|n| n.live).count();
+            vec![
+                check(
+                    "connection",
+                    Status::Ok,
+                    format!(
+                        "etcd members {members}, key prefix {:?} (the Postgres checks: TLS, \
+                         schema, privileges, replication, pooler, do not apply to etcd)",
+                        url.prefix
+                    ),
+                ),
+                check(
+                    "sessions",
+                    Status::Ok,
+                    format!(
+                        "the cluster has a leader and answers reads: {} nodes known under the \
+                         prefix, {live} live",
+                        nodes.nodes.len()
+                    ),
+                ),
+            ]
+        }
+        Err(e) => {
+            let hint = if e.is_transient() {
+                " (this may pass once the cluster is up and has a leader: retry)"
+            } else {
+                ""
+            };
+            vec![check(
+                "connection",
+                Status::Fail,
+                format!("etcd members {members}: {}{hint}", Chain(&e)),
+            )]
+        }
+    }
 }
 
 /// The connected role against what a worker needs (`leasectl grant` prints the statements).

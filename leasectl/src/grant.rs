@@ -63,7 +63,7 @@ pub async fn run(args: GrantArgs) -> Result<(), Failure> {
         lines.push(String::new());
         return Ok(output::text(lines.join("\n"))?);
     }
-    let store = args.db.open().await?;
+    let store = args.db.open_postgres("grant --apply").await?;
     let applied = retry_while_unreachable(|| store.grant_privileges(&role, kind)).await?;
     let mut lines = vec![format!("-- granted to {role}, a {kind} role:")];
     lines.extend(applied);

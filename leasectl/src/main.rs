@@ -3,7 +3,8 @@
 //! `leasectl demo` runs a scripted story entirely in memory; `migrate`, `grant`, `worker`,
 //! `status`, `release`, `resize`, `doctor` and the operators' controls (`cordon`, `drain`,
 //! `uncordon`, `weight`, `quarantine`, `unquarantine`) work on Postgres (`--database-url` or
-//! `DATABASE_URL`).
+//! `DATABASE_URL`), and, built with the `etcd` feature, all but `grant` on etcd too
+//! (`etcd://host:2379,host:2380/prefix`; `migrate` has nothing to do there).
 //! Each subcommand is a module owning its arguments and its run function; [`common`] holds
 //! what they share: connecting, failures and exit codes.
 //!
@@ -45,7 +46,8 @@ enum Command {
     /// Watch a pool of workers share buckets, in memory, no setup: a cold start, a worker
     /// joining, one crashing, one stopping gracefully; then a summary.
     Demo(demo::DemoArgs),
-    /// Apply the embedded migrations (creates the `lease` schema); safe to run again.
+    /// Apply the embedded migrations (creates the `lease` schema); safe to run again. On etcd
+    /// there is no schema: it says so and does nothing.
     Migrate(migrate::MigrateArgs),
     /// Print (or apply, with --apply) the GRANT statements a role needs to run workers
     /// (--kind worker), read groups (monitor) or fence writes (fencing), and nothing more.
@@ -72,7 +74,8 @@ enum Command {
     /// check and print the plan: which new buckets wait for which old ones, and who holds them.
     Resize(resize::ResizeArgs),
     /// Check a database as a worker would use it: connection, TLS, server, schema, primary,
-    /// clock, replication, wake-ups. Exit 0 when workers can run, 1 otherwise.
+    /// clock, replication, wake-ups; on etcd, that the members answer a read (the Postgres
+    /// checks do not apply). Exit 0 when workers can run, 1 otherwise.
     Doctor(doctor::DoctorArgs),
     /// Stop a worker from claiming in a group: it keeps what it holds (weight 0 in effect),
     /// the others share the rest. Works on a live worker from any host; survives its restarts
