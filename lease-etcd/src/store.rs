@@ -73,6 +73,9 @@ pub struct EtcdLeaseStore {
     client: Client,
     keys: Keys,
     liveness: Liveness,
+    /// The etcd lease each (node, process) last kept alive or was granted: its next heartbeat
+    /// sends the keep-alive at once, alongside its read, instead of after it.
+    renewing: Arc<std::sync::Mutex<BTreeMap<(WorkerId, Incarnation), i64>>>,
 }
 
 impl std::fmt::Debug for EtcdLeaseStore {
@@ -237,6 +240,7 @@ impl EtcdLeaseStore {
             client,
             keys: Keys::new(&url.prefix),
             liveness,
+            renewing: Arc::default(),
         })
     }
 
@@ -651,6 +655,45 @@ impl EtcdLeaseStore {
         ))
     }
 
+    /// Keep `lease` alive; whether it still was.
+    async fn keep_alive(&self, op: Operation, lease: i64) -> Result<bool, StoreError> {
+        let answer = send(op, Resend::Repeatable, || {
+            let mut leases = self.client.lease_client();
+            async move {
+                let (mut keeper, mut answers) = leases.keep_alive(lease).await?;
+                keeper.keep_alive().await?;
+                match answers.message().await {
+                    // etcd answers a lease that ran out with a ttl of 0; the client turns that
+                    // into this error.
+                    Err(etcd_client::Error::LeaseKeepAliveError(e)) if e.contains("not found") => {
+                        Ok(None)
+                    }
+                    answer => answer,
+                }
+            }
+        })
+        .await?;
+        Ok(answer.is_some_and(|a| a.ttl() > 0))
+    }
+
+    fn renewing(&self) -> std::sync::MutexGuard<'_, BTreeMap<(WorkerId, Incarnation), i64>> {
+        self.renewing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn renewing_lease(&self, process: (WorkerId, Incarnation)) -> Option<i64> {
+        self.renewing().get(&process).copied()
+    }
+
+    fn remember_lease(&self, process: (WorkerId, Incarnation), lease: i64) {
+        self.renewing().insert(process, lease);
+    }
+
+    fn forget_lease(&self, process: (WorkerId, Incarnation)) {
+        self.renewing().remove(&process);
+    }
+
     /// A new etcd lease for a session of `ttl`.
     async fn grant(
         &self,
@@ -733,9 +776,24 @@ impl EtcdLeaseStore {
     ) -> Result<Heartbeat, StoreError> {
         let op = Operation::Heartbeat;
         let scope = Scope::Node(node, seen);
+        let process = (node, incarnation);
         for _ in 0..ATTEMPTS {
             let now = self.now();
-            let loaded = self.load(op, &scope, now, false).await?;
+            // A lease this process holds is kept alive while the read runs: one round trip.
+            // Extending it early is what the renewal below would do; if the read shows the
+            // session is not this process's to renew any more (handed over and taken over),
+            // its lease was moved off and revoked, and the keep-alive finds nothing.
+            let early = self.renewing_lease(process);
+            let (loaded, kept) = match early {
+                Some(held) => {
+                    let (loaded, kept) =
+                        tokio::join!(self.load(op, &scope, now, false), self.keep_alive(op, held));
+                    // A lease that ran out may be refused with an error rather than a ttl of
+                    // 0: then the renewal below asks again, if the read says to.
+                    (loaded?, kept.ok().map(|kept| (held, kept)))
+                }
+                None => (self.load(op, &scope, now, false).await?, None),
+            };
             let mine = loaded.state.nodes.get(&node).filter(|r| r.is_live(now));
             let lease = loaded.extras.get(&node).and_then(|e| e.lease);
             // Renewal: the lease must still be there when the keep-alive reaches the leader;
@@ -744,19 +802,16 @@ impl EtcdLeaseStore {
                 && row.incarnation == incarnation
                 && !row.handed_over
             {
-                let answer = send(op, Resend::Repeatable, || {
-                    let mut leases = self.client.lease_client();
-                    async move {
-                        let (mut keeper, mut answers) = leases.keep_alive(lease).await?;
-                        keeper.keep_alive().await?;
-                        answers.message().await
-                    }
-                })
-                .await?;
-                if answer.is_none_or(|a| a.ttl() <= 0) {
+                let alive = match kept {
+                    Some((held, alive)) if held == lease => alive,
+                    _ => self.keep_alive(op, lease).await?,
+                };
+                if !alive {
                     // Expired between the read and the keep-alive.
+                    self.forget_lease(process);
                     continue;
                 }
+                self.remember_lease(process, lease);
             }
             let takes_over = mine.is_some_and(|r| r.handed_over);
             let mut state = loaded.state.clone();
@@ -803,6 +858,9 @@ impl EtcdLeaseStore {
             let stored = self.store(op, &loaded, &state, &extras, &lives).await;
             match (stored, granted) {
                 (Ok(true), _) => {
+                    if let Some(new) = granted {
+                        self.remember_lease(process, new);
+                    }
                     // The old lease (a handed-over session's) is not needed any more; if this
                     // fails it runs out by itself.
                     if let (true, Some(old)) = (takes_over, lease) {
@@ -1030,6 +1088,7 @@ impl LeaseStore for EtcdLeaseStore {
                 .unwrap_or_default();
             match self.store(op, &loaded, &state, &extras, &lives).await {
                 Ok(true) => {
+                    self.forget_lease((node, incarnation));
                     if let Some(old) = old {
                         self.revoke(old).await;
                     }
