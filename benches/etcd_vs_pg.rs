@@ -1,10 +1,14 @@
 //! The etcd store next to the Postgres store, on this machine, in one run: steady heartbeat
 //! latency and throughput, and claim latency.
 //!
-//! - etcd: a three-member cluster from the system's etcd (lease-testetcd: loopback, data on
-//!   the local disk, fsync on), the store in production mode (sessions on etcd leases).
-//! - Postgres: lease-testdb's server; set `LEASE_TESTDB_DURABLE=1` for fsync and synchronous
-//!   commit on, the fair comparison with etcd (which always syncs its log).
+//! - etcd: lease-testetcd's shared three-member cluster from the system's etcd (loopback, data
+//!   under `/dev/shm` by default, where its fsyncs cost nothing; `LEASE_TESTETCD_DIR=/tmp` puts
+//!   it on disk), the store in production mode (sessions on etcd leases).
+//! - Postgres: lease-testdb's server (fsync off by default; `LEASE_TESTDB_DURABLE=1` for fsync
+//!   and synchronous commit on).
+//!
+//! Compare like with like: both durable (`LEASE_TESTDB_DURABLE=1 LEASE_TESTETCD_DIR=/tmp`) or
+//! both in memory (neither set).
 //!
 //! For each store and each group size (64 and 1,024 buckets): 8 nodes join one group and
 //! claim an equal share (ttl 1 h, nothing expires). *Heartbeat*: one node's heartbeat handing
@@ -12,8 +16,12 @@
 //! (`LEASE_BENCH_BEATS`, default 300; p50/p99) and from 8 clients at once for
 //! `LEASE_BENCH_SECS` (default 5; heartbeats per second). *Claim*: a ninth node releases and
 //! claims back 8 buckets (`want` 8), sequentially, 100 times (p50/p99 of the claim).
+//! *Cold start*: 16 nodes at once heartbeat, join a fresh group of 1,024 buckets and claim 64
+//! each (the etcd store serializes a group's writers: this is where they contend, and a claim
+//! that lost a race rereads and reruns inside the store); the time until all 16 hold their
+//! share, and the claims that came back short and were repeated.
 //!
-//! Run: `LEASE_TESTDB_DURABLE=1 cargo bench --bench etcd_vs_pg`.
+//! Run: `LEASE_TESTDB_DURABLE=1 LEASE_TESTETCD_DIR=/tmp cargo bench --bench etcd_vs_pg`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -170,6 +178,55 @@ async fn measure(name: &str, store: Arc<dyn LeaseStore>, shards: u32) {
     );
 }
 
+/// 16 nodes claim a fresh group of 1,024 buckets at once: seconds until all hold 64, and the
+/// claims that came back short (contention) and were repeated.
+async fn cold_start(name: &str, store: Arc<dyn LeaseStore>) {
+    let group = GroupName::new("bench-cold").expect("a group name");
+    store
+        .ensure_group(&group, ShardCount::new(1024).expect("a count"))
+        .await
+        .expect("a group");
+    let short = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (store, group, short) = (store.clone(), group.clone(), short.clone());
+        tasks.push(tokio::spawn(async move {
+            let ttl = Ttl::from_secs(3600).expect("a ttl");
+            let node = WorkerId::new();
+            let beat = store
+                .heartbeat(node, Incarnation::new(), ttl, &MemberMetadata::empty(), &[])
+                .await
+                .expect("a heartbeat");
+            store
+                .join(&group, node, beat.session)
+                .await
+                .expect("a join");
+            let mut held = 0;
+            while held < 64 {
+                match store
+                    .claim(&group, node, beat.session, 64 - held, Takeover::Allowed)
+                    .await
+                {
+                    Ok(won) => held += won.len() as u32,
+                    Err(e) => panic!("a claim: {e}"),
+                }
+                if held < 64 {
+                    short.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("a node");
+    }
+    println!(
+        "| {name} | 16 nodes x 64 of 1,024 | {:.3} s | {} |",
+        start.elapsed().as_secs_f64(),
+        short.load(Ordering::Relaxed)
+    );
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -184,9 +241,10 @@ fn main() {
             .build()
             .expect("a Postgres store");
         println!(
-            "Postgres durable: {}; etcd: {} members, fsync on",
+            "Postgres durable: {}; etcd: {} members, data under {}",
             lease_testdb::durable(),
-            cluster.members()
+            cluster.members(),
+            lease_testetcd::data_root().display()
         );
         println!(
             "| store | buckets | heartbeat p50 ms | p99 ms | unchanged | heartbeats/s (8 clients) | claim 8 p50 ms | p99 ms |"
@@ -203,5 +261,16 @@ fn main() {
             measure("Postgres", Arc::new(pg.clone()), shards).await;
             measure("etcd", Arc::new(etcd), shards).await;
         }
+        println!();
+        println!("| store | cold start | until all hold their share | claims repeated |");
+        println!("|---|---|---:|---:|");
+        let etcd = EtcdLeaseStore::connect(&EtcdUrl {
+            endpoints: cluster.endpoints(),
+            prefix: "bench-cold".to_owned(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        cold_start("Postgres", Arc::new(pg.clone())).await;
+        cold_start("etcd", Arc::new(etcd)).await;
     });
 }
