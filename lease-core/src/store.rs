@@ -161,7 +161,8 @@ pub trait LeaseStore: Send + Sync {
     /// - **H3** In every group whose view it gives, the heartbeat removes the member rows of
     ///   other nodes whose sessions are dead (their buckets stay claimable), and the node
     ///   rows of those nodes that are then members of no group, so dead members do not linger
-    ///   in snapshots.
+    ///   in snapshots. (A store may remove a bounded number per heartbeat and the others at later
+    ///   ones; a group with one left is not answered unchanged.)
     /// - **H4** For each group the node is a member of, the view lists every live member, idle
     ///   ones with 0, with the buckets of the current generation it owns, sorted by node id,
     ///   the node itself included, each with its weight and mode (K1); `claimable` counts the

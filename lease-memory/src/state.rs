@@ -220,13 +220,21 @@ impl GroupState {
     }
 
     /// H3: remove the member rows of nodes whose sessions are dead; the nodes removed.
-    fn remove_dead_members(&mut self, nodes: &Nodes, now: Timestamp) -> Vec<WorkerId> {
+    /// At most `budget` of them (taken from it); the others wait for a later heartbeat.
+    fn remove_dead_members(
+        &mut self,
+        nodes: &Nodes,
+        now: Timestamp,
+        budget: &mut usize,
+    ) -> Vec<WorkerId> {
         let dead: Vec<WorkerId> = self
             .members
             .keys()
             .copied()
             .filter(|w| !node_live(nodes, *w, now))
+            .take(*budget)
             .collect();
+        *budget -= dead.len();
         for w in &dead {
             self.members.remove(w);
         }
@@ -340,6 +348,10 @@ pub struct State {
     /// The changes operations sent since it was last emptied, in order, for the store to
     /// deliver (W1).
     pub outbox: Vec<(GroupName, Change)>,
+    /// How many dead nodes' rows one heartbeat removes at most (H3 and H9 together; the
+    /// others go at later heartbeats); `None`: all. The etcd store sets one so that a
+    /// heartbeat's write fits one etcd transaction.
+    pub removal_budget: Option<usize>,
 }
 
 impl State {
@@ -433,6 +445,7 @@ impl State {
         }
         let expires_at = now + ttl.as_chrono();
         let new_session = !node_live(&state.nodes, node, now);
+        let mut budget = state.removal_budget.unwrap_or(usize::MAX);
         if new_session {
             // H2: a new session is a member of no group.
             for name in state.groups_of(node) {
@@ -455,10 +468,18 @@ impl State {
                     groups: BTreeSet::new(),
                 },
             );
-            // H9: dead nodes in no group go.
-            state
+            // H9: dead nodes in no group go (within the budget; the others at later ones).
+            let gone: Vec<WorkerId> = state
                 .nodes
-                .retain(|&w, n| w == node || n.is_live(now) || !n.groups.is_empty());
+                .iter()
+                .filter(|&(&w, n)| w != node && !n.is_live(now) && n.groups.is_empty())
+                .map(|(&w, _)| w)
+                .take(budget)
+                .collect();
+            budget -= gone.len();
+            for w in gone {
+                state.nodes.remove(&w);
+            }
         }
         let session = {
             let me = state.nodes.get_mut(&node).ok_or_else(|| {
@@ -481,7 +502,7 @@ impl State {
         let mut dead_nodes: BTreeSet<WorkerId> = BTreeSet::new();
         for name in state.groups_of(node) {
             let (nodes, g) = state.split(&name)?;
-            let dead = g.remove_dead_members(nodes, now);
+            let dead = g.remove_dead_members(nodes, now, &mut budget);
             for w in &dead {
                 if let Some(n) = state.nodes.get_mut(w) {
                     n.groups.remove(&name);
@@ -494,11 +515,14 @@ impl State {
             // H8: the same version means no change a view could show (a member whose session
             // ended was removed just above, which moved it), unless a quarantine the view
             // counted has ended since (Q3: its `until`).
-            let same = seen.iter().any(|s| {
-                s.group == name
-                    && s.stamp.version() == g.version
-                    && s.stamp.until().is_none_or(|u| now < u)
-            });
+            // Dead members left for a later heartbeat (the budget ran out) make a change.
+            let leftover = g.members.keys().any(|w| !node_live(nodes, *w, now));
+            let same = !leftover
+                && seen.iter().any(|s| {
+                    s.group == name
+                        && s.stamp.version() == g.version
+                        && s.stamp.until().is_none_or(|u| now < u)
+                });
             if same {
                 unchanged.push(GroupStamp {
                     group: name,
@@ -571,7 +595,6 @@ impl State {
     ) -> Result<Vec<Lease>, StoreError> {
         let state = self;
         let (nodes, g) = state.split(group)?;
-        g.draining(nodes, now);
         let (expires_at, renewed_at) = match g.live_member_mut(nodes, worker, session, now) {
             Some(_) => nodes
                 .get(&worker)
@@ -587,10 +610,11 @@ impl State {
                 });
             }
         };
-        // C11: a cordoned or draining member claims nothing.
+        // C11: a cordoned or draining member claims nothing (and changes nothing).
         if g.control(worker).1 != MemberMode::Active {
             return Ok(Vec::new());
         }
+        g.draining(nodes, now);
         let take_dead = takeover.takes_dead(now - renewed_at);
         let effective = if take_dead {
             Takeover::Allowed
@@ -998,15 +1022,20 @@ impl State {
                 shard_count: g.shards,
             });
         }
+        // Q3: lifting a bucket not under quarantine writes nothing (not even the removal of
+        // ended quarantines, which a store writing its state back would write).
+        if duration.is_none() && g.quarantined(bucket, now).is_none() {
+            return Ok(());
+        }
         g.quarantines.retain(|_, end| now < *end);
         match duration {
             Some(d) => {
                 g.quarantines
                     .insert(bucket, store_precision(now + d.as_chrono()));
             }
-            // Q3: lifting a bucket not under quarantine writes nothing.
-            None if g.quarantines.remove(&bucket).is_none() => return Ok(()),
-            None => {}
+            None => {
+                g.quarantines.remove(&bucket);
+            }
         }
         g.bump();
         state.notify(group, Change::Controlled);
