@@ -90,6 +90,10 @@ pub fn encode_node(row: &NodeRow, extra: NodeExtra) -> Vec<u8> {
 /// Decode a node row.
 pub fn decode_node(bytes: &[u8]) -> Result<(NodeRow, NodeExtra), DecodeError> {
     let doc: NodeDoc = serde_json::from_slice(bytes).map_err(|e| bad("a node record", e))?;
+    // A ttl is at most a day (`Ttl::MAX`); anything else is not ours.
+    if doc.t.is_some_and(|t| !(1..=86_400_000_000).contains(&t)) {
+        return Err(bad("a node record", "a ttl out of range"));
+    }
     let groups = doc
         .g
         .into_iter()
@@ -218,6 +222,17 @@ pub fn decode_group(bytes: &[u8]) -> Result<GroupHead, DecodeError> {
         }
         (false, _) => 0,
     };
+    // Bucket numbers index the generations' rows: one out of range is not ours.
+    let out_of_range = members.values().any(|m| {
+        m.held.iter().any(|b| b.0 >= count.get())
+            || m.held_old.iter().any(|b| b.0 as usize >= old_len)
+    }) || quarantines.keys().any(|b| b.0 >= count.get());
+    if out_of_range {
+        return Err(bad(
+            "a group document",
+            "a bucket out of its generation's range",
+        ));
+    }
     Ok(GroupHead {
         state: GroupState {
             shards: count,
@@ -261,10 +276,10 @@ fn decode_change(text: &str) -> Option<Change> {
     })
 }
 
-/// The changes a group document a watcher saw carries (none if it does not decode: the
-/// watcher wakes up anyway).
+/// The changes a group document a watcher saw carries ([`Change::Missed`] if it does not
+/// decode: something changed, and the worker re-plans).
 pub fn changes_of(bytes: &[u8]) -> Vec<Change> {
-    decode_group(bytes).map(|h| h.changes).unwrap_or_default()
+    decode_group(bytes).map_or_else(|_| vec![Change::Missed], |h| h.changes)
 }
 
 /// A tenure: owner, token, began, and its end (at, reason).
@@ -334,4 +349,121 @@ pub fn decode_page(bytes: &[u8]) -> Result<Vec<BucketRow>, DecodeError> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use lease_core::Generation;
+
+    fn at(s: i64) -> Timestamp {
+        chrono::Utc
+            .timestamp_opt(1_800_000_000 + s, 0)
+            .single()
+            .expect("a time")
+    }
+
+    fn node() -> NodeRow {
+        NodeRow {
+            session: SessionId::new(),
+            incarnation: Incarnation::new(),
+            started_at: at(0),
+            heartbeat_at: at(1),
+            expires_at: at(11),
+            metadata: MemberMetadata::new("it's \"odd\"; é").expect("metadata"),
+            handed_over: true,
+            groups: [GroupName::new("a/b").expect("a name")].into(),
+        }
+    }
+
+    fn group() -> GroupState {
+        let w = WorkerId::new();
+        let mut buckets = vec![BucketRow::default(); 4];
+        buckets[2].owner = Some((w, SessionId::new()));
+        buckets[2].token = 7;
+        buckets[2].last_node = Some(w);
+        buckets[2].tenures.begin(w, FencingToken(7), at(3));
+        buckets[2].tenures.end(at(4), EndReason::Drained);
+        GroupState {
+            shards: ShardCount::new(4).expect("a count"),
+            buckets,
+            members: [(
+                w,
+                MemberRow {
+                    joined_at: at(2),
+                    held: [Bucket(2)].into(),
+                    held_old: [Bucket(1)].into(),
+                },
+            )]
+            .into(),
+            generation: Generation(3),
+            previous: ShardCount::new(2).ok(),
+            old: vec![BucketRow::default(); 2],
+            version: 9,
+            controls: [(w, (3, MemberMode::Cordoned))].into(),
+            quarantines: [(Bucket(3), at(60))].into(),
+        }
+    }
+
+    #[test]
+    fn rows_round_trip() {
+        let n = node();
+        let extra = NodeExtra {
+            lease: Some(42),
+            ttl: Some(3_000_000),
+        };
+        assert_eq!(
+            decode_node(&encode_node(&n, extra)).expect("decodes"),
+            (n, extra)
+        );
+        let g = group();
+        let head = decode_group(&encode_group(&g, &[Change::Resized, Change::Controlled]))
+            .expect("decodes");
+        assert_eq!(head.changes, [Change::Resized, Change::Controlled]);
+        assert!(head.old);
+        let mut expected = g.clone();
+        expected.buckets = vec![BucketRow::default(); 4];
+        assert_eq!(
+            head.state, expected,
+            "the document holds all but the buckets"
+        );
+        assert_eq!(
+            decode_page(&encode_page(&g.buckets)).expect("decodes"),
+            g.buckets
+        );
+    }
+
+    #[test]
+    fn foreign_values_are_refused_not_trusted() {
+        let mut g = group();
+        g.members.values_mut().for_each(|m| {
+            m.held.insert(Bucket(4));
+        });
+        assert!(
+            decode_group(&encode_group(&g, &[])).is_err(),
+            "held beyond the count"
+        );
+        let mut g = group();
+        g.quarantines.insert(Bucket(9), at(1));
+        assert!(
+            decode_group(&encode_group(&g, &[])).is_err(),
+            "quarantine beyond the count"
+        );
+        let huge = NodeExtra {
+            lease: Some(1),
+            ttl: Some(i64::MAX),
+        };
+        assert!(
+            decode_node(&encode_node(&node(), huge)).is_err(),
+            "a ttl beyond a day"
+        );
+        assert!(decode_node(br#"{"s": 1}"#).is_err());
+        assert!(decode_page(b"[[null, 1]]").is_err());
+        assert_eq!(
+            changes_of(b"not json"),
+            [Change::Missed],
+            "a wake-up all the same"
+        );
+    }
 }

@@ -41,6 +41,11 @@ pub const PAGE_ROWS: usize = 64;
 /// full.
 pub const MAX_SHARDS: u32 = 1024;
 
+/// How many dead nodes' rows one heartbeat removes at most (H3, H9): with a put or delete and
+/// a compare each, a thousand nodes dying at once must not make a heartbeat's transaction
+/// exceed etcd's `--max-txn-ops` (128 by default), which would stop every worker.
+const REMOVALS_PER_WRITE: usize = 32;
+
 /// How often an operation reruns after losing a race before it gives up with
 /// [`BackendFailure::Conflict`] (transient: the caller's next tick tries again).
 const ATTEMPTS: usize = 64;
@@ -142,7 +147,8 @@ fn too_large(op: Operation, group: &GroupName, shards: ShardCount) -> StoreError
 /// fails (the client picked a member that is down; the next pick is likely another).
 const UNSENT_RETRIES: usize = 6;
 
-/// Which failed requests are sent again (etcd's own client draws the same line).
+/// Which failed requests are sent again: a write only when it cannot have been applied, a
+/// repeatable request (a read) whenever a member was unavailable.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Resend {
     /// A write: only when nothing can have been applied.
@@ -157,11 +163,15 @@ fn resend(error: &etcd_client::Error, kind: Resend, tries: usize) -> Option<Dura
     match error {
         etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::Unavailable => {
             let message = status.message();
-            if message.contains("connect") {
+            let from_etcd = message.starts_with("etcdserver:");
+            if !from_etcd
+                && (message == "tcp connect error" || message.contains("error trying to connect"))
+            {
                 // The client could not reach the member it picked: nothing was sent, and the
-                // next pick is likely a live member.
+                // next pick is likely a live member. (Not etcd's "request timed out, possibly
+                // due to connection lost": that request was proposed and may be applied.)
                 Some(Duration::ZERO)
-            } else if message.contains("no leader") || kind == Resend::Repeatable {
+            } else if (from_etcd && message.contains("no leader")) || kind == Resend::Repeatable {
                 // `require_leader`: a member without a leader refuses before proposing
                 // anything. Or a read during an election.
                 Some(backoff)
@@ -331,14 +341,14 @@ impl EtcdLeaseStore {
         if let Some(lives) = lives {
             for kv in lives.kvs() {
                 let key = kv.key_str().map_err(|e| corrupt(op, e))?;
-                let (Some(w), Ok(session)) = (
-                    self.keys.live_of(key),
-                    kv.value_str()
-                        .map_err(|e| corrupt(op, e))?
-                        .parse::<uuid::Uuid>(),
-                ) else {
+                let Some(w) = self.keys.live_of(key) else {
                     continue;
                 };
+                let session = kv
+                    .value_str()
+                    .ok()
+                    .and_then(|v| v.parse::<uuid::Uuid>().ok())
+                    .ok_or_else(|| corrupt(op, format!("liveness key {key}: not a session id")))?;
                 loaded.lives.insert(
                     w,
                     (SessionId::from_uuid(session), kv.mod_revision(), kv.lease()),
@@ -375,6 +385,7 @@ impl EtcdLeaseStore {
             }
         }
         self.judge_liveness(&mut loaded, now);
+        loaded.state.removal_budget = Some(REMOVALS_PER_WRITE);
         Ok(loaded)
     }
 
@@ -531,6 +542,7 @@ impl EtcdLeaseStore {
         for (g, change) in &after.outbox {
             outbox.entry(g).or_default().push(*change);
         }
+        let mut unwritten: BTreeSet<&GroupName> = before.doc_revs.keys().collect();
         for (name, a) in &after.groups {
             let b = before.state.groups.get(name);
             let pages = self.page_writes(name, b, a, before.page_gens.get(name));
@@ -538,6 +550,7 @@ impl EtcdLeaseStore {
             if b == Some(a) && pages.is_empty() && changes.is_empty() {
                 continue;
             }
+            unwritten.remove(name);
             if a.shards.get() > MAX_SHARDS {
                 return Err(too_large(op, name, a.shards));
             }
@@ -549,6 +562,18 @@ impl EtcdLeaseStore {
         }
         if then.is_empty() {
             return Ok(true);
+        }
+        // Clock mode: a renewal judged live at its own time must not land after a claim took
+        // the session's buckets at a later time (the claim writes the group, not the record).
+        if !leases {
+            for name in unwritten {
+                let rev = before.doc_revs.get(name).copied().unwrap_or(0);
+                when.push(Compare::mod_revision(
+                    self.keys.doc(name),
+                    CompareOp::Equal,
+                    rev,
+                ));
+            }
         }
         let resp = self
             .txn(
@@ -726,14 +751,16 @@ impl EtcdLeaseStore {
         op: Operation,
         loaded: &Loaded,
         now: Timestamp,
+        wanted: impl Fn(WorkerId) -> bool,
     ) -> Result<BTreeMap<WorkerId, (Timestamp, Timestamp)>, StoreError> {
         let mut times = BTreeMap::new();
         for (&w, &(session, _, lease)) in &loaded.lives {
-            if loaded
-                .state
-                .nodes
-                .get(&w)
-                .is_none_or(|r| r.session != session)
+            if !wanted(w)
+                || loaded
+                    .state
+                    .nodes
+                    .get(&w)
+                    .is_none_or(|r| r.session != session)
             {
                 continue;
             }
@@ -813,7 +840,6 @@ impl EtcdLeaseStore {
                 }
                 self.remember_lease(process, lease);
             }
-            let takes_over = mine.is_some_and(|r| r.handed_over);
             let mut state = loaded.state.clone();
             let mut result = state.heartbeat(now, node, incarnation, ttl, metadata, seen);
             let quiet = result.as_ref().is_ok_and(|b| b.groups.is_empty())
@@ -831,14 +857,26 @@ impl EtcdLeaseStore {
                 Ok(beat) => beat,
                 // H7: say when the other process's session ends as etcd knows it.
                 Err(StoreError::WorkerIdInUse { worker, expires_at }) => {
-                    let times = self.lease_times(op, &loaded, now).await?;
+                    // The refusal matters more than the exactness of its time.
+                    let told = self
+                        .lease_times(op, &loaded, now, |w| w == worker)
+                        .await
+                        .ok()
+                        .and_then(|times| times.get(&worker).map(|t| t.1));
                     return Err(StoreError::WorkerIdInUse {
                         worker,
-                        expires_at: times.get(&worker).map_or(expires_at, |t| t.1),
+                        expires_at: told.unwrap_or(expires_at),
                     });
                 }
                 Err(e) => return Err(e),
             };
+            // What the lease must do is decided on the read the rule last ran on (a hand-over
+            // may have landed between the two reads): a session this process takes over
+            // (HO3) moves to a lease of its own ttl, off the predecessor's short one.
+            let before = loaded.state.nodes.get(&node);
+            let takes_over = !beat.new_session
+                && before.is_some_and(|r| r.handed_over || r.incarnation != incarnation);
+            let old_lease = loaded.extras.get(&node).and_then(|e| e.lease);
             let mut extras = loaded.extras.clone();
             let mut lives: LivePuts = Vec::new();
             let mut granted = None;
@@ -863,7 +901,7 @@ impl EtcdLeaseStore {
                     }
                     // The old lease (a handed-over session's) is not needed any more; if this
                     // fails it runs out by itself.
-                    if let (true, Some(old)) = (takes_over, lease) {
+                    if let (true, Some(old)) = (takes_over, old_lease) {
                         self.revoke(old).await;
                     }
                     return Ok(beat);
@@ -985,13 +1023,22 @@ impl LeaseStore for EtcdLeaseStore {
         let loaded = self.load(op, &Scope::Group(group), now, true).await?;
         let mut snap = loaded.state.clone().snapshot(now, group)?;
         if self.leases() {
-            let times = self.lease_times(op, &loaded, now).await?;
+            let shown: BTreeSet<WorkerId> = snap
+                .members
+                .iter()
+                .map(|m| m.worker)
+                .chain(snap.buckets.iter().filter_map(|b| b.owner))
+                .chain(snap.draining.iter().filter_map(|b| b.owner))
+                .collect();
+            let times = self
+                .lease_times(op, &loaded, now, |w| shown.contains(&w))
+                .await?;
             for m in &mut snap.members {
                 if let Some(&(renewed, expires)) = times.get(&m.worker) {
                     (m.heartbeat_at, m.expires_at) = (renewed, expires);
                 }
             }
-            for b in &mut snap.buckets {
+            for b in snap.buckets.iter_mut().chain(snap.draining.iter_mut()) {
                 if let (Some(owner), Some(expires)) = (b.owner, b.expires_at.as_mut())
                     && let Some(&(_, at)) = times.get(&owner)
                 {
@@ -1008,7 +1055,7 @@ impl LeaseStore for EtcdLeaseStore {
         let loaded = self.load(op, &Scope::Nodes, now, true).await?;
         let mut nodes = loaded.state.clone().nodes(now)?;
         if self.leases() {
-            let times = self.lease_times(op, &loaded, now).await?;
+            let times = self.lease_times(op, &loaded, now, |_| true).await?;
             for n in &mut nodes.nodes {
                 if let Some(&(renewed, expires)) = times.get(&n.node) {
                     (n.heartbeat_at, n.expires_at) = (renewed, expires);
@@ -1041,10 +1088,12 @@ impl LeaseStore for EtcdLeaseStore {
         to: ShardCount,
     ) -> Result<ResizeOutcome, StoreError> {
         self.run(Operation::Resize, Scope::Group(group), true, |s, now| {
-            if to.get() > MAX_SHARDS && s.groups.contains_key(group) {
+            // Z1's refusals come first; only a resize that would start is too large.
+            let outcome = s.resize(now, group, from, to)?;
+            if to.get() > MAX_SHARDS && matches!(outcome, ResizeOutcome::Started { .. }) {
                 return Err(too_large(Operation::Resize, group, to));
             }
-            s.resize(now, group, from, to)
+            Ok(outcome)
         })
         .await
     }
@@ -1191,7 +1240,10 @@ mod resending {
             Some(Duration::ZERO)
         );
         assert!(resend(&unavailable("etcdserver: no leader"), w, 0).is_some());
-        // Proposed, then the leader changed: it may have been applied.
+        // Proposed, then the leader changed or the connection was lost: it may have been
+        // applied.
+        let lost = "etcdserver: request timed out, possibly due to connection lost";
+        assert_eq!(resend(&unavailable(lost), w, 0), None);
         assert_eq!(
             resend(&unavailable("etcdserver: leader changed"), w, 0),
             None
@@ -1361,6 +1413,81 @@ mod races {
         assert!(
             !written,
             "a takeover of a session renewed meanwhile must not be written"
+        );
+    }
+
+    /// Clock mode, the same race the other way round, through the compare of the group
+    /// documents a write read but does not write: a renewal decided while the owner was live
+    /// is not written after a claim took its buckets at a later time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_decided_before_a_takeover_is_not_written_after_it() {
+        let url = url();
+        let clock = ManualClock::new();
+        let store = on(&url, &clock).await;
+        store
+            .ensure_group(&g(), ShardCount::new(2).expect("a count"))
+            .await
+            .expect("a group");
+        let (owner, taker) = (WorkerId::new(), WorkerId::new());
+        let (owner_process, taker_process) = (Incarnation::new(), Incarnation::new());
+        let none = MemberMetadata::empty();
+        let so = store
+            .heartbeat(owner, owner_process, ttl(), &none, &[])
+            .await
+            .expect("a heartbeat")
+            .session;
+        store.join(&g(), owner, so).await.expect("a join");
+        store
+            .claim(&g(), owner, so, 2, Takeover::Allowed)
+            .await
+            .expect("a claim");
+        let st = store
+            .heartbeat(taker, taker_process, ttl(), &none, &[])
+            .await
+            .expect("a heartbeat")
+            .session;
+        store.join(&g(), taker, st).await.expect("a join");
+        clock.advance(Duration::from_secs(6));
+        store
+            .heartbeat(taker, taker_process, ttl(), &none, &[])
+            .await
+            .expect("the taker renews");
+
+        // The owner's host reads just before its expiry and decides to renew...
+        let owner_now = clock.now() + chrono::TimeDelta::seconds(3);
+        let scope = Scope::Node(owner, &[]);
+        let read = store
+            .load(Operation::Heartbeat, &scope, owner_now, true)
+            .await
+            .expect("a read");
+        let mut decided = read.state.clone();
+        let beat = decided
+            .heartbeat(owner_now, owner, owner_process, ttl(), &none, &[])
+            .expect("a decision");
+        assert!(!beat.new_session, "the owner renews its live session");
+
+        // ...then the taker, at a time past it, takes its buckets...
+        clock.advance(Duration::from_secs(4));
+        let taken = store
+            .claim(&g(), taker, st, 2, Takeover::Allowed)
+            .await
+            .expect("the takeover");
+        assert_eq!(taken.len(), 2);
+
+        // ...and the renewal must not land on top of that.
+        let written = store
+            .store(
+                Operation::Heartbeat,
+                &read,
+                &decided,
+                &read.extras,
+                &Vec::new(),
+            )
+            .await
+            .expect("a write");
+        assert!(
+            !written,
+            "a renewal read before a takeover must not be written after it"
         );
     }
 
