@@ -209,6 +209,15 @@ where
     }
 }
 
+/// [`ATTEMPTS`] races lost in a row: transient, the caller's next tick tries again.
+fn lost_races(op: Operation) -> StoreError {
+    StoreError::backend_detail(
+        op,
+        BackendFailure::Conflict,
+        format!("lost the race to other writers {ATTEMPTS} times in a row"),
+    )
+}
+
 /// A ttl in whole seconds of an etcd lease, rounded up (a lease outlives the worker's trust,
 /// never the reverse), at least 1.
 fn lease_secs(ttl: Duration) -> i64 {
@@ -673,11 +682,7 @@ impl EtcdLeaseStore {
                 return result;
             }
         }
-        Err(StoreError::backend_detail(
-            op,
-            BackendFailure::Conflict,
-            format!("lost the race to other writers {ATTEMPTS} times in a row"),
-        ))
+        Err(lost_races(op))
     }
 
     /// Keep `lease` alive; whether it still was.
@@ -789,10 +794,10 @@ impl EtcdLeaseStore {
     ///
     /// Why the documents alone can answer: a group the rule answers unchanged (H8) is
     /// answered by its stamp, made of the document's change counter and the members'
-    /// expiries and quarantine ends, never of its buckets; and if the rule would change a
-    /// group (H2, H3, or the end of a drain it would find in the unowned stand-in buckets),
-    /// that group differs from what was read and the whole read is done instead. Node
-    /// records are read whole either way.
+    /// expiries and quarantine ends, never of its buckets; the stand-in buckets (see
+    /// `take_group`) give ownership, loads and the drain as the pages would; and if the rule
+    /// would change a group (H2, H3, the end of a drain), that group differs from what was
+    /// read and the whole read is done instead. Node records are read whole either way.
     async fn beat(
         &self,
         node: WorkerId,
@@ -916,11 +921,7 @@ impl EtcdLeaseStore {
                 }
             }
         }
-        Err(StoreError::backend_detail(
-            op,
-            BackendFailure::Conflict,
-            format!("lost the race to other writers {ATTEMPTS} times in a row"),
-        ))
+        Err(lost_races(op))
     }
 }
 
@@ -1149,11 +1150,7 @@ impl LeaseStore for EtcdLeaseStore {
                 }
             }
         }
-        Err(StoreError::backend_detail(
-            op,
-            BackendFailure::Conflict,
-            format!("lost the race to other writers {ATTEMPTS} times in a row"),
-        ))
+        Err(lost_races(op))
     }
 
     async fn control(
