@@ -758,33 +758,38 @@ impl EtcdLeaseStore {
         now: Timestamp,
         wanted: impl Fn(WorkerId) -> bool,
     ) -> Result<BTreeMap<WorkerId, (Timestamp, Timestamp)>, StoreError> {
-        let mut times = BTreeMap::new();
-        for (&w, &(session, _, lease)) in &loaded.lives {
-            if !wanted(w)
-                || loaded
-                    .state
-                    .nodes
-                    .get(&w)
-                    .is_none_or(|r| r.session != session)
-            {
-                continue;
-            }
-            let answer = send(op, Resend::Repeatable, || {
-                let mut leases = self.client.lease_client();
-                async move { leases.time_to_live(lease, None).await }
+        let asked = loaded
+            .lives
+            .iter()
+            .filter(|&(&w, &(session, _, _))| {
+                wanted(w)
+                    && loaded
+                        .state
+                        .nodes
+                        .get(&w)
+                        .is_some_and(|r| r.session == session)
             })
-            .await?;
-            let (left, granted) = (answer.ttl(), answer.granted_ttl());
-            // Still live with less than a second left: it ends after now.
-            let expires = if left > 0 {
-                now + chrono::TimeDelta::seconds(left)
-            } else {
-                now + chrono::TimeDelta::microseconds(1)
-            };
-            let renewed = expires - chrono::TimeDelta::seconds(granted.max(left));
-            times.insert(w, (renewed.min(now), expires));
-        }
-        Ok(times)
+            .map(|(&w, &(_, _, lease))| async move {
+                let answer = send(op, Resend::Repeatable, || {
+                    let mut leases = self.client.lease_client();
+                    async move { leases.time_to_live(lease, None).await }
+                })
+                .await?;
+                let (left, granted) = (answer.ttl(), answer.granted_ttl());
+                // Still live with less than a second left: it ends after now.
+                let expires = if left > 0 {
+                    now + chrono::TimeDelta::seconds(left)
+                } else {
+                    now + chrono::TimeDelta::microseconds(1)
+                };
+                let renewed = expires - chrono::TimeDelta::seconds(granted.max(left));
+                Ok::<_, StoreError>((w, (renewed.min(now), expires)))
+            });
+        // One request per session, all at once: a snapshot waits for one round trip.
+        Ok(futures_util::future::try_join_all(asked)
+            .await?
+            .into_iter()
+            .collect())
     }
 
     /// The heartbeat: the rule run first on the groups' documents alone, and only if that
