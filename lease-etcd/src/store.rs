@@ -1297,16 +1297,61 @@ mod races {
         Ttl::from_secs(10).expect("a ttl")
     }
 
-    /// A node in the group, its session.
-    async fn member(store: &EtcdLeaseStore, node: WorkerId) -> SessionId {
+    /// `node`, started by `process`, in the group: its session.
+    async fn member(store: &EtcdLeaseStore, node: WorkerId, process: Incarnation) -> SessionId {
         let none = MemberMetadata::empty();
         let session = store
-            .heartbeat(node, Incarnation::new(), ttl(), &none, &[])
+            .heartbeat(node, process, ttl(), &none, &[])
             .await
             .expect("a heartbeat")
             .session;
         store.join(&g(), node, session).await.expect("a join");
         session
+    }
+
+    /// An owner holding both buckets of a group of 2 (session of 10 s, from the clock's
+    /// start) and a taker that renewed 6 s in, so it is live when the owner is not.
+    struct Duel {
+        url: EtcdUrl,
+        clock: ManualClock,
+        store: EtcdLeaseStore,
+        owner: WorkerId,
+        owner_process: Incarnation,
+        taker: WorkerId,
+        taker_session: SessionId,
+    }
+
+    async fn duel() -> Duel {
+        let url = url();
+        let clock = ManualClock::new();
+        let store = on(&url, &clock).await;
+        store
+            .ensure_group(&g(), ShardCount::new(2).expect("a count"))
+            .await
+            .expect("a group");
+        let (owner, taker) = (WorkerId::new(), WorkerId::new());
+        let (owner_process, taker_process) = (Incarnation::new(), Incarnation::new());
+        let none = MemberMetadata::empty();
+        let so = member(&store, owner, owner_process).await;
+        store
+            .claim(&g(), owner, so, 2, Takeover::Allowed)
+            .await
+            .expect("a claim");
+        let taker_session = member(&store, taker, taker_process).await;
+        clock.advance(Duration::from_secs(6));
+        store
+            .heartbeat(taker, taker_process, ttl(), &none, &[])
+            .await
+            .expect("the taker renews");
+        Duel {
+            url,
+            clock,
+            store,
+            owner,
+            owner_process,
+            taker,
+            taker_session,
+        }
     }
 
     /// C5 through the group document's compare: a claim decided on a read that another claim
@@ -1320,7 +1365,8 @@ mod races {
             .await
             .expect("a group");
         let (a, b) = (WorkerId::new(), WorkerId::new());
-        let (sa, sb) = (member(&store, a).await, member(&store, b).await);
+        let sa = member(&store, a, Incarnation::new()).await;
+        let sb = member(&store, b, Incarnation::new()).await;
 
         let now = store.now();
         let read = store
@@ -1353,39 +1399,16 @@ mod races {
     /// earlier, on another host's clock).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_takeover_decided_before_the_owner_renewed_is_not_written() {
-        let url = url();
-        let clock = ManualClock::new();
-        let store = on(&url, &clock).await;
-        store
-            .ensure_group(&g(), ShardCount::new(2).expect("a count"))
-            .await
-            .expect("a group");
-        let (owner, taker) = (WorkerId::new(), WorkerId::new());
-        let owner_process = Incarnation::new();
+        let Duel {
+            url,
+            clock,
+            store,
+            owner,
+            owner_process,
+            taker,
+            taker_session: st,
+        } = duel().await;
         let none = MemberMetadata::empty();
-        let so = store
-            .heartbeat(owner, owner_process, ttl(), &none, &[])
-            .await
-            .expect("a heartbeat")
-            .session;
-        store.join(&g(), owner, so).await.expect("a join");
-        store
-            .claim(&g(), owner, so, 2, Takeover::Allowed)
-            .await
-            .expect("a claim");
-        // The taker renews along, so it is live when the owner is not.
-        let taker_process = Incarnation::new();
-        let st = store
-            .heartbeat(taker, taker_process, ttl(), &none, &[])
-            .await
-            .expect("a heartbeat")
-            .session;
-        store.join(&g(), taker, st).await.expect("a join");
-        clock.advance(Duration::from_secs(6));
-        store
-            .heartbeat(taker, taker_process, ttl(), &none, &[])
-            .await
-            .expect("the taker renews");
 
         // The owner's host reads a clock just before its expiry; the taker's just after.
         let owner_clock = ManualClock::starting_at(clock.now() + chrono::TimeDelta::seconds(3));
@@ -1423,37 +1446,16 @@ mod races {
     /// is not written after a claim took its buckets at a later time.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_renewal_decided_before_a_takeover_is_not_written_after_it() {
-        let url = url();
-        let clock = ManualClock::new();
-        let store = on(&url, &clock).await;
-        store
-            .ensure_group(&g(), ShardCount::new(2).expect("a count"))
-            .await
-            .expect("a group");
-        let (owner, taker) = (WorkerId::new(), WorkerId::new());
-        let (owner_process, taker_process) = (Incarnation::new(), Incarnation::new());
+        let Duel {
+            url: _,
+            clock,
+            store,
+            owner,
+            owner_process,
+            taker,
+            taker_session: st,
+        } = duel().await;
         let none = MemberMetadata::empty();
-        let so = store
-            .heartbeat(owner, owner_process, ttl(), &none, &[])
-            .await
-            .expect("a heartbeat")
-            .session;
-        store.join(&g(), owner, so).await.expect("a join");
-        store
-            .claim(&g(), owner, so, 2, Takeover::Allowed)
-            .await
-            .expect("a claim");
-        let st = store
-            .heartbeat(taker, taker_process, ttl(), &none, &[])
-            .await
-            .expect("a heartbeat")
-            .session;
-        store.join(&g(), taker, st).await.expect("a join");
-        clock.advance(Duration::from_secs(6));
-        store
-            .heartbeat(taker, taker_process, ttl(), &none, &[])
-            .await
-            .expect("the taker renews");
 
         // The owner's host reads just before its expiry and decides to renew...
         let owner_now = clock.now() + chrono::TimeDelta::seconds(3);
