@@ -10,7 +10,7 @@ use lease_core::{
     Bucket, Change, EndReason, FencingToken, Generation, GroupName, Incarnation, MemberMetadata,
     MemberMode, SessionId, ShardCount, Tenure, TenureEnd, Tenures, Timestamp, WorkerId,
 };
-use lease_memory::state::{BucketRow, GroupState, MemberRow, NodeRow};
+use lease_rules::{BucketRow, GroupState, MemberRow, NodeRow};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 

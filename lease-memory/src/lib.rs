@@ -49,8 +49,6 @@
 
 #![warn(missing_docs)]
 
-pub mod state;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -65,7 +63,7 @@ use lease_core::{
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
 
-use crate::state::State;
+use lease_rules::State;
 
 /// How many unread changes a feed buffers before reporting [`Change::Missed`].
 const FEED_CAPACITY: usize = 256;

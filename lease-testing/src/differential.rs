@@ -54,7 +54,11 @@ use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tokio::runtime::Runtime;
 use uuid::Uuid;
 
-use crate::model::Model;
+mod reach;
+pub use reach::{REACH_CASES, REACH_SEED, Reached, reach_of_seed, reach_table, run};
+
+use crate::model::{Model, ModelStore};
+use futures_util::FutureExt;
 use lease_core::LeaseStore;
 use lease_core::StoreError;
 use lease_core::{
@@ -445,168 +449,6 @@ fn outcome<T>(r: Result<T, StoreError>, ok: impl FnOnce(T) -> Outcome) -> Outcom
     match r {
         Ok(v) => ok(v),
         Err(e) => failed(&e),
-    }
-}
-
-/// Apply `op` to the model at time `now`; `sessions` is the processes' memory of their
-/// sessions on the model.
-pub fn apply_to_model(
-    model: &mut Model,
-    sessions: &mut Sessions,
-    op: &Op,
-    now: Timestamp,
-) -> Outcome {
-    let meta = MemberMetadata::empty();
-    match *op {
-        Op::Ensure {
-            group: g,
-            shards: n,
-        } => outcome(model.ensure_group(&group(g), shards(n)), |()| Outcome::Done),
-        Op::Heartbeat {
-            worker: w,
-            process: p,
-            ttl_ms,
-        } => {
-            let r = model.heartbeat(worker(w), incarnation(w, p), ttl(ttl_ms), &meta, now);
-            if let Ok(hb) = &r {
-                sessions.learn(w, p, hb.session);
-            }
-            outcome(r, Outcome::Heartbeat)
-        }
-        Op::Join {
-            group: g,
-            worker: w,
-            process: p,
-        } => outcome(
-            model.join(&group(g), worker(w), sessions.of(w, p), now),
-            |()| Outcome::Done,
-        ),
-        Op::Nodes => Outcome::Nodes(model.nodes(now)),
-        Op::Tick {
-            group: g,
-            worker: w,
-            process: p,
-            ttl_ms,
-            want,
-        } => {
-            let beat = apply_to_model(
-                model,
-                sessions,
-                &Op::Heartbeat {
-                    worker: w,
-                    process: p,
-                    ttl_ms,
-                },
-                now,
-            );
-            let join = match &beat {
-                Outcome::Heartbeat(hb) if !hb.is_member(&group(g)) => {
-                    Some(Box::new(apply_to_model(
-                        model,
-                        sessions,
-                        &Op::Join {
-                            group: g,
-                            worker: w,
-                            process: p,
-                        },
-                        now,
-                    )))
-                }
-                _ => None,
-            };
-            let joined = matches!(beat, Outcome::Heartbeat(_))
-                && join.as_deref().is_none_or(|j| *j == Outcome::Done);
-            let claim = joined.then(|| {
-                let session = sessions.of(w, p);
-                Box::new(outcome(
-                    model.claim(&group(g), worker(w), session, want, Takeover::Allowed, now),
-                    Outcome::Leases,
-                ))
-            });
-            Outcome::Tick(Box::new(beat), join, claim)
-        }
-        Op::Claim {
-            group: g,
-            worker: w,
-            process: p,
-            want,
-            takeover,
-        } => outcome(
-            model.claim(&group(g), worker(w), sessions.of(w, p), want, takeover, now),
-            Outcome::Leases,
-        ),
-        Op::Release {
-            group: g,
-            worker: w,
-            process: p,
-            ref buckets,
-        } => {
-            let bs: Vec<Bucket> = buckets.iter().copied().map(Bucket).collect();
-            outcome(
-                model.release(&group(g), worker(w), sessions.of(w, p), &bs, now),
-                Outcome::Buckets,
-            )
-        }
-        Op::Leave {
-            group: g,
-            worker: w,
-            process,
-        } => {
-            let session = process.map(|p| sessions.of(w, p));
-            outcome(
-                model.leave(&group(g), worker(w), session, now),
-                Outcome::Buckets,
-            )
-        }
-        Op::Snapshot { group: g } => outcome(model.snapshot(&group(g), now), Outcome::Snapshot),
-        Op::IsCurrent {
-            group: g,
-            bucket,
-            worker: w,
-            token,
-        } => Outcome::Bool(model.is_current(
-            &group(g),
-            Bucket(bucket),
-            worker(w),
-            FencingToken(token),
-            now,
-        )),
-        Op::Resize { group: g, from, to } => outcome(
-            model.resize(&group(g), shards(from), shards(to), now),
-            Outcome::Resized,
-        ),
-        Op::Advance { .. } => Outcome::Done,
-        Op::Control {
-            group: g,
-            worker: w,
-            weight,
-            mode,
-        } => outcome(
-            model.control(&group(g), worker(w), Op::member_control(weight, mode)),
-            |()| Outcome::Done,
-        ),
-        Op::Quarantine {
-            group: g,
-            bucket,
-            ms,
-        } => outcome(
-            model.quarantine(&group(g), Bucket(bucket), Op::quarantine_for(ms), now),
-            |()| Outcome::Done,
-        ),
-        Op::History { group: g, bucket } => {
-            outcome(model.history(&group(g), Bucket(bucket)), Outcome::History)
-        }
-        Op::HandOver {
-            worker: w,
-            process: p,
-            keep_ms,
-        } => {
-            let until = model.hand_over(worker(w), incarnation(w, p), ttl(keep_ms), now);
-            if until.is_some() {
-                sessions.forget(w, p);
-            }
-            Outcome::HandedOver(until)
-        }
     }
 }
 
@@ -1152,13 +994,11 @@ fn op_worker(op: &Op) -> usize {
     }
 }
 
-/// The reference side: the model, its clock and the outcome of the last operation.
+/// The reference side: the model (with its clock) and the outcome of the last operation.
 #[derive(Clone)]
 pub struct Reference {
-    /// The model.
-    pub model: Model,
-    /// The model's time.
-    pub now: Timestamp,
+    /// The model, as a store, at its clock's time.
+    pub model: ModelStore,
     /// The shard count of each group of [`GROUPS`], created before the first operation.
     pub shard_counts: [u32; 2],
     /// The last operation's outcome, normalized.
@@ -1168,14 +1008,22 @@ pub struct Reference {
     /// Every `(group, bucket, token, worker)` a claim has issued.
     issued: Vec<(usize, u32, i64, usize)>,
     sessions: Sessions,
+    views: Views,
     names: SessionNames,
+}
+
+impl Reference {
+    /// The model's time.
+    pub fn now(&self) -> Timestamp {
+        self.model.clock().now()
+    }
 }
 
 impl fmt::Debug for Reference {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Shrunk failures print the op sequence; the model's internals would only bury it.
         f.debug_struct("Reference")
-            .field("now", &self.now)
+            .field("now", &self.now())
             .field("shard_counts", &self.shard_counts)
             .finish()
     }
@@ -1208,13 +1056,13 @@ impl ReferenceStateMachine for ReferenceModel {
                         .expect("a new group is created");
                 }
                 Reference {
-                    model,
-                    now: ManualClock::new().now(),
+                    model: ModelStore::new(model, ManualClock::new()),
                     shard_counts: [a, b],
                     last: None,
                     reach: Reach::default(),
                     issued: Vec::new(),
                     sessions: Sessions::default(),
+                    views: Views::default(),
                     names: SessionNames::default(),
                 }
             })
@@ -1227,11 +1075,13 @@ impl ReferenceStateMachine for ReferenceModel {
 
     fn apply(mut state: Reference, op: &Op) -> Reference {
         if let Op::Advance { ms } = op {
-            state.now += chrono::Duration::milliseconds(*ms as i64);
+            state.model.clock().advance(Duration::from_millis(*ms));
         }
-        let before = state.model.clone();
-        let mut out = apply_to_model(&mut state.model, &mut state.sessions, op, state.now);
-        state.reach.count(&before, op, &out, state.now);
+        let before = state.model.model();
+        let mut out = apply_to_store(&state.model, &mut state.sessions, &mut state.views, op)
+            .now_or_never()
+            .expect("the model answers at once");
+        state.reach.count(&before, op, &out, state.now());
         if let (Op::Resize { group, to, .. }, Outcome::Resized(ResizeOutcome::Started { .. })) =
             (op, &out)
         {
@@ -1592,7 +1442,7 @@ where
             .as_ref()
             .expect("the reference applied the op");
         let now = sut.clock.now();
-        assert_eq!(now, ref_state.now, "the clocks drifted apart");
+        assert_eq!(now, ref_state.now(), "the clocks drifted apart");
         for s in &mut sut.subjects {
             let mut got = sut.rt.block_on(apply_to_store(
                 &*s.store,
@@ -1610,7 +1460,7 @@ where
             s.check_disjoint();
             sut.rt.block_on(s.check_snapshots());
             sut.rt
-                .block_on(s.check_histories(&ref_state.model, &op, now));
+                .block_on(s.check_histories(&ref_state.model.model(), &op, now));
         }
         sut
     }

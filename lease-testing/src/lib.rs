@@ -11,6 +11,7 @@
 //!   runs them all on a backend, on tokio's paused clock or on real time.
 //! - [`faults`]: a fault-injecting store wrapper and a clock following tokio's paused time.
 //! - [`RecordingHandler`]: a worker handler that records into an ownership log.
+//! - [`Counters`]: a metrics recorder that counts what the worker reports.
 //! - [`coverage`]: every overlap in an ownership log, and each bucket's time without a holder
 //!   (failover tests and benchmarks).
 //!
@@ -19,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod conformance;
+pub mod counters;
 pub mod coverage;
 pub mod differential;
 pub mod faults;
@@ -26,6 +28,7 @@ pub mod model;
 mod recording;
 pub mod runtime;
 
+pub use counters::Counters;
 pub use faults::{Faults, FaultyStore, TokioClock};
 pub use lease_core::ownership_log::{OwnershipLog, Summary};
 pub use model::Model;

@@ -2,11 +2,15 @@
 //!
 //! It is written for obviousness, not speed: every count is recomputed by scanning, time is an
 //! argument, and session ids come from a counter. Property tests run it beside real backends
-//! and compare every result.
+//! and compare every result, through [`ModelStore`], the model as a
+//! [`LeaseStore`](lease_core::LeaseStore).
 
 use std::collections::BTreeMap;
 
 use uuid::Uuid;
+
+mod store;
+pub use store::ModelStore;
 
 use lease_core::StoreError;
 use lease_core::resize;

@@ -1,0 +1,181 @@
+//! Ownership: claims, releases and the fencing check (C, R, F).
+
+use lease_core::EndReason;
+use lease_core::{
+    Bucket, Change, FencingToken, GroupName, Lease, MemberMode, SessionId, StoreError, Takeover,
+    Timestamp, WorkerId,
+};
+
+use crate::rows::*;
+
+impl State {
+    /// [`LeaseStore::claim`](lease_core::LeaseStore::claim) at the store's time `now`.
+    pub fn claim(
+        &mut self,
+        now: Timestamp,
+        group: &GroupName,
+        worker: WorkerId,
+        session: SessionId,
+        want: u32,
+        takeover: Takeover,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let state = self;
+        let (nodes, g) = state.split(group)?;
+        let (expires_at, renewed_at) = match g.live_member_mut(nodes, worker, session, now) {
+            Some(_) => nodes
+                .get(&worker)
+                .map(|n| (n.expires_at, n.heartbeat_at))
+                .ok_or_else(|| StoreError::SessionExpired {
+                    group: group.clone(),
+                    worker,
+                })?,
+            None => {
+                return Err(StoreError::SessionExpired {
+                    group: group.clone(),
+                    worker,
+                });
+            }
+        };
+        // C11: a cordoned or draining member claims nothing (and changes nothing).
+        if g.control(worker).1 != MemberMode::Active {
+            return Ok(Vec::new());
+        }
+        g.draining(nodes, now);
+        let take_dead = takeover.takes_dead(now - renewed_at);
+        let effective = if take_dead {
+            Takeover::Allowed
+        } else {
+            Takeover::Deferred
+        };
+        let (mut picked, others): (Vec<usize>, Vec<usize>) = g
+            .shards
+            .claim_order(worker)
+            .map(|b| b.0 as usize)
+            .filter(|&i| {
+                if take_dead {
+                    !g.is_owned_live(nodes, &g.buckets[i], now)
+                } else {
+                    g.buckets[i].owner.is_none()
+                }
+            })
+            // C10: not under quarantine.
+            .filter(|&i| g.quarantined(Bucket(i as u32), now).is_none())
+            // C8: the resize barrier, with the takeover C7 allows now.
+            .filter(|&i| g.parents_retired(nodes, i, now, effective))
+            // C9: the buckets it last held first.
+            .partition(|&i| g.buckets[i].last_node == Some(worker));
+        picked.extend(others);
+        picked.truncate(want as usize);
+        picked.sort_unstable();
+        let mut won = Vec::with_capacity(picked.len());
+        for i in picked {
+            let bucket = Bucket(i as u32);
+            let row = &mut g.buckets[i];
+            let previous = row.owner.replace((worker, session));
+            if previous.is_some() {
+                row.tenures.end(now, EndReason::Expired);
+            }
+            row.token += 1;
+            row.last_node = Some(worker);
+            row.tenures.begin(worker, FencingToken(row.token), now);
+            // The previous session is dead; keep its member row's set honest for snapshots.
+            if let Some((w, s)) = previous
+                && nodes.get(&w).is_some_and(|n| n.session == s)
+                && let Some(m) = g.members.get_mut(&w)
+            {
+                m.held.remove(&bucket);
+            }
+            won.push(Lease {
+                bucket,
+                shards: g.shards,
+                owner: worker,
+                token: FencingToken(g.buckets[i].token),
+                expires_at,
+            });
+        }
+        if let Some(me) = g.members.get_mut(&worker) {
+            me.held.extend(won.iter().map(|l| l.bucket));
+        }
+        if !won.is_empty() {
+            g.bump();
+        }
+        Ok(won)
+    }
+
+    /// [`LeaseStore::release`](lease_core::LeaseStore::release) at the store's time `now`.
+    pub fn release(
+        &mut self,
+        now: Timestamp,
+        group: &GroupName,
+        worker: WorkerId,
+        session: SessionId,
+        buckets: &[Bucket],
+    ) -> Result<Vec<Bucket>, StoreError> {
+        let state = self;
+        let (nodes, g) = state.split(group)?;
+        g.draining(nodes, now);
+        let old_range = g.old.len();
+        if let Some(&bucket) = buckets
+            .iter()
+            .find(|&&b| !g.shards.contains(b) && b.0 as usize >= old_range)
+        {
+            return Err(StoreError::BucketOutOfRange {
+                group: group.clone(),
+                bucket,
+                shard_count: g.shards,
+            });
+        }
+        let Some(me) = g.live_member_mut(nodes, worker, session, now) else {
+            return Ok(Vec::new());
+        };
+        let mut released: Vec<Bucket> = Vec::new();
+        let mut released_old: Vec<Bucket> = Vec::new();
+        for b in buckets {
+            if me.held.remove(b) {
+                released.push(*b);
+            } else if me.held_old.remove(b) {
+                released_old.push(*b);
+            }
+        }
+        let mode = g.control(worker).1;
+        for &b in &released {
+            let reason = EndReason::of_release(g.quarantined(b, now).is_some(), mode);
+            let row = &mut g.buckets[b.0 as usize];
+            row.owner = None;
+            row.tenures.end(now, reason);
+        }
+        for b in &released_old {
+            g.old[b.0 as usize].owner = None;
+        }
+        released.extend(released_old);
+        released.sort_unstable();
+        if !released.is_empty() {
+            g.bump();
+            state.notify(group, Change::Released(worker));
+        }
+        Ok(released)
+    }
+
+    /// [`LeaseStore::is_current`](lease_core::LeaseStore::is_current) at the store's time `now`.
+    pub fn is_current(
+        &mut self,
+        now: Timestamp,
+        group: &GroupName,
+        bucket: Bucket,
+        worker: WorkerId,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        let state = self;
+        let Some(g) = state.groups.get(group) else {
+            return Ok(false);
+        };
+        let current = |row: &BucketRow| {
+            row.token == token.0
+                && row.owner.is_some_and(|(w, _)| w == worker)
+                && g.is_owned_live(&state.nodes, row, now)
+        };
+        // F1: either generation; an old bucket owned live is not retired.
+        Ok(g.buckets.get(bucket.0 as usize).is_some_and(current)
+            || g.old.get(bucket.0 as usize).is_some_and(current))
+    }
+}

@@ -1,0 +1,291 @@
+//! Sessions and memberships: heartbeats, joins, leaves and hand-overs (H, J, L, HO).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lease_core::EndReason;
+use lease_core::Generation;
+use lease_core::{
+    BackendFailure, Bucket, Change, GroupName, GroupStamp, Heartbeat, Incarnation, MemberMetadata,
+    Operation, SessionId, ShardCount, StoreError, Timestamp, Ttl, WorkerId,
+};
+
+use crate::rows::*;
+
+impl State {
+    /// [`LeaseStore::ensure_group`](lease_core::LeaseStore::ensure_group) (it needs no time).
+    pub fn ensure_group(
+        &mut self,
+
+        group: &GroupName,
+        shards: ShardCount,
+    ) -> Result<(), StoreError> {
+        let state = self;
+        match state.groups.get(group) {
+            // E3: the count the group was resized from is accepted too (the caller adopts).
+            Some(g) if g.shards == shards || g.previous == Some(shards) => Ok(()),
+            Some(g) => Err(StoreError::ShardCountMismatch {
+                group: group.clone(),
+                configured: shards,
+                found: g.shards,
+            }),
+            None => {
+                let buckets = shards.buckets().map(|_| BucketRow::default()).collect();
+                state.groups.insert(
+                    group.clone(),
+                    GroupState {
+                        shards,
+                        buckets,
+                        members: BTreeMap::new(),
+                        generation: Generation::default(),
+                        previous: None,
+                        old: Vec::new(),
+                        version: 0,
+                        controls: BTreeMap::new(),
+                        quarantines: BTreeMap::new(),
+                    },
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// [`LeaseStore::heartbeat`](lease_core::LeaseStore::heartbeat) at the store's time `now`.
+    pub fn heartbeat(
+        &mut self,
+        now: Timestamp,
+        node: WorkerId,
+        incarnation: Incarnation,
+        ttl: Ttl,
+        metadata: &MemberMetadata,
+        seen: &[GroupStamp],
+    ) -> Result<Heartbeat, StoreError> {
+        let state = self;
+        if let Some(other) = state
+            .nodes
+            .get(&node)
+            .filter(|n| n.is_live(now) && n.incarnation != incarnation && !n.handed_over)
+        {
+            return Err(StoreError::WorkerIdInUse {
+                worker: node,
+                expires_at: other.expires_at,
+            });
+        }
+        let expires_at = now + ttl.as_chrono();
+        let new_session = !node_live(&state.nodes, node, now);
+        let mut budget = state.removal_budget.unwrap_or(usize::MAX);
+        if new_session {
+            // H2: a new session is a member of no group.
+            for name in state.groups_of(node) {
+                if let Ok(g) = state.group_mut(&name) {
+                    g.members.remove(&node);
+                    g.bump();
+                }
+                state.notify(&name, Change::Left(node));
+            }
+            state.nodes.insert(
+                node,
+                NodeRow {
+                    session: SessionId::new(),
+                    incarnation,
+                    started_at: now,
+                    heartbeat_at: now,
+                    expires_at,
+                    metadata: metadata.clone(),
+                    handed_over: false,
+                    groups: BTreeSet::new(),
+                },
+            );
+            // H9: dead nodes in no group go (within the budget; the others at later ones).
+            let gone: Vec<WorkerId> = state
+                .nodes
+                .iter()
+                .filter(|&(&w, n)| w != node && !n.is_live(now) && n.groups.is_empty())
+                .map(|(&w, _)| w)
+                .take(budget)
+                .collect();
+            budget -= gone.len();
+            for w in gone {
+                state.nodes.remove(&w);
+            }
+        }
+        let session = {
+            let me = state.nodes.get_mut(&node).ok_or_else(|| {
+                StoreError::backend_detail(
+                    Operation::Heartbeat,
+                    BackendFailure::Corrupt,
+                    "the memory store lost a node row it had just written",
+                )
+            })?;
+            me.expires_at = expires_at;
+            me.heartbeat_at = now;
+            me.metadata = metadata.clone();
+            // HO3: a handed-over session is now this incarnation's.
+            me.incarnation = incarnation;
+            me.handed_over = false;
+            me.session
+        };
+        let mut groups = Vec::new();
+        let mut unchanged = Vec::new();
+        let mut dead_nodes: BTreeSet<WorkerId> = BTreeSet::new();
+        for name in state.groups_of(node) {
+            let (nodes, g) = state.split(&name)?;
+            let dead = g.remove_dead_members(nodes, now, &mut budget);
+            for w in &dead {
+                if let Some(n) = state.nodes.get_mut(w) {
+                    n.groups.remove(&name);
+                }
+            }
+            dead_nodes.extend(dead);
+            let (nodes, g) = state.split(&name)?;
+            let draining = g.draining(nodes, now);
+            let beat = g.beat(nodes, &name, node, draining, expires_at, now);
+            // H8: the same version means no change a view could show (a member whose session
+            // ended was removed just above, which moved it), unless a quarantine the view
+            // counted has ended since (Q3: its `until`).
+            // Dead members left for a later heartbeat (the budget ran out) make a change.
+            let leftover = g.members.keys().any(|w| !node_live(nodes, *w, now));
+            let same = !leftover
+                && seen.iter().any(|s| {
+                    s.group == name
+                        && s.stamp.version() == g.version
+                        && s.stamp.until().is_none_or(|u| now < u)
+                });
+            if same {
+                unchanged.push(GroupStamp {
+                    group: name,
+                    stamp: beat.stamp,
+                });
+            } else {
+                groups.push(beat);
+            }
+        }
+        // H3: nodes found dead that are members of no group any more go too.
+        for dead in dead_nodes {
+            if state.groups_of(dead).is_empty() {
+                state.nodes.remove(&dead);
+            }
+        }
+        Ok(Heartbeat {
+            session,
+            new_session,
+            observed_at: now,
+            expires_at,
+            groups,
+            unchanged,
+        })
+    }
+
+    /// [`LeaseStore::join`](lease_core::LeaseStore::join) at the store's time `now`.
+    pub fn join(
+        &mut self,
+        now: Timestamp,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+    ) -> Result<(), StoreError> {
+        let state = self;
+        let (nodes, g) = state.split(group)?;
+        if !session_live(nodes, node, session, now) {
+            return Err(StoreError::SessionExpired {
+                group: group.clone(),
+                worker: node,
+            });
+        }
+        if g.members.contains_key(&node) {
+            return Ok(());
+        }
+        g.members.insert(
+            node,
+            MemberRow {
+                joined_at: now,
+                held: BTreeSet::new(),
+                held_old: BTreeSet::new(),
+            },
+        );
+        g.bump();
+        if let Some(n) = state.nodes.get_mut(&node) {
+            n.groups.insert(group.clone());
+        }
+        state.notify(group, Change::Joined(node));
+        Ok(())
+    }
+
+    /// [`LeaseStore::leave`](lease_core::LeaseStore::leave) at the store's time `now`.
+    pub fn leave(
+        &mut self,
+        now: Timestamp,
+        group: &GroupName,
+        worker: WorkerId,
+        session: Option<SessionId>,
+    ) -> Result<Vec<Bucket>, StoreError> {
+        let state = self;
+        let (nodes, g) = state.split(group)?;
+        let holds = session.is_none_or(|s| nodes.get(&worker).is_some_and(|n| n.session == s));
+        if !holds || !g.members.contains_key(&worker) {
+            return Ok(Vec::new());
+        }
+        let live = node_live(nodes, worker, now);
+        let Some(me) = g.members.remove(&worker) else {
+            return Ok(Vec::new());
+        };
+        let (held, held_old) = if live {
+            (me.held, me.held_old)
+        } else {
+            Default::default()
+        };
+        let reason = match session {
+            Some(_) => EndReason::Left,
+            None => EndReason::Evicted,
+        };
+        for b in &held {
+            let row = &mut g.buckets[b.0 as usize];
+            row.owner = None;
+            row.tenures.end(now, reason);
+        }
+        for b in &held_old {
+            if let Some(row) = g.old.get_mut(b.0 as usize) {
+                row.owner = None;
+            }
+        }
+        g.bump();
+        let mut released: Vec<Bucket> = held.into_iter().chain(held_old).collect();
+        released.sort_unstable();
+        state.notify(group, Change::Left(worker));
+        if let Some(n) = state.nodes.get_mut(&worker) {
+            n.groups.remove(group);
+        }
+        // L3: a node in no group any more has no session to keep.
+        if state.groups_of(worker).is_empty() {
+            state.nodes.remove(&worker);
+        }
+        Ok(released)
+    }
+
+    /// [`LeaseStore::hand_over`](lease_core::LeaseStore::hand_over) at the store's time `now`.
+    pub fn hand_over(
+        &mut self,
+        now: Timestamp,
+        node: WorkerId,
+        incarnation: Incarnation,
+        keep: Ttl,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        let state = self;
+        let Some(n) = state
+            .nodes
+            .get_mut(&node)
+            .filter(|n| n.is_live(now) && n.incarnation == incarnation)
+        else {
+            return Ok(None);
+        };
+        n.expires_at = now + keep.as_chrono();
+        n.handed_over = true;
+        let expires_at = n.expires_at;
+        // The other members' stamps hold the session's old expiry (H8's `until`).
+        for name in state.groups_of(node) {
+            if let Ok(g) = state.group_mut(&name) {
+                g.bump();
+            }
+        }
+        Ok(Some(expires_at))
+    }
+}

@@ -1,0 +1,179 @@
+//! The model as a [`LeaseStore`]: one mutex around a [`Model`], its time from a clock.
+//!
+//! The differential test runs every operation through one interpreter
+//! ([`apply_to_store`](crate::differential::apply_to_store)), on the model through this
+//! adapter and on the stores it judges, so the model and the stores cannot be driven
+//! differently. The model never waits: each call is ready at once.
+
+use std::sync::{Mutex, PoisonError};
+
+use async_trait::async_trait;
+use lease_core::{
+    Bucket, FencingToken, GroupName, GroupSnapshot, GroupStamp, Heartbeat, Incarnation, Lease,
+    LeaseStore, MemberControl, MemberMetadata, NodesSnapshot, QuarantineFor, ResizeOutcome,
+    SessionId, ShardCount, StoreError, Takeover, Tenure, Timestamp, Ttl, WorkerId,
+};
+use lease_core::{Clock, ManualClock};
+
+use super::Model;
+
+/// A [`Model`] behind a mutex, at the time of its [`ManualClock`]. Cloning it forks the state
+/// and the clock (the proptest reference state is cloned).
+pub struct ModelStore {
+    model: Mutex<Model>,
+    clock: ManualClock,
+}
+
+impl ModelStore {
+    /// `model` at the time of `clock`.
+    pub fn new(model: Model, clock: ManualClock) -> Self {
+        Self {
+            model: Mutex::new(model),
+            clock,
+        }
+    }
+
+    /// A copy of the model as it is now.
+    pub fn model(&self) -> Model {
+        self.model
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The clock the model's time is read from.
+    pub fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Model, Timestamp) -> T) -> T {
+        let now = self.clock.now();
+        f(
+            &mut self.model.lock().unwrap_or_else(PoisonError::into_inner),
+            now,
+        )
+    }
+}
+
+impl Clone for ModelStore {
+    fn clone(&self) -> Self {
+        Self::new(self.model(), ManualClock::starting_at(self.clock.now()))
+    }
+}
+
+#[async_trait]
+impl LeaseStore for ModelStore {
+    async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
+        self.with(|m, _| m.ensure_group(group, shards))
+    }
+
+    /// The model never answers "unchanged" (H8 allows always giving the view), so `seen` is
+    /// not read.
+    async fn heartbeat(
+        &self,
+        node: WorkerId,
+        incarnation: Incarnation,
+        ttl: Ttl,
+        metadata: &MemberMetadata,
+        _seen: &[GroupStamp],
+    ) -> Result<Heartbeat, StoreError> {
+        self.with(|m, now| m.heartbeat(node, incarnation, ttl, metadata, now))
+    }
+
+    async fn join(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+    ) -> Result<(), StoreError> {
+        self.with(|m, now| m.join(group, node, session, now))
+    }
+
+    async fn claim(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        session: SessionId,
+        want: u32,
+        takeover: Takeover,
+    ) -> Result<Vec<Lease>, StoreError> {
+        self.with(|m, now| m.claim(group, worker, session, want, takeover, now))
+    }
+
+    async fn release(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        session: SessionId,
+        buckets: &[Bucket],
+    ) -> Result<Vec<Bucket>, StoreError> {
+        self.with(|m, now| m.release(group, worker, session, buckets, now))
+    }
+
+    async fn leave(
+        &self,
+        group: &GroupName,
+        worker: WorkerId,
+        session: Option<SessionId>,
+    ) -> Result<Vec<Bucket>, StoreError> {
+        self.with(|m, now| m.leave(group, worker, session, now))
+    }
+
+    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
+        self.with(|m, now| m.snapshot(group, now))
+    }
+
+    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
+        Ok(self.with(|m, now| m.nodes(now)))
+    }
+
+    async fn is_current(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        worker: WorkerId,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with(|m, now| m.is_current(group, bucket, worker, token, now)))
+    }
+
+    async fn resize(
+        &self,
+        group: &GroupName,
+        from: ShardCount,
+        to: ShardCount,
+    ) -> Result<ResizeOutcome, StoreError> {
+        self.with(|m, now| m.resize(group, from, to, now))
+    }
+
+    async fn control(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        control: MemberControl,
+    ) -> Result<(), StoreError> {
+        self.with(|m, _| m.control(group, node, control))
+    }
+
+    async fn hand_over(
+        &self,
+        node: WorkerId,
+        incarnation: Incarnation,
+        keep: Ttl,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        Ok(self.with(|m, now| m.hand_over(node, incarnation, keep, now)))
+    }
+
+    async fn quarantine(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        duration: Option<QuarantineFor>,
+    ) -> Result<(), StoreError> {
+        self.with(|m, now| m.quarantine(group, bucket, duration, now))
+    }
+
+    async fn history(&self, group: &GroupName, bucket: Bucket) -> Result<Vec<Tenure>, StoreError> {
+        self.with(|m, _| m.history(group, bucket))
+    }
+}
