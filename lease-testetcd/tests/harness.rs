@@ -391,14 +391,21 @@ fn dropping_a_cluster_kills_its_members_and_removes_its_directory() {
 /// Where [`helper_holds_a_cluster_until_killed`] writes what it started.
 const HELPER_OUT: &str = "LEASE_TESTETCD_HELPER_OUT";
 
-/// Not a test by itself: the process the watchdog test kills. Without
-/// `LEASE_TESTETCD_HELPER_OUT` it does nothing. If the watchdog test's process goes away
-/// first (killed itself), it drops its cluster and removes its files.
+/// Not a test by itself: the process the watchdog test kills, run by that test (with
+/// `--ignored`), which names the file to write what it started in `LEASE_TESTETCD_HELPER_OUT`.
+/// Run without it, it fails. If the watchdog test's process goes away first (killed itself),
+/// it drops its cluster and removes its files.
 #[test]
+#[ignore = "the watchdog test's helper process: run by the_watchdog_removes_a_killed_test_process_cluster"]
 fn helper_holds_a_cluster_until_killed() {
-    let Some(out) = std::env::var_os(HELPER_OUT).map(PathBuf::from) else {
-        return;
-    };
+    let out = std::env::var_os(HELPER_OUT)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "{HELPER_OUT} is not set: this is the helper process of \
+                 the_watchdog_removes_a_killed_test_process_cluster, which runs it"
+            )
+        });
     let parent = std::os::unix::process::parent_id();
     let cluster = start(3);
     let pids: Vec<String> = (0..3)
@@ -441,6 +448,7 @@ fn the_watchdog_removes_a_killed_test_process_cluster() {
         .args([
             "helper_holds_a_cluster_until_killed",
             "--exact",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])

@@ -31,8 +31,10 @@ use lease_core::{MemberControl, QuarantineFor, Weight};
 
 mod controls;
 mod history;
+mod walks;
 pub use controls::*;
 pub use history::*;
+pub use walks::*;
 
 /// The name of every case, in the order the macro runs them.
 pub const CASES: &[&str] = &[
@@ -105,6 +107,9 @@ pub const CASES: &[&str] = &[
     "history_records_each_tenure_and_how_it_ended",
     "history_keeps_the_last_tenures",
     "history_is_checked_and_cleared_by_resizes",
+    "every_kind_of_claimable_bucket_under_quarantine_is_skipped",
+    "every_kind_of_new_bucket_waits_for_the_old_ones",
+    "is_current_fails_on_an_old_bucket_once_its_owner_expired",
 ];
 
 /// The name of every case of the resize contract (Z1-Z5 and what they change in the other
@@ -239,6 +244,9 @@ macro_rules! conformance_suite {
             history_records_each_tenure_and_how_it_ended,
             history_keeps_the_last_tenures,
             history_is_checked_and_cleared_by_resizes,
+            every_kind_of_claimable_bucket_under_quarantine_is_skipped,
+            every_kind_of_new_bucket_waits_for_the_old_ones,
+            is_current_fails_on_an_old_bucket_once_its_owner_expired,
         );
     };
 }
@@ -261,6 +269,28 @@ macro_rules! __conformance_tests {
             let generated: &[&str] = &[$(stringify!($case)),+];
             assert_eq!(generated, $crate::conformance::CASES);
         }
+    };
+}
+
+/// Run the named cases of the suite (some of [`CASES`]) against a store built by `$make`, as
+/// [`conformance_suite!`](crate::conformance_suite) does, for a store that can run only some
+/// of them: etcd's production mode, whose sessions end by etcd's clock, not the suite's. It
+/// does not check that every case runs; it generates `CONFORMANCE_CASES_RUN`, the names it
+/// ran, so the caller can account for every other case of [`CASES`] (and fail on a new one).
+#[macro_export]
+macro_rules! conformance_cases {
+    ($make:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let clock = $crate::__private::ManualClock::new();
+                let store = ($make)(clock.clone()).await;
+                $crate::conformance::$case(store, clock).await;
+            }
+        )+
+
+        /// The cases this module runs, in order.
+        const CONFORMANCE_CASES_RUN: &[&str] = &[$(stringify!($case)),+];
     };
 }
 

@@ -33,7 +33,7 @@
 //! and [`CASES`] ever differ, so no backend can miss a case.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -50,7 +50,7 @@ use lease_worker::{
     WorkerFailed, WorkerHandle,
 };
 
-use crate::{Faults, FaultyStore, RecordingHandler};
+use crate::{Counters, Faults, FaultyStore, RecordingHandler};
 
 mod controls;
 pub use controls::*;
@@ -60,6 +60,7 @@ pub const CASES: &[&str] = &[
     "cold_start_of_eight_workers_balances_within_three_ticks",
     "a_joiner_gets_its_share_within_two_ticks",
     "a_graceful_stop_hands_over_without_overlap",
+    "a_slow_graceful_stop_renews_until_it_leaves",
     "a_crashed_workers_buckets_move_only_after_its_lease_expires",
     "a_worker_that_cannot_renew_fences_itself_before_anyone_takes_over",
     "a_worker_cut_off_mid_call_fences_while_the_call_hangs",
@@ -119,6 +120,7 @@ macro_rules! __runtime_cases {
             cold_start_of_eight_workers_balances_within_three_ticks,
             a_joiner_gets_its_share_within_two_ticks,
             a_graceful_stop_hands_over_without_overlap,
+            a_slow_graceful_stop_renews_until_it_leaves,
             a_crashed_workers_buckets_move_only_after_its_lease_expires,
             a_worker_that_cannot_renew_fences_itself_before_anyone_takes_over,
             a_worker_cut_off_mid_call_fences_while_the_call_hangs,
@@ -797,6 +799,59 @@ pub async fn a_graceful_stop_hands_over_without_overlap<S: LeaseStore + Clone + 
     }
 }
 
+/// A graceful stop whose application takes longer than a ttl over its revocations (1 s each, 4
+/// buckets: 4 s, against a ttl of 3 s) keeps its session: the worker renews while it revokes
+/// and leaves at the end, so the other worker is assigned those buckets only after the last
+/// revocation returned, and the ownership log shows no bucket held twice. Without renewals
+/// during the stop the session expired 3 s into it, and the other worker took the last bucket
+/// while the stopping application still worked on it.
+pub async fn a_slow_graceful_stop_renews_until_it_leaves<S: LeaseStore + Clone + 'static>(
+    env: Env<S>,
+) {
+    let mut pool = Pool::new(&env, "orders", 8, true);
+    let slow = pool
+        .start_slow(Slow {
+            revoke: Duration::from_secs(1),
+            ..Slow::default()
+        })
+        .await;
+    let other = pool.start().await;
+    pool.until_balanced(5 * RENEW, "cold start").await;
+    let stopped_at = pool.clock.now();
+    pool.stop(slow).await;
+    let revoked = pool.revoked_at(slow, RevokeReason::Shutdown);
+    assert_eq!(
+        revoked.len(),
+        4,
+        "the stopping application heard 4 shutdowns"
+    );
+    let last_revoked = revoked.iter().max().copied().expect("revocations");
+    assert!(
+        last_revoked - stopped_at >= chrono::TimeDelta::from_std(TTL).expect("a ttl"),
+        "the stop lasted {} ms, less than a ttl",
+        ms(last_revoked - stopped_at)
+    );
+    pool.until_owns(other, 8, RENEW + env.slack()).await;
+    let taken: Vec<Timestamp> = pool
+        .assigned_at(other)
+        .into_iter()
+        .filter(|&t| t > stopped_at)
+        .collect();
+    assert_eq!(
+        taken.len(),
+        4,
+        "the other worker took the stopped one's buckets"
+    );
+    let first_taken = taken.iter().min().copied().expect("assignments");
+    assert!(
+        first_taken >= last_revoked,
+        "a bucket was assigned {} ms before the stopping application's last revocation returned",
+        ms(last_revoked - first_taken)
+    );
+    let summary = pool.shutdown().await;
+    assert!(summary.handoffs >= 4);
+}
+
 /// A crashed worker's 4 buckets move only after its session expired in the store, and within
 /// a renew interval (plus 250 ms) of it: the others find them claimable at their next tick.
 pub async fn a_crashed_workers_buckets_move_only_after_its_lease_expires<
@@ -872,7 +927,7 @@ pub async fn a_worker_that_cannot_renew_fences_itself_before_anyone_takes_over<
             pool.owned()[&b] == 8
         })
         .await;
-    let fenced = pool.revoked_at(a, RevokeReason::Expired);
+    let fenced = pool.revoked_at(a, RevokeReason::Fenced);
     assert_eq!(
         fenced.len(),
         4,
@@ -890,7 +945,7 @@ pub async fn a_worker_that_cannot_renew_fences_itself_before_anyone_takes_over<
     // Only that it recovers matters here, not how fast.
     pool.until_balanced(5 * RENEW, "a's share back").await;
     let summary = pool.shutdown().await;
-    assert_eq!(summary.revocations.get("expired"), Some(&4));
+    assert_eq!(summary.revocations.get("fenced"), Some(&4));
 }
 
 /// A worker whose store calls hang, as over a cut network (no error ever comes back), revokes
@@ -912,7 +967,7 @@ pub async fn a_worker_cut_off_mid_call_fences_while_the_call_hangs<
             pool.owned()[&b] == 8
         })
         .await;
-    let fenced = pool.revoked_at(a, RevokeReason::Expired);
+    let fenced = pool.revoked_at(a, RevokeReason::Fenced);
     assert_eq!(
         fenced.len(),
         4,
@@ -993,66 +1048,6 @@ pub async fn a_new_session_revokes_everything_before_claiming_again<
     pool.until_balanced(env.slack(), "a holding its 4 buckets again")
         .await;
     pool.shutdown().await;
-}
-
-/// A metrics recorder of the suite's own: counters by name and labels, as
-/// `name{label="value"}`; gauges and histograms are dropped.
-#[derive(Default)]
-struct Counters(Mutex<BTreeMap<String, Arc<AtomicU64>>>);
-
-impl Counters {
-    fn get(&self, series: &str) -> u64 {
-        lock(&self.0)
-            .get(series)
-            .map_or(0, |c| c.load(Ordering::SeqCst))
-    }
-}
-
-impl metrics::Recorder for Counters {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-
-    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        let labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={:?}", l.key(), l.value()))
-            .collect();
-        let series = format!("{}{{{}}}", key.name(), labels.join(","));
-        metrics::Counter::from_arc(lock(&self.0).entry(series).or_default().clone())
-    }
-
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
-    }
-
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
 }
 
 /// While every store call fails (transiently), the worker keeps retrying (at least 10 attempts,
@@ -1340,7 +1335,7 @@ pub async fn slow_handlers_do_not_starve_renewals<S: LeaseStore + Clone + 'stati
     // 8 s of handler time, a renewal every second between assignments.
     pool.until_owns(a, 40, 12 * RENEW).await;
     assert_eq!(
-        pool.revoked_at(a, RevokeReason::Expired).len(),
+        pool.revoked_at(a, RevokeReason::Fenced).len(),
         0,
         "a fenced itself while assigning"
     );
@@ -1353,7 +1348,7 @@ pub async fn slow_handlers_do_not_starve_renewals<S: LeaseStore + Clone + 'stati
     until(
         20 * RENEW,
         "a fenced and owning 40 again",
-        || pool.revoked_at(a, RevokeReason::Expired).len() >= 40 && pool.owned()[&a] == 40,
+        || pool.revoked_at(a, RevokeReason::Fenced).len() >= 40 && pool.owned()[&a] == 40,
         || pool.owned(),
     )
     .await;
@@ -1361,7 +1356,7 @@ pub async fn slow_handlers_do_not_starve_renewals<S: LeaseStore + Clone + 'stati
     pool.until_balanced(20 * RENEW, "b's half").await;
     assert_eq!(pool.owned()[&b], 20);
     // Counted after b's half, so that a fence after the recovery would show too.
-    let fenced = pool.revoked_at(a, RevokeReason::Expired).len();
+    let fenced = pool.revoked_at(a, RevokeReason::Fenced).len();
     assert_eq!(
         fenced, 40,
         "a did not fence exactly once ({fenced} revocations)"
@@ -2084,7 +2079,7 @@ pub async fn a_paused_node_fences_in_every_group_before_any_bucket_is_taken<
                     && matches!(
                         e,
                         OwnershipEvent::Revoked {
-                            reason: RevokeReason::Expired,
+                            reason: RevokeReason::Fenced,
                             ..
                         }
                     )
@@ -2124,7 +2119,7 @@ pub async fn a_paused_node_fences_in_every_group_before_any_bucket_is_taken<
                     && matches!(
                         e,
                         OwnershipEvent::Revoked {
-                            reason: RevokeReason::Expired,
+                            reason: RevokeReason::Fenced,
                             ..
                         }
                     )

@@ -399,13 +399,14 @@ pub async fn a_handed_over_session_is_taken_over_with_its_buckets<S: LeaseStore>
 }
 
 /// HO1, HO2: with no successor, a handed-over session dies at its new expiry and its buckets
-/// are claimable; only the incarnation holding a live session can hand it over.
+/// are claimable; only the incarnation holding a live session can hand it over (not another
+/// incarnation, not once it died, even before anyone removed its rows).
 pub async fn a_handed_over_session_without_successor_expires<S: LeaseStore>(
     store: S,
     clock: ManualClock,
 ) {
     let g = setup(&store, "orders", 4).await;
-    let [a, b] = workers(2)[..] else {
+    let [a, b, c] = workers(3)[..] else {
         unreachable!()
     };
     beat(&store, &g, a).await;
@@ -457,6 +458,27 @@ pub async fn a_handed_over_session_without_successor_expires<S: LeaseStore>(
         .await
         .expect("a late successor");
     assert!(hb.new_session && hb.groups.is_empty());
+    // A session past its expiry whose rows nobody removed yet (no heartbeat since) is dead
+    // too: handing it over would bring it back, with its memberships and its buckets.
+    beat(&store, &g, c).await;
+    clock.advance(secs(super::TTL_SECS));
+    assert_eq!(
+        store
+            .hand_over(c, super::inc(c), keep)
+            .await
+            .expect("hand over"),
+        None,
+        "an expired session was handed over"
+    );
+    let listed = store.nodes().await.expect("nodes");
+    assert!(
+        listed
+            .nodes
+            .iter()
+            .filter(|n| n.node == c)
+            .all(|n| !n.live && !n.handed_over),
+        "an expired session came back: {listed:?}"
+    );
 }
 
 /// K3, Q3 (and W1): a control or a quarantine that changes something reaches a feed opened

@@ -380,9 +380,9 @@ pub async fn a_successor_leaves_the_groups_it_does_not_run<S: LeaseStore + Clone
 }
 
 /// A hand-over that finds the session ended (the application took longer than the session
-/// had left to acknowledge its shutdown revocations: a stop does not renew) ends the node with
-/// [`WorkerFailed::HandOverFailed`](lease_worker::WorkerFailed::HandOverFailed) and no source:
-/// nothing was handed over, and the store lists no handed-over session.
+/// had left to acknowledge its shutdown revocations, and the stop's renewals failed) ends the
+/// node with [`WorkerFailed::HandOverFailed`](lease_worker::WorkerFailed::HandOverFailed) and
+/// no source: nothing was handed over, and the store lists no handed-over session.
 pub async fn a_hand_over_after_the_session_ended_fails<S: LeaseStore + Clone + 'static>(
     env: Env<S>,
 ) {
@@ -394,6 +394,11 @@ pub async fn a_hand_over_after_the_session_ended_fails<S: LeaseStore + Clone + '
         super::TTL + RENEW,
     )
     .await;
+    // A stop renews the session while the application acknowledges: these renewals fail.
+    nodes
+        .faults(id)
+        .fail_heartbeats
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     let node = nodes.nodes.remove(&id).expect("a running node");
     match node.handle.shutdown().await {
         Err(lease_worker::WorkerFailed::HandOverFailed { source: None }) => {}
