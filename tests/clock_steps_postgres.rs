@@ -8,11 +8,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use lease::postgres::PgLeaseStore;
-use lease::testing::{FaultyStore, OwnershipLog, RecordingHandler};
+use lease::testing::{Counters, FaultyStore, OwnershipLog, RecordingHandler};
 use lease::{
     GroupName, LeaseWorker, OwnershipEvent, RevokeReason, ShardCount, SystemClock, Timestamp,
     WorkerHandle, WorkerId,
@@ -29,15 +29,15 @@ struct Pool {
 }
 
 impl Pool {
-    async fn start(cluster: &Cluster) -> Self {
+    async fn start(cluster: &Cluster, name: &str) -> Self {
         cluster
-            .psql("CREATE DATABASE steps")
+            .psql(&format!("CREATE DATABASE {name}"))
             .unwrap_or_else(|e| panic!("{e}"));
-        let store = PgLeaseStore::builder(cluster.socket_url("steps"))
+        let store = PgLeaseStore::builder(cluster.socket_url(name))
             .build()
             .expect("store");
         store.migrate().await.expect("migrate");
-        let group = GroupName::new("steps").expect("name");
+        let group = GroupName::new(name).expect("name");
         let log = Arc::new(Mutex::new(OwnershipLog::new()));
         let mut workers = BTreeMap::new();
         for _ in 0..3 {
@@ -146,8 +146,9 @@ fn assert_stepped(cluster: &Cluster, seconds: i64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_step_of_the_server_clock_puts_no_bucket_in_two_hands() {
+    let steps = counters();
     let cluster = fake_clock_server();
-    let pool = Pool::start(&cluster).await;
+    let pool = Pool::start(&cluster, "forward").await;
     // Past the workers' first ttl, so that takeovers are open as in a long-running pool.
     pool.until_balanced(Duration::from_secs(30)).await;
     tokio::time::sleep(TTL).await;
@@ -174,24 +175,80 @@ async fn a_forward_step_of_the_server_clock_puts_no_bucket_in_two_hands() {
         "+15 s step: balanced again {:?} after it",
         stepped.elapsed()
     );
+    assert_eq!(
+        steps.sum(
+            "lease_clock_steps_total",
+            &[("group", "forward"), ("direction", "forward")]
+        ),
+        3,
+        "one report per worker: {:?}",
+        steps.series()
+    );
     pool.shutdown().await;
 }
 
-/// A guard more than a proof: a backward step lengthens sessions in the server's eyes, and
-/// nothing must move because of it (no revocation, no claim). That it is reported is shown by
-/// lease-worker/tests/clock_steps.rs.
+/// A backward step lengthens sessions in the server's eyes: safe (holders fence by their own
+/// clocks), so nothing may move because of it, and every worker must report it once
+/// (`lease_clock_steps_total{direction="backward"}`). Watched for longer than a ttl after the
+/// step, so that every worker renewed several times on the stepped clock and every lease
+/// granted before the step would have run out: a worker that fenced, started a new session or
+/// took a bucket because of the step shows in the log, and one that did not notice the step
+/// shows in the count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backward_step_of_the_server_clock_moves_nothing() {
+async fn a_backward_step_of_the_server_clock_is_reported_and_moves_nothing() {
+    let steps = counters();
+    let backward = || {
+        steps.sum(
+            "lease_clock_steps_total",
+            &[("group", "backward"), ("direction", "backward")],
+        )
+    };
     let cluster = fake_clock_server();
-    let pool = Pool::start(&cluster).await;
+    let pool = Pool::start(&cluster, "backward").await;
     pool.until_balanced(Duration::from_secs(30)).await;
     let before = pool.log.lock().expect("log").entries().len();
+    let reported_before = backward();
     cluster.set_clock_offset(-15).expect("stepping the clock");
     assert_stepped(&cluster, -15);
-    // Nothing is to happen: watch three renewals of every worker on the stepped clock.
-    tokio::time::sleep(RENEW * 3).await;
+    let stepped = Instant::now();
+    // Every worker renews within one interval of the step and reports it then.
+    while backward() - reported_before < 3 {
+        assert!(
+            stepped.elapsed() < RENEW * 3,
+            "the backward step was not reported by every worker: {:?}",
+            steps.series()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(TTL + RENEW).await;
     assert!(pool.balanced(), "{:?}", pool.owned());
     let after = pool.log.lock().expect("log").entries().len();
     assert_eq!(before, after, "ownership changed after a backward step");
+    assert_eq!(
+        backward() - reported_before,
+        3,
+        "one report per worker: {:?}",
+        steps.series()
+    );
+    assert_eq!(
+        steps.sum(
+            "lease_clock_steps_total",
+            &[("group", "backward"), ("direction", "forward")]
+        ),
+        0,
+        "a backward step taken for a forward one: {:?}",
+        steps.series()
+    );
     pool.shutdown().await;
+}
+
+/// The process's metrics recorder (one per test binary): the workers count steps of the
+/// store's clock into it.
+fn counters() -> &'static Counters {
+    static COUNTERS: OnceLock<&'static Counters> = OnceLock::new();
+    COUNTERS.get_or_init(|| {
+        let counters: &'static Counters = Box::leak(Box::default());
+        metrics::set_global_recorder(counters).expect("the only recorder of this test binary");
+        counters
+    })
 }

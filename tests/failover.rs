@@ -268,6 +268,12 @@ async fn synchronous_failovers_in_steady_state_and_mid_rebalance() {
         unowned_seconds(&log, killed_wall, settled_wall)
     );
     let (before, after) = tokens_around(&log, promoted_wall);
+    // No session survives a failover: every bucket is assigned again on the new primary.
+    assert_eq!(
+        after.len(),
+        BUCKETS as usize,
+        "buckets assigned after the failover: {after:?}"
+    );
     assert!(
         after.values().all(|&t| t >= FLOOR_1),
         "a lease after the failover below the floor: {after:?} (before: {before:?})"
@@ -318,6 +324,11 @@ async fn synchronous_failovers_in_steady_state_and_mid_rebalance() {
         unowned_seconds(&log, killed_wall, settled_wall)
     );
     let (_, after) = tokens_around(&log, promoted_wall);
+    assert_eq!(
+        after.len(),
+        BUCKETS as usize,
+        "buckets assigned after the second failover: {after:?}"
+    );
     assert!(
         after.values().all(|&t| t >= FLOOR_2),
         "a lease after the second failover below its floor: {after:?}"
@@ -382,6 +393,11 @@ async fn asynchronous_failover_after_lost_writes_keeps_leases_exclusive() {
         overlaps.iter().map(|o| o.duration).max()
     );
     let (before, after) = tokens_around(&log, killed_wall);
+    assert_eq!(
+        after.len(),
+        BUCKETS as usize,
+        "buckets assigned after the failover: {after:?}"
+    );
     for (bucket, first_after) in &after {
         let last_before = before.get(bucket).copied().unwrap_or(0);
         assert!(

@@ -177,6 +177,11 @@ impl Connector {
     pub(crate) fn tls(&self) -> &TlsSummary {
         &self.tls.summary
     }
+
+    /// The TLS connector connections are made with, if any (for cancel requests).
+    pub(crate) fn tls_connector(&self) -> Option<tokio_postgres_rustls::MakeRustlsConnect> {
+        self.tls.connector.clone()
+    }
 }
 
 /// Whether a URL (`postgres://…?k=v`) or key-value string (`k=v …`) sets `key`.

@@ -51,6 +51,7 @@
 
 #![warn(missing_docs)]
 
+mod checkout;
 mod connect;
 mod conninfo;
 pub mod diagnose;
@@ -87,6 +88,7 @@ pub use error::PgSetupError;
 pub use migrate::{Compatibility, ExtraMigration, MIGRATIONS, SchemaStatus};
 pub use tls::{TlsMode, TlsSummary, Verification};
 
+use crate::checkout::{Canceller, Checkout};
 use crate::connect::Connector;
 use crate::error::{from_diesel, from_pool, from_pool_setup};
 use crate::feed::{Notifier, Source};
@@ -103,36 +105,6 @@ const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How often the wake-up connection is checked, by default.
 const DEFAULT_LISTEN_CHECK: Duration = Duration::from_secs(5);
-
-/// A pooled connection that returns to the pool only when [`keep`](Self::keep) says so;
-/// otherwise dropping it closes the connection.
-struct Checkout(Option<Object<AsyncPgConnection>>);
-
-impl Checkout {
-    fn conn(&mut self, op: Operation) -> Result<&mut AsyncPgConnection, StoreError> {
-        self.0.as_deref_mut().ok_or_else(|| {
-            StoreError::backend_detail(
-                op,
-                BackendFailure::Corrupt,
-                "a connection was used after it was given back",
-            )
-        })
-    }
-
-    /// The operation finished cleanly: the connection may serve the next one.
-    fn keep(mut self) {
-        drop(self.0.take());
-    }
-}
-
-impl Drop for Checkout {
-    fn drop(&mut self) {
-        if let Some(conn) = self.0.take() {
-            // Detached from the pool, the connection closes when dropped here.
-            drop(Object::take(conn));
-        }
-    }
-}
 
 /// Options of a [`PgLeaseStore`] built from a URL.
 #[derive(Debug, Clone)]
@@ -251,6 +223,9 @@ impl PgLeaseStoreBuilder {
             }
         };
         let tls = connector.tls().clone();
+        let canceller = Canceller {
+            tls: connector.tls_connector(),
+        };
         let mut config = ManagerConfig::default();
         // A broken connection is detected by its closed socket; the default recycling check
         // would add a `SELECT 1` round trip to every operation.
@@ -281,6 +256,7 @@ impl PgLeaseStoreBuilder {
         store.call_timeout = self.statement_timeout + self.timeout;
         store.notifier = Arc::new(Notifier::new(self.listen_check, source));
         store.tls = Some(tls);
+        store.canceller = canceller;
         store.pooler = transaction_pooler.then(|| Arc::new(PoolerTx::new(self.statement_timeout)));
         store.direct = direct.map(|connector| (connector, self.timeout));
         Ok(store)
@@ -345,6 +321,8 @@ pub struct PgLeaseStore {
     call_timeout: Duration,
     /// The TLS settings its connections use (unknown for a pool built elsewhere).
     tls: Option<TlsSummary>,
+    /// How an abandoned operation's statement is cancelled on the server.
+    canceller: Canceller,
     /// Set when the URL goes through a transaction pooler.
     pooler: Option<Arc<PoolerTx>>,
     /// Connections to the server itself (the direct URL), with their timeout, for `migrate`.
@@ -397,6 +375,7 @@ impl PgLeaseStore {
             clock: None,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             tls: None,
+            canceller: Canceller::default(),
             pooler: None,
             direct: None,
             timeline: Arc::new(AtomicI64::new(0)),
@@ -486,7 +465,7 @@ impl PgLeaseStore {
         op: impl AsyncFnOnce(&mut AsyncPgConnection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let pooled = self.pool.get().await.map_err(|e| from_pool(operation, e))?;
-        let mut checkout = Checkout(Some(pooled));
+        let mut checkout = Checkout::new(pooled, &self.canceller);
         let conn: &mut AsyncPgConnection = checkout.conn(operation)?;
         let run = async {
             match &self.pooler {
@@ -501,6 +480,8 @@ impl PgLeaseStore {
                 }
             }
         };
+        // Timed out here, or dropped by the caller before this returns: `checkout` cancels
+        // the statement on the server as it closes the connection (see `checkout`).
         let result = tokio::time::timeout(self.call_timeout, run)
             .await
             .map_err(|_| {
@@ -510,6 +491,7 @@ impl PgLeaseStore {
                     format!("no answer from the server within {:?}", self.call_timeout),
                 )
             })?;
+        checkout.finished();
         if !matches!(result, Err(StoreError::Backend { .. })) {
             checkout.keep();
         }

@@ -211,10 +211,13 @@ pub(crate) struct HeartbeatRow {
 /// The node row is share-locked: a renewal, a new session, or a claimer ending the session
 /// waits for the join (and the join for them: its liveness is judged again once it holds the
 /// lock, as in CLAIM). A new member's load counts the buckets of the group its session already
-/// holds (one left behind by an eviction that skipped a fenced bucket), so loads stay exact.
+/// holds (one left behind by an eviction that skipped a fenced bucket), so loads stay exact;
+/// likewise its count of the draining generation's buckets (`old_owned`, migration 10), as of
+/// the group's generation in its snapshot (a resize committing meanwhile makes the view count
+/// the member's old buckets instead: see `lease.group_view`).
 pub(crate) const JOIN: &str = r#"
 WITH grp AS (
-    SELECT g.name FROM lease.groups g WHERE g.name = $1
+    SELECT g.name, g.generation FROM lease.groups g WHERE g.name = $1
 ), me AS (
     SELECT n.session_id, n.expires_at FROM lease.nodes n, grp
      WHERE n.node_id = $2 AND n.session_id = $3
@@ -225,11 +228,15 @@ WITH grp AS (
       FROM me, (SELECT COALESCE($4, clock_timestamp()) AS t) AS c
      WHERE me.expires_at > c.t
 ), joined AS (
-    INSERT INTO lease.members AS m (group_name, node_id, joined_at, owned)
+    INSERT INTO lease.members AS m
+           (group_name, node_id, joined_at, owned, old_owned, old_generation)
     SELECT $1, $2, mine.t,
            (SELECT count(*) FROM lease.shards s
-             WHERE s.group_name = $1 AND s.owner_session = mine.session_id)
-      FROM mine
+             WHERE s.group_name = $1 AND s.owner_session = mine.session_id),
+           (SELECT count(*) FROM lease.draining_shards d
+             WHERE d.group_name = $1 AND d.owner_session = mine.session_id),
+           grp.generation
+      FROM mine, grp
     ON CONFLICT (group_name, node_id) DO NOTHING
     RETURNING m.node_id
 ), bumped AS (
@@ -295,12 +302,17 @@ pub(crate) struct JoinRow {
 ///   session claimed after this statement's snapshot is re-checked by Postgres against its new
 ///   version, which is neither unowned nor a dead session's: it is skipped.
 /// - While a resize drains (C8, Z5), an unowned bucket of the new generation is taken only if
-///   no old bucket sharing keys with it (`old - new` divisible by `gcd(N, M)`) blocks it
-///   (`old_block`): one owned (not released) and, with takeover allowed, whose owner is not
-///   judged dead by `lease.owner_is_dead` or whose row another transaction holds (an open
-///   fencing transaction on the old bucket: `FOR UPDATE SKIP LOCKED` in `old_dead`); with
-///   takeover deferred, any owned one while some old owner lives. Old rows are judged on
-///   the latest committed state; one released after this statement's snapshot still blocks
+///   no old bucket sharing keys with it (`old - new` divisible by `gcd(N, M)`: the same class
+///   `bucket % gcd`) blocks it (`old_block`, the blocked classes, which the walks test with a
+///   hashed `NOT IN`): one owned (not released) and, with takeover allowed, whose owner is not
+///   judged dead or whose row another transaction holds (an open fencing transaction on the
+///   old bucket: `FOR UPDATE SKIP LOCKED` in `old_dead`); with takeover deferred, any owned
+///   one while some old owner lives. Each old owner's session is judged once
+///   (`old_live_owners`, by `lease.owner_is_dead` on the latest committed state, over a loose
+///   index scan of the old owners), never each old bucket: a merge from 65,536 buckets held
+///   by three workers made every claim call that function 65,536 times (2 s); the old rows
+///   are then read once, with no call per row. Dead owners' rows are locked only in classes
+///   no live owner blocks anyway. One released after this statement's snapshot still blocks
 ///   (conservative). Once every old bucket is retired (`old_dead` covers every owned one) the
 ///   old generation's rows are deleted (`old_gone`). With no resize draining this costs one
 ///   index probe of `lease.draining_shards`.
@@ -384,26 +396,54 @@ WITH RECURSIVE me AS (
     SELECT $6 % g.shard_count AS b,
            gcd(g.shard_count, COALESCE(g.previous_count, g.shard_count)) AS g, may.t
       FROM lease.groups g, may WHERE g.name = $1
+), old_owners AS (
+    -- The draining generation's owner sessions (none without a resize in progress), one
+    -- descent of its owner index each: a loose index scan, as `owners` does.
+    (SELECT d.owner_session, d.owner_node FROM lease.draining_shards d, may
+      WHERE d.group_name = $1 AND d.owner_session IS NOT NULL
+      ORDER BY d.owner_session
+      LIMIT 1)
+    UNION ALL
+    SELECT n.owner_session, n.owner_node
+      FROM old_owners o,
+           LATERAL (SELECT d.owner_session, d.owner_node FROM lease.draining_shards d
+                     WHERE d.group_name = $1 AND d.owner_session > o.owner_session
+                     ORDER BY d.owner_session
+                     LIMIT 1) AS n
+), old_live_owners AS (
+    -- Judged live once per session, never once per bucket, on the latest committed state (a
+    -- renewal in flight counts as live: owner_is_dead skips a node row it cannot lock).
+    SELECT o.owner_session FROM old_owners o
+     WHERE NOT lease.owner_is_dead($1, o.owner_node, o.owner_session, $4)
 ), old_owned AS (
-    -- The draining generation's buckets not released (none without a resize in progress).
-    SELECT d.bucket, d.owner_node, d.owner_session FROM lease.draining_shards d, may
+    -- The draining generation's buckets not released, each with its class (mod gcd: the new
+    -- buckets sharing keys with it are those of its class) and whether its owner is live.
+    SELECT d.bucket, d.bucket % start.g AS r,
+           d.owner_session IN (SELECT owner_session FROM old_live_owners) AS live
+      FROM lease.draining_shards d, start
      WHERE d.group_name = $1 AND d.owner_session IS NOT NULL
 ), old_live AS (
-    -- Owned by a session judged live on the latest committed state (a renewal in flight
-    -- counts as live: owner_is_dead skips a member row it cannot lock).
-    SELECT o.bucket FROM old_owned o
-     WHERE NOT lease.owner_is_dead($1, o.owner_node, o.owner_session, $4)
+    -- The classes an old bucket of a live owner holds back.
+    SELECT DISTINCT o.r FROM old_owned o WHERE o.live
 ), old_dead AS (
     -- Retired by its owner's death, and held by no other transaction (a fencing transaction
-    -- on the old bucket holds its children back until it ends).
+    -- on the old bucket holds its children back until it ends). Only in the classes no live
+    -- owner holds back (so never a live owner's bucket): a stopped owner's buckets are not
+    -- locked by every claim while a live owner's hold their children back anyway.
     SELECT d.bucket FROM lease.draining_shards d
      WHERE d.group_name = $1 AND d.owner_session IS NOT NULL
-       AND d.bucket IN (SELECT bucket FROM old_owned)
-       AND d.bucket NOT IN (SELECT bucket FROM old_live)
+       AND d.bucket IN (SELECT o.bucket FROM old_owned o
+                         WHERE o.r NOT IN (SELECT r FROM old_live))
        FOR UPDATE OF d SKIP LOCKED
 ), old_block AS (
-    SELECT o.bucket FROM old_owned o
-     WHERE CASE WHEN EXISTS (SELECT 1 FROM takes WHERE takes.dead)
+    -- The classes (mod gcd) whose new buckets wait: those of the live owners' old buckets,
+    -- and those of dead owners' ones another transaction holds or, when this claim may not
+    -- take dead sessions' buckets (C7), while some old owner lives.
+    SELECT l.r FROM old_live l
+    UNION
+    SELECT o.r FROM old_owned o
+     WHERE NOT o.live
+       AND CASE WHEN EXISTS (SELECT 1 FROM takes WHERE takes.dead)
                 THEN o.bucket NOT IN (SELECT bucket FROM old_dead)
                 ELSE EXISTS (SELECT 1 FROM old_live) END
 ), old_gone AS (
@@ -421,7 +461,7 @@ WITH RECURSIVE me AS (
        AND s.bucket >= start.b
        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
        AND EXISTS (SELECT 1 FROM epoch)
-       AND NOT EXISTS (SELECT 1 FROM old_block o WHERE (o.bucket - s.bucket) % start.g = 0)
+       AND s.bucket % start.g NOT IN (SELECT r FROM old_block)
      ORDER BY s.bucket
      LIMIT $3
        FOR UPDATE OF s SKIP LOCKED
@@ -448,7 +488,7 @@ WITH RECURSIVE me AS (
        AND s.bucket < start.b
        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
        AND EXISTS (SELECT 1 FROM epoch)
-       AND NOT EXISTS (SELECT 1 FROM old_block o WHERE (o.bucket - s.bucket) % start.g = 0)
+       AND s.bucket % start.g NOT IN (SELECT r FROM old_block)
      ORDER BY s.bucket
      LIMIT greatest($3 - (SELECT count(*) FROM sticky_up), 0)
        FOR UPDATE OF s SKIP LOCKED
@@ -476,7 +516,7 @@ WITH RECURSIVE me AS (
        AND s.last_node IS DISTINCT FROM $2
        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
        AND EXISTS (SELECT 1 FROM epoch)
-       AND NOT EXISTS (SELECT 1 FROM old_block o WHERE (o.bucket - s.bucket) % start.g = 0)
+       AND s.bucket % start.g NOT IN (SELECT r FROM old_block)
      ORDER BY s.bucket
      LIMIT greatest($3 - (SELECT count(*) FROM sticky), 0)
        FOR UPDATE OF s SKIP LOCKED
@@ -502,7 +542,7 @@ WITH RECURSIVE me AS (
        AND s.last_node IS DISTINCT FROM $2
        AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
        AND EXISTS (SELECT 1 FROM epoch)
-       AND NOT EXISTS (SELECT 1 FROM old_block o WHERE (o.bucket - s.bucket) % start.g = 0)
+       AND s.bucket % start.g NOT IN (SELECT r FROM old_block)
      ORDER BY s.bucket
      LIMIT greatest($3 - (SELECT count(*) FROM sticky) - (SELECT count(*) FROM up), 0)
        FOR UPDATE OF s SKIP LOCKED
@@ -596,9 +636,10 @@ pub(crate) struct ClaimRow {
 /// `max_bucket >= range` tells why: the shard count, or while a resize drains the larger of it
 /// and the old count). `$1` group, `$2` node, `$3` buckets (bigint[], any u32 fits), `$4`
 /// client time, `$5` session. No row: no such group. Releasing an old bucket clears its owner
-/// in `lease.draining_shards` (retiring it) and leaves the member's `owned` (new generation
-/// only) alone. Locks as CLAIM does; a release that released something moves the group's
-/// change counter. Each bucket of the current generation it releases ends its tenure (T2:
+/// in `lease.draining_shards` (retiring it) and lowers the member's `old_owned`, not its
+/// `owned` (new generation only). Each bucket asked for is found by its number (`asked`):
+/// the cost follows the buckets asked for. Locks as CLAIM does; a release that released
+/// something moves the group's change counter. Each bucket of the current generation it releases ends its tenure (T2:
 /// `ended`), quarantined, drained or released; the owner's mode is read by `lease.mode_of`
 /// once the member row is locked, the quarantine from the bucket row it updates.
 pub(crate) const RELEASE: &str = r#"
@@ -630,6 +671,11 @@ WITH grp AS (
     SELECT me.session_id, c.t
       FROM me, (SELECT COALESCE($4, clock_timestamp()) AS t) AS c
      WHERE me.expires_at > c.t
+), asked AS (
+    -- The buckets asked for, once each. Each is looked up by its number (an index probe per
+    -- bucket: a release costs what it asks for), never matched against the whole list per
+    -- owned row (`= ANY` of a parameter is a linear scan of the list: quadratic).
+    SELECT DISTINCT a.b FROM unnest($3::bigint[]) AS a (b)
 ), freed AS (
     -- Rows another transaction holds (an application's fencing check) are skipped, not
     -- waited for: waiting could deadlock with that transaction's next check, and the caller
@@ -639,10 +685,13 @@ WITH grp AS (
        SET owner_node = NULL, owner_session = NULL, updated_at = mine.t,
            tenures = s.tenures + 1
       FROM mine,
-           (SELECT x.bucket, x.owner_node, x.token, x.updated_at FROM lease.shards x, mine
-             WHERE x.group_name = $1 AND x.owner_session = mine.session_id
-               AND x.bucket = ANY ($3::bigint[])
-               FOR UPDATE OF x SKIP LOCKED) AS h
+           (SELECT x.bucket, x.owner_node, x.token, x.updated_at
+              FROM asked, mine AS m,
+                   LATERAL (SELECT y.bucket, y.owner_node, y.token, y.updated_at
+                              FROM lease.shards y
+                             WHERE y.group_name = $1 AND y.bucket = asked.b
+                               AND y.owner_session = m.session_id
+                               FOR UPDATE OF y SKIP LOCKED) AS x) AS h
      WHERE s.group_name = $1 AND s.bucket = h.bucket
     RETURNING s.bucket, s.tenures, s.quarantined_until > mine.t AS quarantined,
               h.owner_node AS was_node, h.token AS was_token, h.updated_at AS was_since
@@ -675,14 +724,21 @@ WITH grp AS (
     UPDATE lease.draining_shards d
        SET owner_node = NULL, owner_session = NULL
      WHERE d.group_name = $1
-       AND d.bucket IN (SELECT x.bucket FROM lease.draining_shards x, mine
-                         WHERE x.group_name = $1 AND x.owner_session = mine.session_id
-                           AND x.bucket = ANY ($3::bigint[])
-                           FOR UPDATE OF x SKIP LOCKED)
+       AND d.bucket IN (SELECT x.bucket
+                          FROM asked, mine,
+                               LATERAL (SELECT y.bucket FROM lease.draining_shards y
+                                         WHERE y.group_name = $1 AND y.bucket = asked.b
+                                           AND y.owner_session = mine.session_id
+                                           FOR UPDATE OF y SKIP LOCKED) AS x)
     RETURNING d.bucket
 ), counted AS (
-    UPDATE lease.members m SET owned = m.owned - (SELECT count(*) FROM freed)
-     WHERE m.group_name = $1 AND m.node_id = $2 AND EXISTS (SELECT 1 FROM freed)
+    -- The member's counts of both generations (the old one's never below 0: a binary of the
+    -- release before it may have released old buckets without lowering it).
+    UPDATE lease.members m
+       SET owned = m.owned - (SELECT count(*) FROM freed),
+           old_owned = greatest(m.old_owned - (SELECT count(*) FROM freed_old), 0)
+     WHERE m.group_name = $1 AND m.node_id = $2
+       AND (EXISTS (SELECT 1 FROM freed) OR EXISTS (SELECT 1 FROM freed_old))
 ), bumped AS (
     -- Last, after the tenure writes (counting them runs them to completion: see CLAIM).
     UPDATE lease.group_changes c SET version = c.version + 1
@@ -922,15 +978,32 @@ pub(crate) struct ShardCountRow {
 
 /// [`resize`](lease_core::LeaseStore::resize), first statement of its transaction: lock the
 /// group's row (resizes of one group serialize here; claims never wait for it) and count the
-/// old buckets still owned by a session judged live on the latest committed state. `$1` group,
-/// `$2` client time. No row: no such group.
+/// old buckets still owned by a session judged live on the latest committed state, each
+/// session judged once (a loose index scan of the old owners, as in CLAIM), not each bucket.
+/// `$1` group, `$2` client time. No row: no such group.
 pub(crate) const RESIZE_LOCK: &str = r#"
+WITH RECURSIVE old_owners AS (
+    (SELECT d.owner_session, d.owner_node FROM lease.draining_shards d
+      WHERE d.group_name = $1 AND d.owner_session IS NOT NULL
+      ORDER BY d.owner_session
+      LIMIT 1)
+    UNION ALL
+    SELECT n.owner_session, n.owner_node
+      FROM old_owners o,
+           LATERAL (SELECT d.owner_session, d.owner_node FROM lease.draining_shards d
+                     WHERE d.group_name = $1 AND d.owner_session > o.owner_session
+                     ORDER BY d.owner_session
+                     LIMIT 1) AS n
+), old_live_owners AS (
+    SELECT o.owner_session FROM old_owners o
+     WHERE NOT lease.owner_is_dead($1, o.owner_node, o.owner_session, $2)
+)
 SELECT g.shard_count, g.generation, g.previous_count,
        (SELECT count(*) FROM lease.draining_shards d
-         WHERE d.group_name = $1 AND d.owner_session IS NOT NULL
-           AND NOT lease.owner_is_dead($1, d.owner_node, d.owner_session, $2)) AS draining
+         WHERE d.group_name = $1
+           AND d.owner_session IN (SELECT owner_session FROM old_live_owners)) AS draining
   FROM lease.groups g WHERE g.name = $1
-   FOR UPDATE
+   FOR UPDATE OF g
 "#;
 
 /// Row of [`RESIZE_LOCK`].
@@ -977,7 +1050,8 @@ SELECT $1, m.bucket, m.owner_node, m.owner_session, m.token FROM moved m
 /// [`resize`](lease_core::LeaseStore::resize), last statement: delete the group's tenures
 /// (T4), open `$3` unowned rows, each starting at the highest token of its parents (Z4: the
 /// old buckets congruent to it mod gcd) and at tenure 0, bump the generation, zero the
-/// members' loads (they count the new generation) and wake the group. `$1` group, `$2` from,
+/// members' loads (they count the new generation; what each held becomes its count of old
+/// buckets, which the heartbeat's view sums instead of counting them) and wake the group. `$1` group, `$2` from,
 /// `$3` to, `$4` client time.
 pub(crate) const RESIZE_OPEN: &str = r#"
 WITH cleared AS (
@@ -1000,7 +1074,12 @@ WITH cleared AS (
      WHERE g.name = $1
     RETURNING g.generation
 ), loads AS (
-    UPDATE lease.members m SET owned = 0 WHERE m.group_name = $1 AND m.owned <> 0
+    -- Loads count the new generation; the buckets a member held move into the draining
+    -- generation, and its count of those (`old_owned`, of this generation) is what it held.
+    UPDATE lease.members m
+       SET owned = 0, old_owned = m.owned, old_generation = grp.generation
+      FROM grp
+     WHERE m.group_name = $1
 )
 SELECT grp.generation,
        (SELECT count(pg_notify(lease.channel($1), 'Z' || x.g::text))

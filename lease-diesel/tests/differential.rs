@@ -1,13 +1,13 @@
 //! Postgres, the in-memory backend and the reference model in lockstep on random operation
 //! sequences (up to 40 operations by 3 workers over 2 groups, with clock moves). Every result is
 //! compared and the invariants are checked after every step; see
-//! `lease_testing::differential`. `PROPTEST_CASES` raises the case count.
+//! `lease_testing::differential`: the run's checked sequences must reach every risky state,
+//! then random ones explore (`PROPTEST_CASES` sets how many).
 
 use lease_core::{LeaseStore, ManualClock};
 use lease_diesel::PgLeaseStore;
 use lease_memory::MemoryLeaseStore;
-use lease_testing::differential::{Differential, StoreFactory, config};
-use proptest_state_machine::prop_state_machine;
+use lease_testing::differential::{StoreFactory, run};
 use tokio::runtime::Runtime;
 
 struct PostgresAndMemory;
@@ -30,10 +30,7 @@ impl StoreFactory for PostgresAndMemory {
     }
 }
 
-prop_state_machine! {
-    #![proptest_config(config(48))]
-    #[test]
-    fn postgres_and_memory_match_the_model(
-        sequential 1..40 => Differential<PostgresAndMemory>
-    );
+#[test]
+fn postgres_and_memory_match_the_model() {
+    run::<PostgresAndMemory>(16);
 }

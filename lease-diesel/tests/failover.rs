@@ -295,6 +295,82 @@ async fn claims_wait_one_ttl_on_a_promoted_server_then_issue_tokens_above_the_fl
     assert_eq!(tokens(&again), [(0, FLOOR_1 + 1)]);
 }
 
+/// The quiet period after a failover lasts the longest ttl of the group's members, not the
+/// shortest: a member with a 6 s ttl may still trust a lease of the old primary for up to
+/// 6 s, so a claim by a member with a 3 s ttl takes nothing at 3 s, nor 1 µs before 6 s, and
+/// takes everything, at the floor, at 6 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quiet_period_lasts_the_longest_ttl_of_the_group() {
+    let (primary, standby) = primary_and_standby(Replication::Synchronous).await;
+    let clock = ManualClock::starting_at(SystemClock.now());
+    let store = store_on_both(&primary, &standby, &clock);
+    let g = group();
+    store
+        .ensure_group(&g, ShardCount::new(SHARDS).expect("n"))
+        .await
+        .expect("ensure_group");
+    let (short, long) = (ttl(), Ttl::from_secs(6).expect("a ttl"));
+    let empty = MemberMetadata::empty();
+    let (a, b) = (worker(), worker());
+    let beat = support::beat_as(&store, &g, a, process(a), short, &empty)
+        .await
+        .expect("a's heartbeat");
+    support::beat_as(&store, &g, b, process(b), long, &empty)
+        .await
+        .expect("b's heartbeat");
+    let won = store
+        .claim(&g, a, beat.session, SHARDS, Takeover::Allowed)
+        .await
+        .expect("a claims");
+    assert_eq!(won.len(), SHARDS as usize);
+
+    fail_over(&primary, &standby);
+
+    // a's heartbeat records the new timeline at t0; b joins with its 6 s ttl.
+    let t0 = clock.now();
+    until_ok("a's heartbeat on the promoted server", || {
+        support::beat_as(&store, &g, a, process(a), short, &empty)
+    })
+    .await;
+    support::beat_as(&store, &g, b, process(b), long, &empty)
+        .await
+        .expect("b's heartbeat");
+    assert_eq!(epochs(&standby), "1:false,2:true");
+    let claim_at = async |at: chrono::TimeDelta| {
+        // a renews just before, so that its session lives at `at`.
+        clock.set(t0 + at - chrono::TimeDelta::milliseconds(100));
+        let a_beat = support::beat_as(&store, &g, a, process(a), short, &empty)
+            .await
+            .expect("a renews");
+        support::beat_as(&store, &g, b, process(b), long, &empty)
+            .await
+            .expect("b renews");
+        clock.set(t0 + at);
+        store
+            .claim(&g, a, a_beat.session, SHARDS, Takeover::Allowed)
+            .await
+            .expect("a claims")
+    };
+    let at_short = claim_at(chrono::TimeDelta::seconds(3)).await;
+    assert!(
+        at_short.is_empty(),
+        "claimed one short ttl after the failover, while b's 6 s ttl runs: {:?}",
+        tokens(&at_short)
+    );
+    let just_before =
+        claim_at(chrono::TimeDelta::seconds(6) - chrono::TimeDelta::microseconds(1)).await;
+    assert!(
+        just_before.is_empty(),
+        "claimed 1 µs before the longest ttl"
+    );
+    let won = claim_at(chrono::TimeDelta::seconds(6)).await;
+    assert_eq!(
+        bucket_tokens(&tokens(&won)),
+        vec![FLOOR_1; SHARDS as usize],
+        "{won:?}"
+    );
+}
+
 /// Asynchronous replication, writes lost on purpose: a releases a bucket and c claims it on
 /// the primary only, then the primary dies. On the promoted standby a still holds the bucket
 /// under its session, which a's worker, having released it, would be handed back while c

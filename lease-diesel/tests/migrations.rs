@@ -1264,6 +1264,10 @@ async fn an_upgrade_keeps_is_current_for_the_roles_that_could_call_it() {
 /// where the previous release left the schema.
 const DOWNS: &[(&str, &str)] = &[
     (
+        "20261208000010",
+        include_str!("../../migrations/2026-12-08-000010_draining_counts/down.sql"),
+    ),
+    (
         "20261207000009",
         include_str!("../../migrations/2026-12-07-000009_bucket_history/down.sql"),
     ),
@@ -1280,6 +1284,7 @@ const DOWNS: &[(&str, &str)] = &[
 /// The objects each of [`DOWNS`]' migrations added, as the privilege list names them: the
 /// previous release's grants are today's without them.
 const ADDED: &[(&str, &[&str])] = &[
+    ("20261208000010", &[]),
     ("20261207000009", &["lease.tenures", "lease.mode_of("]),
     (
         "20261206000008",
@@ -1455,8 +1460,8 @@ async fn migration_8_keeps_the_rows_and_the_roles_of_the_previous_release() {
 
     assert_eq!(
         owner.migrate().await.expect("migrate"),
-        ["20261206000008", "20261207000009"],
-        "only migrations 8 and 9 (undone with it) were missing"
+        ["20261206000008", "20261207000009", "20261208000010"],
+        "only migrations 8, 9 and 10 (undone with it) were missing"
     );
     // From here the roles hold only what they were granted, by the previous release's grants
     // and by the migration (Postgres lets PUBLIC execute every new function by default).
@@ -1673,8 +1678,8 @@ async fn migration_9_gives_owned_buckets_their_tenure_and_keeps_the_roles() {
 
     assert_eq!(
         owner.migrate().await.expect("migrate"),
-        ["20261207000009"],
-        "only migration 9 was missing"
+        ["20261207000009", "20261208000010"],
+        "only migrations 9 and 10 (undone with it) were missing"
     );
     exec(&mut admin, REVOKE_PUBLIC_DEFAULTS).await;
     let monitor = store(&url_as(&db.url, &monitor_role));
@@ -2155,4 +2160,141 @@ async fn concurrent_runners_of_two_releases_and_checks() {
             .count(),
         1
     );
+}
+
+/// Old rows of `lease.draining_shards` read (index entries and sequential reads) by `node`'s
+/// heartbeat giving every view, on `conn` in a transaction of its own, and the view's count of
+/// old buckets not retired in `g`.
+async fn draining_seen_by(
+    conn: &mut AsyncPgConnection,
+    g: &GroupName,
+    node: WorkerId,
+    ttl: Ttl,
+) -> (u32, i64) {
+    #[derive(QueryableByName)]
+    struct Read {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    const READ: &str = "SELECT (pg_stat_get_xact_tuples_returned('lease.draining_shards'::regclass)
+                               + (SELECT COALESCE(sum(pg_stat_get_xact_tuples_returned(i.indexrelid)), 0)
+                                    FROM pg_index i
+                                   WHERE i.indrelid = 'lease.draining_shards'::regclass))::bigint
+                              AS n";
+    exec(conn, "BEGIN").await;
+    let before = diesel::sql_query(READ)
+        .get_result::<Read>(conn)
+        .await
+        .expect("rows read")
+        .n;
+    let beat = ops::heartbeat(
+        conn,
+        None,
+        node,
+        process(node),
+        ttl,
+        &MemberMetadata::empty(),
+        &[],
+    )
+    .await
+    .expect("heartbeat");
+    let after = diesel::sql_query(READ)
+        .get_result::<Read>(conn)
+        .await
+        .expect("rows read")
+        .n;
+    exec(conn, "COMMIT").await;
+    (beat.group(g).expect("a view").view.draining, after - before)
+}
+
+/// Migration 10 under its documented rollout, in the middle of a drain: member rows get the
+/// count of their sessions' old buckets, so the view's `draining` is the same before and after
+/// the migration and no longer reads the others' old rows; its `down.sql` gives back the
+/// previous view. A member whose count is not of the group's generation (as a resize by a
+/// binary of the previous release leaves it) is counted row by row, rightly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_10_counts_the_old_buckets_of_a_drain_in_progress() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    let owner = store(&db.url);
+    let g = GroupName::new("merging").expect("name");
+    owner
+        .ensure_group(&g, ShardCount::new(64).expect("count"))
+        .await
+        .expect("ensure_group");
+    let ttl = Ttl::from_secs(600).expect("ttl");
+    let (a, b, idle) = (support::worker(), support::worker(), support::worker());
+    for w in [a, b, idle] {
+        member_on(&mut admin, &g, w, ttl).await;
+    }
+    for w in [a, b] {
+        let session = support::beat(&owner, &g, w, ttl, &MemberMetadata::empty())
+            .await
+            .expect("heartbeat")
+            .session;
+        let won = owner
+            .claim(&g, w, session, 32, Takeover::Allowed)
+            .await
+            .expect("claim");
+        assert_eq!(won.len(), 32);
+    }
+    owner
+        .resize(
+            &g,
+            ShardCount::new(64).expect("count"),
+            ShardCount::new(4).expect("count"),
+        )
+        .await
+        .expect("resize");
+    let a_beat = support::beat(&owner, &g, a, ttl, &MemberMetadata::empty())
+        .await
+        .expect("heartbeat");
+    let some: Vec<Bucket> = a_beat.owned.iter().take(5).map(|l| l.bucket).collect();
+    assert_eq!(
+        owner
+            .release(&g, a, a_beat.session, &some)
+            .await
+            .expect("release"),
+        some
+    );
+
+    undo_through(&mut admin, "20261208000010").await;
+    assert!(
+        flag(
+            &mut admin,
+            "SELECT NOT EXISTS (SELECT 1 FROM information_schema.columns
+                                 WHERE table_schema = 'lease' AND table_name = 'members'
+                                   AND column_name IN ('old_owned', 'old_generation')) AS yes"
+        )
+        .await,
+        "migration 10 is not undone: the test would prove nothing"
+    );
+    let (counted, read) = draining_seen_by(&mut admin, &g, idle, ttl).await;
+    assert_eq!(counted, 59);
+    assert!(
+        read >= 59,
+        "the previous view counts the old rows: {read} read"
+    );
+
+    assert_eq!(
+        owner.migrate().await.expect("migrate"),
+        ["20261208000010"],
+        "only migration 10 was missing"
+    );
+    let (counted, read) = draining_seen_by(&mut admin, &g, idle, ttl).await;
+    assert_eq!(counted, 59, "the counts the migration set");
+    assert!(read <= 4, "{read} old rows read with the counts set");
+
+    // A count of another generation is not used: the member's rows are counted.
+    exec(
+        &mut admin,
+        &format!(
+            "UPDATE lease.members SET old_owned = 1000, old_generation = NULL
+              WHERE node_id = '{}'",
+            b.as_uuid()
+        ),
+    )
+    .await;
+    let (counted, _) = draining_seen_by(&mut admin, &g, idle, ttl).await;
+    assert_eq!(counted, 59, "a count of no known generation was used");
 }

@@ -1011,7 +1011,9 @@ async fn a_resize_moves_a_bucket_as_a_concurrent_claim_left_it() {
 /// while an application's fencing transaction on the old bucket is open (`lease.is_current`
 /// share-locks the draining row), its children stay waiting, as a takeover of one bucket
 /// waits for the fenced bucket row. Without the lock, a claimer could open the children while
-/// the old owner's fenced writes are still to commit.
+/// the old owner's fenced writes are still to commit. Once the transaction ends, the dead
+/// owner's fencing check on the old bucket fails while the old row is still there (its expiry
+/// decides, not the row's absence), and the next claim opens the children.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_transaction_on_an_old_bucket_holds_off_its_children() {
     let (url, group, [(a, a_beat), (b, b_beat)]) = two_members(4, short()).await;
@@ -1069,6 +1071,29 @@ async fn a_fenced_transaction_on_an_old_bucket_holds_off_its_children() {
         fenced.bucket.0
     );
     exec(&mut app, "COMMIT").await;
+    // The fenced old row is still there, a's: the claim above could not retire it, so the
+    // draining generation was not dropped. The dead owner's next fencing check fails on its
+    // session's expiry alone.
+    assert!(
+        flag(
+            &mut admin,
+            &format!(
+                "SELECT EXISTS (SELECT 1 FROM lease.draining_shards
+                                 WHERE bucket = {} AND owner_node = '{}') AS yes",
+                fenced.bucket.0,
+                a.as_uuid()
+            ),
+            None,
+        )
+        .await,
+        "the old row is gone: the check below would not be the expiry's"
+    );
+    assert!(
+        !ops::is_current(&mut admin, None, &group, fenced.bucket, a, fenced.token)
+            .await
+            .expect("is_current"),
+        "the dead old owner still passes the fencing check on its draining bucket"
+    );
 
     let taken = ops::claim(
         &mut admin,
@@ -1085,12 +1110,6 @@ async fn a_fenced_transaction_on_an_old_bucket_holds_off_its_children() {
     assert!(
         taken.iter().all(|l| l.token.0 > fenced.token.0),
         "a child's token is not above its parent's: {taken:?}"
-    );
-    assert!(
-        !ops::is_current(&mut admin, None, &group, fenced.bucket, a, fenced.token)
-            .await
-            .expect("is_current"),
-        "the dead old owner still passes the fencing check"
     );
 }
 
