@@ -12,8 +12,12 @@ pub enum RevokeReason {
     Shed,
     /// The store says the worker does not own the bucket any more.
     Lost,
-    /// The worker could not renew in time (store unreachable, process paused, or the store
-    /// reported the session expired): the lease can no longer be trusted.
+    /// The node could not renew before its trust deadline (`sent + ttl - margin` after its
+    /// last successful heartbeat: the store unreachable, calls too slow, the process paused):
+    /// the lease can no longer be trusted, and may pass to another node from then on.
+    Fenced,
+    /// The store says the node's session ended (a heartbeat answered with a new session):
+    /// nothing held under the old one is the node's any more.
     Expired,
     /// The worker is stopping.
     Shutdown,
@@ -30,11 +34,13 @@ pub enum RevokeReason {
 }
 
 impl RevokeReason {
-    /// `shed`, `lost`, `expired`, `shutdown`, `resharded`, `drained` or `quarantined`.
+    /// `shed`, `lost`, `fenced`, `expired`, `shutdown`, `resharded`, `drained` or
+    /// `quarantined`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Shed => "shed",
             Self::Lost => "lost",
+            Self::Fenced => "fenced",
             Self::Expired => "expired",
             Self::Shutdown => "shutdown",
             Self::Resharded => "resharded",

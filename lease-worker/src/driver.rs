@@ -180,6 +180,11 @@ struct Slot {
     ended: watch::Sender<Ended>,
     /// The group's end was handed to its application task; its answer is awaited.
     finishing: bool,
+    /// The assignment being delivered to the application: published as owned once delivered.
+    assigning: Option<(Bucket, FencingToken)>,
+    /// A weight was set while the group's join was in flight, which may have read the weights
+    /// before: it is set again once the join answers.
+    weight_after_join: bool,
 }
 
 /// A group ready to join a node: its store checks done, its application task running.
@@ -209,6 +214,11 @@ enum Command {
         group: GroupName,
         reply: oneshot::Sender<Option<watch::Receiver<Ended>>>,
     },
+    SetWeight {
+        group: GroupName,
+        weight: Weight,
+        reply: oneshot::Sender<Result<(), GroupError>>,
+    },
 }
 
 /// Everything a node task needs.
@@ -236,7 +246,7 @@ struct Driver {
     _running: Running,
 }
 
-/// The weights the application set per group, shared by the node task and its handles.
+/// The weights the application set per group, shared by the node task and its joins' tasks.
 type Weights = Arc<std::sync::Mutex<HashMap<GroupName, Weight>>>;
 
 /// The weight the application set for `group`, if any. A poisoned lock (a panic while the
@@ -341,13 +351,23 @@ impl Driver {
                     {
                         slot.metrics.claimed(won.len());
                     }
+                    let joined = match &input {
+                        Input::Joined(group, Ok(())) => Some(group.clone()),
+                        _ => None,
+                    };
                     self.machine.handle(now(), input);
+                    if let Some(group) = joined {
+                        self.joined(&group);
+                    }
                 }
                 () = sleep_until_or_never(self.machine.poll_timeout()) => {
                     self.machine.handle_timeout(now());
                 }
                 Some((group, event)) = self.apps.recv() => match event {
-                    AppEvent::Delivered => self.machine.handle(now(), Input::Delivered(group)),
+                    AppEvent::Delivered => {
+                        self.machine.handle(now(), Input::Delivered(group.clone()));
+                        self.delivered(&group);
+                    }
                     AppEvent::Acked(bucket) => {
                         self.machine.handle(now(), Input::Acked(group, bucket));
                     }
@@ -426,7 +446,82 @@ impl Driver {
                 }
                 reply.send(ended).ok();
             }
+            Command::SetWeight {
+                group,
+                weight,
+                reply,
+            } => self.set_weight(group, weight, reply),
         }
+    }
+
+    /// Set the node's weight in `group`: kept, and written to the store only under the node's
+    /// own session once it is a member of the group. A process that never gets a session (its
+    /// node id is another live process's) writes nothing: the weight is the other process's
+    /// member row's.
+    fn set_weight(
+        &mut self,
+        group: GroupName,
+        weight: Weight,
+        reply: oneshot::Sender<Result<(), GroupError>>,
+    ) {
+        let Some(slot) = self.groups.get_mut(&group) else {
+            reply.send(Err(GroupError::NotAdded { group })).ok();
+            return;
+        };
+        self.weights
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(group.clone(), weight);
+        let joining =
+            matches!(self.machine.awaits(), Some(StoreCall::Join { group: g, .. }) if g == &group);
+        if joining {
+            // The join may have read the weights already: set it again when it answers.
+            slot.weight_after_join = true;
+            reply.send(Ok(())).ok();
+        } else if self.machine.is_member(&group) {
+            let store = self.store.clone();
+            let node = self.machine.rules().node;
+            tokio::spawn(async move {
+                let result = match store
+                    .control(&group, node, MemberControl::Weight(weight))
+                    .await
+                {
+                    // The membership ended meanwhile: the next join applies it.
+                    Ok(()) | Err(StoreError::NotAMember { .. }) => Ok(()),
+                    Err(e) => Err(GroupError::Store(e)),
+                };
+                reply.send(result).ok();
+            });
+        } else {
+            // Not a member under the node's session (yet): its next join applies it.
+            reply.send(Ok(())).ok();
+        }
+    }
+
+    /// The group's join answered: a weight set while it was in flight is set again now.
+    fn joined(&mut self, group: &GroupName) {
+        let Some(slot) = self.groups.get_mut(group) else {
+            return;
+        };
+        if !std::mem::take(&mut slot.weight_after_join) || !self.machine.is_member(group) {
+            return;
+        }
+        let Some(weight) = weight_of(&self.weights, group) else {
+            return;
+        };
+        let store = self.store.clone();
+        let node = self.machine.rules().node;
+        let group = group.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store
+                .control(&group, node, MemberControl::Weight(weight))
+                .await
+            {
+                tracing::warn!(group = %group, weight = %weight, error = %Chain(&e),
+                    "could not set the group's weight after joining; the node keeps the \
+                     weight the store has");
+            }
+        });
     }
 
     fn spawn(&mut self, call: StoreCall) {
@@ -488,7 +583,7 @@ impl Driver {
     }
 
     fn deliver(&mut self, group: &GroupName, d: Delivery) {
-        let Some(slot) = self.groups.get(group) else {
+        let Some(slot) = self.groups.get_mut(group) else {
             return;
         };
         let command = match d {
@@ -496,6 +591,7 @@ impl Driver {
                 let Some(assignment) = self.machine.assignment(group, bucket, token) else {
                     return;
                 };
+                slot.assigning = Some((bucket, token));
                 AppCommand::Assign(assignment)
             }
             Delivery::Revoke {
@@ -504,6 +600,10 @@ impl Driver {
                 reason,
             } => {
                 slot.metrics.revoked(reason);
+                // The machine counts a bucket no longer owned once its revocation goes out.
+                slot.published
+                    .0
+                    .send_if_modified(|owned| owned.remove(&bucket).is_some());
                 AppCommand::Revoke {
                     bucket,
                     token,
@@ -513,6 +613,26 @@ impl Driver {
         };
         // An application task that is gone panicked: its report is on its way.
         slot.app.send(command).ok();
+    }
+
+    /// The group's application heard its pending delivery: an assignment is owned from now on
+    /// (the machine counts it once delivered).
+    fn delivered(&mut self, group: &GroupName) {
+        let Some(slot) = self.groups.get_mut(group) else {
+            return;
+        };
+        if let Some((bucket, token)) = slot.assigning.take()
+            && self
+                .machine
+                .owned(group)
+                .is_some_and(|owned| owned.get(&bucket) == Some(&token))
+        {
+            slot.published.0.send_if_modified(|owned| {
+                let changed = owned.get(&bucket) != Some(&token);
+                owned.insert(bucket, token);
+                changed
+            });
+        }
     }
 
     /// Tell the group's application (or every group's, for the node's own) of an error.
@@ -672,8 +792,11 @@ impl Driver {
         // `slot` drops: the owned set is emptied.
     }
 
-    /// Make each published owned set equal to the machine's, and the trust deadline the
-    /// leases watch.
+    /// Publish the trust deadline the leases watch, and each group's owned count. The owned
+    /// sets follow the machine's change by change as deliveries go out and come back
+    /// ([`deliver`](Self::deliver), [`delivered`](Self::delivered)), so that a stop revoking
+    /// 65,536 buckets does not copy the set once per bucket; one found of another size than
+    /// the machine's (which those changes should never leave behind) is copied whole.
     fn publish(&self) {
         let trusted = self
             .machine
@@ -693,7 +816,7 @@ impl Driver {
             };
             slot.metrics.owned(owned.len());
             slot.published.0.send_if_modified(|current| {
-                if current == owned {
+                if current.len() == owned.len() {
                     false
                 } else {
                     current.clone_from(owned);
@@ -767,6 +890,8 @@ async fn prepare<A: Application>(
                 feed,
                 ended,
                 finishing: false,
+                assigning: None,
+                weight_after_join: false,
             },
         },
         owned,
@@ -779,7 +904,6 @@ struct Launch {
     commands: mpsc::UnboundedSender<Command>,
     apps: mpsc::UnboundedSender<(GroupName, AppEvent)>,
     trust: Trust,
-    weights: Weights,
     driver: Driver,
 }
 
@@ -795,7 +919,6 @@ fn launch(
     let (commands_tx, commands) = mpsc::unbounded_channel();
     let (apps_tx, apps) = mpsc::unbounded_channel();
     let (trust, watching) = watch::channel(None);
-    let weights = Weights::default();
     let driver = Driver {
         machine: Machine::new(rules(node, timing), now()),
         store,
@@ -809,14 +932,13 @@ fn launch(
         single,
         single_result: None,
         not_left: Vec::new(),
-        weights: weights.clone(),
+        weights: Weights::default(),
         _running: running,
     };
     Launch {
         commands: commands_tx,
         apps: apps_tx,
         trust: watching,
-        weights,
         driver,
     }
 }
@@ -832,7 +954,6 @@ pub struct NodeHandle {
     apps: mpsc::UnboundedSender<(GroupName, AppEvent)>,
     store: Arc<dyn LeaseStore>,
     trust: Trust,
-    weights: Weights,
 }
 
 impl std::fmt::Debug for NodeHandle {
@@ -849,6 +970,11 @@ impl std::fmt::Debug for Command {
         match self {
             Command::Add { prepared, .. } => f.debug_tuple("Add").field(&prepared.group).finish(),
             Command::Remove { group, .. } => f.debug_tuple("Remove").field(group).finish(),
+            Command::SetWeight { group, weight, .. } => f
+                .debug_tuple("SetWeight")
+                .field(group)
+                .field(weight)
+                .finish(),
         }
     }
 }
@@ -914,8 +1040,6 @@ pub struct GroupHandle {
     ended: watch::Receiver<Ended>,
     commands: mpsc::UnboundedSender<Command>,
     node: WorkerId,
-    store: Arc<dyn LeaseStore>,
-    weights: Weights,
 }
 
 /// Wait until a group's end is published; the node ending without publishing it (it crashed,
@@ -969,24 +1093,22 @@ impl GroupHandle {
     }
 
     /// Set the node's weight in the group: its share of the buckets is proportional to it
-    /// (see [`policy`](lease_core::policy)). Stored in the store (rule K1), and set again after
-    /// every join of this node (each new session), over a `leasectl weight` set meanwhile; every member sees it at its
-    /// next heartbeat. Before the group's first join completes it is applied right after
-    /// the join, and after every later join.
+    /// (see [`policy`](lease_core::policy)). Stored in the store (rule K1) under the node's
+    /// own session: at once if the node is a member of the group, otherwise right after its
+    /// next join; and set again after every later join (each new session), over a `leasectl
+    /// weight` set meanwhile. Every member sees it at its next heartbeat. A node that has no
+    /// session (another live process holds its node id, and the store refuses it) writes
+    /// nothing: the weight is applied if it ever joins.
     pub async fn set_weight(&self, weight: Weight) -> Result<(), GroupError> {
-        self.weights
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(self.group.clone(), weight);
-        match self
-            .store
-            .control(&self.group, self.node, MemberControl::Weight(weight))
-            .await
-        {
-            // Not joined yet: the join applies it.
-            Ok(()) | Err(StoreError::NotAMember { .. }) => Ok(()),
-            Err(e) => Err(GroupError::Store(e)),
-        }
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::SetWeight {
+                group: self.group.clone(),
+                weight,
+                reply,
+            })
+            .map_err(|_| GroupError::NodeEnded)?;
+        answer.await.unwrap_or(Err(GroupError::NodeEnded))
     }
 }
 
@@ -1073,8 +1195,6 @@ impl NodeHandle {
                 ended,
                 commands: self.commands.clone(),
                 node: self.node,
-                store: self.store.clone(),
-                weights: self.weights.clone(),
             }),
             Ok(Added::Duplicate) => Err(GroupError::AlreadyAdded { group }),
             Ok(Added::Stopping) | Err(_) => Err(GroupError::NodeEnded),
@@ -1181,7 +1301,6 @@ impl LeaseNode {
             apps: parts.apps,
             store,
             trust: parts.trust,
-            weights: parts.weights,
         })
     }
 }

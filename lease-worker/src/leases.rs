@@ -99,14 +99,14 @@ impl BucketLease {
     }
 
     /// Why the application must stop, once it must: the worker revoked the bucket (with its
-    /// reason), or the trust deadline passed ([`RevokeReason::Expired`]), whichever comes
+    /// reason), or the trust deadline passed ([`RevokeReason::Fenced`]), whichever comes
     /// first. Cancel-safe; it may be awaited again and answers at once after it fired.
     pub async fn revoked(&self) -> RevokeReason {
         let mut trust = self.trust.clone();
         loop {
             let deadline = (*trust.borrow_and_update()).map(Instant::from_std);
             let Some(deadline) = deadline else {
-                return self.reason().unwrap_or(RevokeReason::Expired);
+                return self.reason().unwrap_or(RevokeReason::Fenced);
             };
             tokio::select! {
                 biased;
@@ -118,12 +118,12 @@ impl BucketLease {
                     if trust.has_changed().unwrap_or(false) {
                         continue;
                     }
-                    return RevokeReason::Expired;
+                    return RevokeReason::Fenced;
                 }
                 changed = trust.changed() => {
                     if changed.is_err() {
                         // The worker is gone: nothing it held can be trusted.
-                        return self.reason().unwrap_or(RevokeReason::Expired);
+                        return self.reason().unwrap_or(RevokeReason::Fenced);
                     }
                 }
             }

@@ -16,7 +16,7 @@
 //!   is released, so a graceful handoff never overlaps.
 //! - **Self-fencing, per node**: a lease is trusted until `sent + ttl - margin` on the local
 //!   monotonic clock, `sent` being when the last successful heartbeat was sent. Past it every
-//!   bucket of every group is revoked with [`RevokeReason::Expired`](lease_core::RevokeReason::Expired), even while the store is
+//!   bucket of every group is revoked with [`RevokeReason::Fenced`](lease_core::RevokeReason::Fenced), even while the store is
 //!   unreachable, before the store could give it to anyone else.
 //! - Store errors are reported (tracing, [`OwnershipHandler::on_error`], a metric) and retried
 //!   with capped backoff; the loop never exits on them.

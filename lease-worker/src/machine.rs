@@ -35,13 +35,14 @@
 //! - **Trust, per node.** Leases are trusted until `sent + ttl - margin`, `sent` being when the
 //!   last successful heartbeat was sent. Nothing is assigned at or past that deadline, nor once
 //!   a renewal is due; at the deadline everything every group's application holds is revoked
-//!   ([`RevokeReason::Expired`]), even while a store call is in flight: one missed renewal
-//!   fences every group.
+//!   ([`RevokeReason::Fenced`]), even while a store call is in flight: one missed renewal
+//!   fences every group. A revocation queued for another reason before the deadline says
+//!   `Fenced` when it is delivered after it.
 //! - **Membership.** A new session is a member of no group: after one, every group is joined
 //!   again (one [`StoreCall::Join`] each) and claims nothing before the next heartbeat gives
 //!   its view. A group missing from a heartbeat of the same session was left behind the
 //!   node's back (an operator evicted the node from it): its buckets are revoked
-//!   ([`RevokeReason::Lost`]) and it is joined again.
+//!   ([`RevokeReason::Lost`], revocations still queued included) and it is joined again.
 //!   A group listed in a heartbeat that the node does not run (a session taken over from a
 //!   predecessor that ran it, HO3) is left at once ([`Report::LeftUnrun`]).
 //! - **Revoke before release.** A shed bucket is released only after its revocation was
@@ -50,8 +51,9 @@
 //!   of the store's hands until the session ends.
 //! - **A new session revokes everything first.** A heartbeat answering with a session other
 //!   than the one the machine knew (a new one, or one whose start it never heard of) means
-//!   nothing held before is ours, in any group: every bucket is revoked before anything else,
-//!   and each group's join waits for its revocations.
+//!   nothing held before is ours, in any group: every bucket is revoked before anything else
+//!   ([`RevokeReason::Expired`], revocations still queued included), and each group's join
+//!   waits for its revocations.
 //! - **Reconciliation.** Once a tick completes, what each application holds is what the store
 //!   says the node owns in its group, less what is being released.
 //! - **Resizes.** A heartbeat whose group has another shard count than the group's is a
@@ -69,15 +71,22 @@
 //! - **Removing a group, stopping.** Removing a group revokes everything its application holds
 //!   ([`RevokeReason::Shutdown`]), waits for the acknowledgements (within the limit), leaves
 //!   that group under the node's session, and ends the group; the node's other groups go on. A
-//!   stop removes every group that way (without renewing meanwhile, and letting the call in
-//!   flight answer: it may be starting the session to leave), then finishes. With
-//!   [`Rules::keep_on_stop`], a graceful stop skips the leaves and ends with one
-//!   [`StoreCall::HandOver`] (rule HO1), unless a revocation was not acknowledged in time (a
-//!   stuck bucket): then the groups still to leave leave, and nothing is handed over. A
-//!   hand-over that fails ends the node with [`WorkerFailed::HandOverFailed`]. The session is
-//!   not renewed during the stop: the applications must acknowledge within what is left of it.
+//!   stop removes every group that way (letting the call in flight answer: it may be starting
+//!   the session to leave), then finishes. The session is renewed on its cadence meanwhile,
+//!   also while the node removes its last groups, until every group is left or handed over:
+//!   the applications hold their buckets until they acknowledge. The trust deadline holds as
+//!   everywhere else: a revocation delivered at or past it says [`RevokeReason::Fenced`]
+//!   (never a shutdown, a shed, a resize's), and every revocation still queued when the node
+//!   finds its session gone says [`RevokeReason::Expired`] (`Lost` when it was evicted from
+//!   the group). With [`Rules::keep_on_stop`], a graceful stop
+//!   skips the leaves and ends with one [`StoreCall::HandOver`] (rule HO1), unless a
+//!   revocation was not acknowledged in time (a stuck bucket): then every group leaves, and
+//!   nothing is handed over (the choice is made for every group at once, when no revocation
+//!   is outstanding in any). A hand-over that fails ends the node with
+//!   [`WorkerFailed::HandOverFailed`].
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Bound::{Excluded, Unbounded};
 use std::time::{Duration, Instant};
 
 use chrono::TimeDelta;
@@ -89,6 +98,9 @@ use lease_core::{
 
 use crate::events::{WorkerError, WorkerFailed};
 
+mod steps;
+use steps::{Revocations, Revoking, Step, Steps};
+
 /// The most buckets one claim asks for. A group that needs more claims in batches, each after
 /// a fresh heartbeat: a node alone in a big group while the others are starting stops at its
 /// share as soon as they show up, instead of taking (and then shedding) the whole group, and
@@ -99,6 +111,12 @@ pub const CLAIM_BATCH: u32 = 512;
 /// transaction held for an instant), and how many times it does within a tick.
 const RELEASE_RETRY: Duration = Duration::from_millis(20);
 const RELEASE_RETRIES: u32 = 3;
+
+/// The most buckets one release names. A node letting go of many buckets at once (a drain, a
+/// resize, a big shed) releases them in batches, each a call of its own, so that no release
+/// outlasts the call timeout (an abandoned call is cancelled on the server and would never
+/// finish) and no statement holds thousands of row locks at a time.
+pub const RELEASE_BATCH: usize = 4096;
 
 /// The first backoff after a failure; it doubles with each consecutive one.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -394,50 +412,6 @@ fn error_is_transient(e: &WorkerError) -> bool {
     }
 }
 
-/// One step of a group's part of the current tick (or of its removal), done in order.
-#[derive(Debug)]
-enum Step {
-    Deliver(Delivery),
-    /// Join the group under the node's session.
-    Join,
-    /// Release what is shed and acknowledged (and what earlier releases skipped).
-    Release,
-    Claim(u32),
-    /// Wait until every revocation was acknowledged or given up on (removing).
-    AwaitAcks,
-    /// Leave the group (removing).
-    Leave,
-    /// The end of the group's part of a tick.
-    EndTick,
-    /// The end of the group.
-    Finish,
-}
-
-impl Step {
-    /// Whether the step is a store call (they wait for the node's one call slot).
-    fn is_call(&self) -> bool {
-        matches!(
-            self,
-            Step::Join | Step::Release | Step::Claim(_) | Step::Leave
-        )
-    }
-
-    fn is_revoke(&self) -> bool {
-        matches!(self, Step::Deliver(Delivery::Revoke { .. }))
-    }
-}
-
-/// A revocation not acknowledged (yet, or in time).
-#[derive(Debug, Clone, Copy)]
-struct Revoking {
-    reason: RevokeReason,
-    /// The session the bucket was held under when it was revoked: once acknowledged, a shed
-    /// bucket is released only if that session is still the node's.
-    session: Option<SessionId>,
-    /// When the application must have acknowledged it.
-    deadline: Option<Instant>,
-}
-
 #[derive(Debug)]
 struct InFlight {
     call: StoreCall,
@@ -475,19 +449,22 @@ struct Group {
     /// updated by the claims and releases since.
     held: Owned,
     /// Revoked, not acknowledged yet.
-    revoking: BTreeMap<Bucket, Revoking>,
+    revoking: Revocations,
     /// Shed, acknowledged, to be released.
     unreleased: BTreeSet<Bucket>,
     /// Acknowledgements that never came in time: kept (never released, never assigned again)
     /// until the application acknowledges after all.
     stuck: BTreeMap<Bucket, Revoking>,
     /// The rest of the group's part of the tick (or of its removal).
-    steps: VecDeque<Step>,
+    steps: Steps,
     /// An emitted delivery not yet handed back.
     pending: Option<Delivery>,
     /// A retry of a release that left buckets behind, and how many were made in this tick.
     release_retry: Option<Instant>,
     release_retries: u32,
+    /// The highest bucket the release in flight names: the unreleased buckets above it are
+    /// the next batch's.
+    release_upto: Option<Bucket>,
     /// The size of the claim batch in flight when the plan wanted more than a batch.
     batch_of_more: Option<u32>,
     /// A claim this tick was restricted to unowned buckets and asked for this many: if it won
@@ -512,13 +489,14 @@ impl Group {
             stamp: None,
             owned: Owned::new(),
             held: Owned::new(),
-            revoking: BTreeMap::new(),
+            revoking: Revocations::default(),
             unreleased: BTreeSet::new(),
             stuck: BTreeMap::new(),
-            steps: VecDeque::new(),
+            steps: Steps::default(),
             pending: None,
             release_retry: None,
             release_retries: 0,
+            release_upto: None,
             batch_of_more: None,
             deferred_short: None,
             removing: None,
@@ -544,15 +522,18 @@ impl Group {
             .collect()
     }
 
-    /// Buckets whose revocation is queued, not delivered yet: on their way out.
-    fn queued_out(&self) -> BTreeSet<Bucket> {
-        self.steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::Deliver(Delivery::Revoke { bucket, .. }) => Some(*bucket),
-                _ => None,
-            })
-            .collect()
+    /// Revoke everything the application holds before anything else, for `reason`, but for
+    /// what is on its way out already.
+    fn revoke_all_first(&mut self, reason: RevokeReason) {
+        let revokes = self.revocations(reason);
+        for step in revokes.into_iter().rev() {
+            if let Step::Deliver(Delivery::Revoke { bucket, .. }) = step
+                && self.steps.revokes(bucket)
+            {
+                continue;
+            }
+            self.steps.push_front(step);
+        }
     }
 
     fn drop_assignments_and_claims(&mut self) {
@@ -577,12 +558,7 @@ impl Group {
             self.steps.push_back(Step::EndTick);
             true
         } else {
-            let end = self
-                .steps
-                .iter()
-                .position(|s| matches!(s, Step::EndTick | Step::AwaitAcks | Step::Finish))
-                .unwrap_or(self.steps.len());
-            self.steps.insert(end, step);
+            self.steps.insert_before_end(step);
             false
         }
     }
@@ -602,18 +578,39 @@ impl Group {
         self.steps.push_back(Step::Finish);
     }
 
+    /// A heartbeat of the node's session, for a group being removed: its stamp is kept (so
+    /// that the store may answer "unchanged" while the removal lasts), and if the heartbeat
+    /// does not list the group, the node was evicted from it behind its back (an operator's
+    /// forced release): its buckets are free for others, so what is still to be revoked is
+    /// lost, not shut down.
+    fn removing_beat(&mut self, beat: &Heartbeat) {
+        if let Some(given) = beat.group(&self.name) {
+            self.stamp = Some(given.stamp);
+        } else if let Some(u) = beat.unchanged.iter().find(|u| u.group == self.name) {
+            self.stamp = Some(u.stamp);
+        } else if self.member {
+            self.steps.set_revoke_reasons(RevokeReason::Lost);
+            self.revoke_all_first(RevokeReason::Lost);
+            self.removal_reason = RevokeReason::Lost;
+            self.member = false;
+            self.held.clear();
+            self.unreleased.clear();
+            self.last = None;
+            self.stamp = None;
+        }
+    }
+
     /// The node's session is not the one the group's state was held under: nothing held is
     /// ours any more, nor to be released, and the group must be joined again.
     fn lose_session(&mut self) {
-        let revokes = self.revocations(RevokeReason::Expired);
-        let queued = self.queued_out();
-        for step in revokes.into_iter().rev() {
-            if let Step::Deliver(Delivery::Revoke { bucket, .. }) = step
-                && queued.contains(&bucket)
-            {
-                continue;
-            }
-            self.steps.push_front(step);
+        // Someone else may hold them already: the revocations still queued say so too, never
+        // a reason (a shed, a shutdown) that lets the application act as if it still held the
+        // bucket, such as write a last checkpoint.
+        self.steps.set_revoke_reasons(RevokeReason::Expired);
+        self.revoke_all_first(RevokeReason::Expired);
+        if self.removing.is_some() {
+            // An assignment still being delivered is revoked as expired too.
+            self.removal_reason = RevokeReason::Expired;
         }
         self.unreleased.clear();
         self.held.clear();
@@ -781,6 +778,12 @@ impl Machine {
         self.groups.iter().find(|g| &g.name == group)
     }
 
+    /// Whether the node is a member of `group` under its session, as far as the machine knows
+    /// (it joined, or the last heartbeat listed the group).
+    pub fn is_member(&self, group: &GroupName) -> bool {
+        self.session.is_some() && self.group(group).is_some_and(|g| g.member)
+    }
+
     /// What `group`'s application owns now.
     pub fn owned(&self, group: &GroupName) -> Option<&Owned> {
         self.group(group).map(|g| &g.owned)
@@ -869,10 +872,7 @@ impl Machine {
     fn calls_idle(&self) -> bool {
         self.in_flight.is_none()
             && !self.heartbeat_wanted
-            && self
-                .groups
-                .iter()
-                .all(|g| !g.steps.iter().any(Step::is_call))
+            && self.groups.iter().all(|g| !g.steps.has_call())
     }
 
     /// A wake-up's re-plan that does not wait for the applications: due, the node healthy and
@@ -889,6 +889,14 @@ impl Machine {
             return None;
         }
         Some(at)
+    }
+
+    /// Whether some group's application is still to be told of a revocation, or has not
+    /// acknowledged one (nor been given up on), or is being told of anything.
+    fn revocations_outstanding(&self) -> bool {
+        self.groups
+            .iter()
+            .any(|g| !g.revoking.is_empty() || g.steps.has_revoke() || g.pending.is_some())
     }
 
     /// Whether some group is shared (not being removed): only then does the node tick.
@@ -924,6 +932,27 @@ impl Machine {
         self.renewal_at()
     }
 
+    /// A renewal while the node winds down (stopping, or removing its last groups): the
+    /// applications still hold buckets until their revocations are acknowledged, so the
+    /// session is renewed on its cadence (after a failure, on the backoff) until every group
+    /// is left or handed over. Without it a slow stop outlives the session, and the next
+    /// owner starts while the application still works on its buckets.
+    fn winding_down_renewal_at(&self) -> Option<Instant> {
+        if self.groups.is_empty()
+            || self.session.is_none()
+            || self.in_flight.is_some()
+            || self.heartbeat_wanted
+            || (self.stopping.is_none() && self.has_active_groups())
+        {
+            return None;
+        }
+        if self.failures > 0 {
+            self.next_tick
+        } else {
+            self.renewal_at()
+        }
+    }
+
     fn node_state(&self, now: Instant) -> NodeState {
         NodeState {
             session: self.session,
@@ -954,7 +983,7 @@ impl Machine {
         let revoking = self
             .groups
             .iter()
-            .flat_map(|g| g.revoking.values().filter_map(|r| r.deadline))
+            .filter_map(|g| g.revoking.earliest())
             .min();
         let release_retry = self
             .groups
@@ -970,6 +999,7 @@ impl Machine {
             release_retry.filter(|_| idle && self.stopping.is_none()),
             self.busy_renewal_at(),
             self.busy_wake_at(),
+            self.winding_down_renewal_at(),
         ]
         .into_iter()
         .flatten()
@@ -1102,17 +1132,9 @@ impl Machine {
             }
         }
         for g in &mut self.groups {
-            let late: Vec<Bucket> = g
-                .revoking
-                .iter()
-                .filter(|(_, r)| r.deadline.is_some_and(|d| now >= d))
-                .map(|(&b, _)| b)
-                .collect();
-            for bucket in late {
-                if let Some(r) = g.revoking.remove(&bucket) {
-                    g.stuck.insert(bucket, r);
-                    self.stuck_seen = true;
-                }
+            for (bucket, r) in g.revoking.take_late(now) {
+                g.stuck.insert(bucket, r);
+                self.stuck_seen = true;
                 if matches!(g.pending, Some(Delivery::Revoke { bucket: b, .. }) if b == bucket) {
                     g.pending = None;
                 }
@@ -1164,6 +1186,7 @@ impl Machine {
             if self.heartbeat_wanted
                 || self.busy_renewal_at().is_some_and(|t| now >= t)
                 || self.busy_wake_at().is_some_and(|t| now >= t)
+                || self.winding_down_renewal_at().is_some_and(|t| now >= t)
             {
                 return Some(self.heartbeat_call(now));
             }
@@ -1190,6 +1213,15 @@ impl Machine {
                 let i = (self.cursor + k) % n;
                 let g = &self.groups[i];
                 if g.pending.is_some() || !g.steps.front().is_some_and(Step::is_call) {
+                    continue;
+                }
+                if matches!(g.steps.front(), Some(Step::Leave))
+                    && matches!(self.handing_over, HandingOver::Due(_))
+                    && self.revocations_outstanding()
+                {
+                    // Whether the groups leave or hand over is decided for all of them at
+                    // once, when no revocation is outstanding in any group: one that gets
+                    // stuck meanwhile means no hand-over, and then every group leaves.
                     continue;
                 }
                 match self.call_step(now, i) {
@@ -1301,11 +1333,13 @@ impl Machine {
         let call = match step {
             Step::Join => StoreCall::Join { group, session },
             Step::Release => {
-                let g = &self.groups[i];
+                let g = &mut self.groups[i];
                 if g.unreleased.is_empty() {
                     return None;
                 }
-                let buckets: Vec<Bucket> = g.unreleased.iter().copied().collect();
+                let buckets: Vec<Bucket> =
+                    g.unreleased.iter().copied().take(RELEASE_BATCH).collect();
+                g.release_upto = buckets.last().copied();
                 StoreCall::Release {
                     group,
                     session,
@@ -1348,8 +1382,8 @@ impl Machine {
                     return None;
                 }
                 HandingOver::Due(_) => {
-                    // A stuck bucket: no hand-over; every group leaves (those that skipped
-                    // their leave already keep their memberships until the session expires).
+                    // A stuck bucket: no hand-over; every group leaves (the decision waited
+                    // until no revocation was outstanding in any group, see `poll`).
                     self.handing_over = HandingOver::No;
                     StoreCall::Leave { group, session }
                 }
@@ -1370,7 +1404,7 @@ impl Machine {
         let seen = self
             .groups
             .iter()
-            .filter(|g| g.removing.is_none() && g.member && g.last.is_some())
+            .filter(|g| g.member && (g.last.is_some() || g.removing.is_some()))
             .filter_map(|g| {
                 g.stamp.map(|stamp| GroupStamp {
                     group: g.name.clone(),
@@ -1415,6 +1449,17 @@ impl Machine {
                 if g.owned.get(&bucket) != Some(&token) {
                     return None;
                 }
+                // At or past the trust deadline the lease may be someone else's already: the
+                // application hears that the node fenced (or that the session ended, or the
+                // bucket was lost), never a reason (a shutdown, a shed) that would let it act
+                // as if it still held the bucket, such as write a last checkpoint.
+                let reason = if node.trusted
+                    || matches!(reason, RevokeReason::Lost | RevokeReason::Expired)
+                {
+                    reason
+                } else {
+                    RevokeReason::Fenced
+                };
                 g.owned.remove(&bucket);
                 g.revoking.insert(
                     bucket,
@@ -1424,6 +1469,13 @@ impl Machine {
                         deadline: node.ack_limit.map(|limit| now + limit),
                     },
                 );
+                let d = Delivery::Revoke {
+                    bucket,
+                    token,
+                    reason,
+                };
+                g.pending = Some(d);
+                return Some(Output::Deliver(g.name.clone(), d));
             }
         }
         g.pending = Some(d);
@@ -1450,12 +1502,12 @@ impl Machine {
                     g.steps.push_front(Step::Deliver(Delivery::Revoke {
                         bucket,
                         token,
-                        reason: RevokeReason::Expired,
+                        reason: RevokeReason::Fenced,
                     }));
                 } else {
                     self.fence();
                 }
-            } else if g.held.get(&bucket) != Some(&token) && !g.queued_out().contains(&bucket) {
+            } else if g.held.get(&bucket) != Some(&token) && !g.steps.revokes(bucket) {
                 // A heartbeat answered while the application was being told, and the store
                 // no longer says the bucket is ours: take it back at once.
                 g.steps.push_front(Step::Deliver(Delivery::Revoke {
@@ -1496,7 +1548,7 @@ impl Machine {
         }
         let started = if release {
             g.unreleased.insert(bucket);
-            if g.steps.iter().any(|s| matches!(s, Step::Release)) {
+            if g.steps.has_release() {
                 false
             } else {
                 // Acknowledged after this tick's release went out (or between ticks): release
@@ -1527,16 +1579,7 @@ impl Machine {
         for g in &mut self.groups {
             // No assignment may follow untrusted leases in this tick.
             g.drop_assignments_and_claims();
-            let queued = g.queued_out();
-            let revokes = g.revocations(RevokeReason::Expired);
-            for step in revokes.into_iter().rev() {
-                if let Step::Deliver(Delivery::Revoke { bucket, .. }) = step
-                    && queued.contains(&bucket)
-                {
-                    continue;
-                }
-                g.steps.push_front(step);
-            }
+            g.revoke_all_first(RevokeReason::Fenced);
         }
     }
 
@@ -1569,13 +1612,24 @@ impl Machine {
             Err(e) => return self.on_store_error(now, None, Operation::Heartbeat, e),
         };
         if self.stopping.is_some() {
-            // Stopping: only the session matters now, to leave it.
-            if self.session != Some(beat.session) {
+            // Stopping: the session keeps the applications' leases trusted until their
+            // revocations are acknowledged, and it is the one to leave (or hand over).
+            self.failures = 0;
+            self.last_sent = Some(sent);
+            if self.session == Some(beat.session) {
+                self.trusted_until =
+                    Some(sent + self.rules.ttl.as_duration() - self.rules.safety_margin);
+                self.fenced = false;
+            } else {
+                // A new session: nothing held before is ours any more; what is still to be
+                // revoked has expired.
                 self.session = Some(beat.session);
                 for g in &mut self.groups {
-                    g.held.clear();
-                    g.unreleased.clear();
+                    g.lose_session();
                 }
+            }
+            for g in &mut self.groups {
+                g.removing_beat(&beat);
             }
             return;
         }
@@ -1605,6 +1659,7 @@ impl Machine {
             .collect();
         for i in 0..self.groups.len() {
             if self.groups[i].removing.is_some() {
+                self.groups[i].removing_beat(&beat);
                 continue;
             }
             let name = self.groups[i].name.clone();
@@ -1655,19 +1710,10 @@ impl Machine {
                         self.reports.push_back(Report::Evicted {
                             group: name.clone(),
                         });
-                        let queued = g.queued_out();
-                        let revokes: Vec<Step> = g
-                            .revocations(RevokeReason::Lost)
-                            .into_iter()
-                            .filter(|s| match s {
-                                Step::Deliver(Delivery::Revoke { bucket, .. }) => {
-                                    !queued.contains(bucket)
-                                }
-                                _ => true,
-                            })
-                            .collect();
                         g.drop_tick();
-                        g.steps.extend(revokes);
+                        // What is still to be revoked (a shed, say) is free for others too.
+                        g.steps.set_revoke_reasons(RevokeReason::Lost);
+                        g.revoke_all_first(RevokeReason::Lost);
                         g.held.clear();
                         g.unreleased.clear();
                         g.draining.clear();
@@ -1728,7 +1774,7 @@ impl Machine {
         // Revocations still queued (a fence's, a new session's) stay first; their buckets are
         // on their way out, neither kept nor assigned again in this tick.
         g.steps.retain(Step::is_revoke);
-        let out = g.queued_out();
+        let out = &g.steps;
         // What the application was told it owns: an assignment still being delivered counts
         // (the heartbeat went out while a handler worked), so it is never released unrevoked.
         let mut told = g.owned.clone();
@@ -1737,7 +1783,7 @@ impl Machine {
         }
         let mut steps: Vec<Step> = Vec::new();
         for (&bucket, &token) in &g.owned {
-            if held.get(&bucket) != Some(&token) && !out.contains(&bucket) {
+            if held.get(&bucket) != Some(&token) && !out.revokes(bucket) {
                 steps.push(Step::Deliver(Delivery::Revoke {
                     bucket,
                     token,
@@ -1755,11 +1801,11 @@ impl Machine {
         // first if the application holds them, released at once if it does not.
         let mut let_go: Vec<Step> = Vec::new();
         for (&bucket, &token) in &held {
-            let holds_it = !out.contains(&bucket) && told.get(&bucket) == Some(&token);
+            let holds_it = !out.revokes(bucket) && told.get(&bucket) == Some(&token);
             let busy = g.unreleased.contains(&bucket)
                 || g.revoking.contains_key(&bucket)
                 || g.stuck.contains_key(&bucket)
-                || out.contains(&bucket);
+                || out.revokes(bucket);
             let letting_go = if g.draining.contains(&bucket) {
                 Some(RevokeReason::Resharded)
             } else if g.quarantined.contains(&bucket) {
@@ -1792,7 +1838,7 @@ impl Machine {
                     && !g.unreleased.contains(b)
                     && !g.revoking.contains_key(b)
                     && !g.stuck.contains_key(b)
-                    && !out.contains(b)
+                    && !out.revokes(*b)
             })
             .collect();
         let plan = policy::plan(&beat.view, node, &keeping);
@@ -1864,10 +1910,21 @@ impl Machine {
                     g.unreleased.remove(bucket);
                     g.held.remove(bucket);
                 }
+                let upto = g.release_upto.take();
+                if let Some(upto) = upto
+                    && g.unreleased
+                        .range((Excluded(upto), Unbounded))
+                        .next()
+                        .is_some()
+                {
+                    // The next batch, at once.
+                    g.steps.push_front(Step::Release);
+                }
                 // The store may skip a row another transaction holds for an instant (a claim
                 // re-checking it): a few quick retries release it. An application's fencing
                 // transaction may hold it longer: then the next tick retries.
-                if !g.unreleased.is_empty() && g.release_retries < RELEASE_RETRIES {
+                let skipped = upto.is_none_or(|upto| g.unreleased.range(..=upto).next().is_some());
+                if skipped && g.release_retries < RELEASE_RETRIES {
                     g.release_retries += 1;
                     g.release_retry = Some(now + RELEASE_RETRY);
                 }
@@ -1956,7 +2013,11 @@ impl Machine {
             source: e,
         };
         let removing = i.is_some_and(|i| self.groups[i].removing.is_some());
-        if self.stopping.is_some() || removing {
+        if self.stopping.is_some() && i.is_none() {
+            // A renewal during the stop, whatever the error: retried after a backoff while
+            // the stop goes on (the trust deadline fences if none succeeds).
+            self.on_failure(now, None, error);
+        } else if self.stopping.is_some() || removing {
             self.reports.push_back(Report::Error {
                 group: i.map(|i| self.groups[i].name.clone()),
                 error,
@@ -1990,6 +2051,12 @@ impl Machine {
                         ..
                     },
                 ) => self.on_leave_failed(i, error),
+                (None, _) => {
+                    // A renewal during the stop: try again after a backoff.
+                    self.reports.push_back(Report::Error { group: None, error });
+                    self.failures = self.failures.saturating_add(1);
+                    self.next_tick = Some(now + self.backoff());
+                }
                 _ => self.reports.push_back(Report::Error {
                     group: i.map(|i| self.groups[i].name.clone()),
                     error,
@@ -2043,6 +2110,8 @@ impl Machine {
         };
         self.next_tick = None;
         self.heartbeat_wanted = false;
+        // Renewals go on during the stop, the first when due (at once after failures).
+        self.failures = 0;
         for g in &mut self.groups {
             if g.removing.is_none() {
                 let group_ended = if failed {
@@ -2056,8 +2125,8 @@ impl Machine {
                 self.stuck_seen = true;
             }
         }
-        // Each group's leave is skipped when it comes (after its revocations were
-        // acknowledged), unless a bucket got stuck by then.
+        // Once no revocation is outstanding in any group, every group's leave is skipped, or,
+        // if a bucket got stuck by then, every group leaves.
         if let Some(keep) = hand_over {
             self.handing_over = HandingOver::Due(keep);
         }

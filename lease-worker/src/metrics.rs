@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `lease_owned_buckets` | gauge | buckets the application owns now |
 //! | `lease_claimed_total` | counter | buckets won by claims |
-//! | `lease_revoked_total` | counter | revocations, by `reason` (shed, lost, expired, shutdown, resharded, drained, quarantined) |
+//! | `lease_revoked_total` | counter | revocations, by `reason` (shed, lost, fenced, expired, shutdown, resharded, drained, quarantined) |
 //! | `lease_store_errors_total` | counter | failed or timed-out store calls (the group's, and the node's heartbeats) |
 //! | `lease_stuck_total` | counter | revocations the application did not acknowledge in time |
 //! | `lease_tick_seconds` | histogram | duration of a tick |
@@ -30,6 +30,7 @@ pub(crate) struct Metrics {
     claimed: Counter,
     shed: Counter,
     lost: Counter,
+    fenced: Counter,
     expired: Counter,
     shutdown: Counter,
     resharded: Counter,
@@ -84,6 +85,7 @@ impl Metrics {
             claimed: counter!("lease_claimed_total", "group" => g.clone()),
             shed: revoked(RevokeReason::Shed),
             lost: revoked(RevokeReason::Lost),
+            fenced: revoked(RevokeReason::Fenced),
             expired: revoked(RevokeReason::Expired),
             shutdown: revoked(RevokeReason::Shutdown),
             resharded: revoked(RevokeReason::Resharded),
@@ -114,6 +116,7 @@ impl Metrics {
         match reason {
             RevokeReason::Shed => &self.shed,
             RevokeReason::Lost => &self.lost,
+            RevokeReason::Fenced => &self.fenced,
             RevokeReason::Expired => &self.expired,
             RevokeReason::Shutdown => &self.shutdown,
             RevokeReason::Resharded => &self.resharded,

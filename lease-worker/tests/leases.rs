@@ -164,7 +164,7 @@ async fn revoked_fires_at_the_trust_deadline() {
     let why = tokio::time::timeout(TTL * 2, lease.revoked())
         .await
         .expect("revoked fired");
-    assert_eq!(why, RevokeReason::Expired);
+    assert_eq!(why, RevokeReason::Fenced);
     let late = Instant::now().saturating_duration_since(deadline);
     assert!(
         Instant::now() >= deadline && late < Duration::from_millis(50),

@@ -19,6 +19,9 @@
 //!    node owns in the group, less what it is releasing or gave up on;
 //! 5. a claim may take dead sessions' buckets exactly from a ttl after the first heartbeat's
 //!    answer (the store's clock advances with the test's time here, never stepping);
+//! 6. a revocation delivered at or past the trust deadline says the lease expired (or was
+//!    lost): never a reason that would let the application act as if it still held the
+//!    bucket (a shutdown, a shed);
 //!
 //! and the plumbing: one store call at a time for the whole node, one delivery at a time per
 //! group.
@@ -31,8 +34,8 @@ use std::time::{Duration, Instant};
 use lease_core::Takeover;
 use lease_core::{
     BackendFailure, Bucket, Clock, FencingToken, GroupBeat, GroupName, GroupStamp, GroupView,
-    Heartbeat, Incarnation, Lease, ManualClock, MemberLoad, Operation, SessionId, ShardCount,
-    StoreError, Ttl, ViewStamp, WorkerId,
+    Heartbeat, Incarnation, Lease, ManualClock, MemberLoad, Operation, RevokeReason, SessionId,
+    ShardCount, StoreError, Ttl, ViewStamp, WorkerId,
 };
 use lease_worker::machine::{Delivery, Input, Machine, Output, Report, Rules, StoreCall};
 use proptest::prelude::*;
@@ -729,7 +732,23 @@ impl World {
                     name(g)
                 );
             }
-            Delivery::Revoke { bucket, token, .. } => {
+            Delivery::Revoke {
+                bucket,
+                token,
+                reason,
+            } => {
+                // 6. Past the trust deadline the lease may be someone else's already.
+                if last_sent.is_none_or(|sent| now >= sent + TTL - MARGIN) {
+                    assert!(
+                        matches!(
+                            reason,
+                            RevokeReason::Fenced | RevokeReason::Expired | RevokeReason::Lost
+                        ),
+                        "bucket {bucket} of {} revoked at {now:?} past the trust deadline with \
+                         reason {reason:?} (last heartbeat sent at {last_sent:?})",
+                        name(g)
+                    );
+                }
                 assert_eq!(
                     group.app.get(&bucket),
                     Some(&AppState::Owned(token)),
@@ -937,7 +956,7 @@ fn an_evicted_group_is_revoked_and_joined_again() {
         w.step(&Action::Answer);
         if let Some((
             Delivery::Revoke {
-                reason: lease_core::RevokeReason::Lost,
+                reason: RevokeReason::Lost,
                 ..
             },
             _,

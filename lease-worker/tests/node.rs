@@ -289,3 +289,143 @@ async fn a_busy_group_does_not_hold_up_another_groups_wake_ups() {
     y.abort();
     x.abort();
 }
+
+/// A handler that owns nothing it is not told of and counts the store's refusals of its node
+/// id (another live process holds it).
+struct Refused(Arc<AtomicUsize>);
+
+#[async_trait::async_trait]
+impl lease_worker::OwnershipHandler for Refused {
+    async fn on_assigned(&self, _: lease_core::Assignment) {}
+
+    async fn on_revoked(
+        &self,
+        _: lease_core::Bucket,
+        _: lease_core::FencingToken,
+        _: RevokeReason,
+    ) {
+    }
+
+    async fn on_error(&self, error: &lease_worker::WorkerError) {
+        if let lease_worker::WorkerError::Store { source, .. } = error
+            && source.kind() == lease_core::ErrorKind::WorkerIdInUse
+        {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A second process with a live node's id is refused by the store, and changes nothing: the
+/// weight it is given (7, then 0) is applied only under a session of its own, after its join,
+/// which it never gets. The live node keeps its weight (1) and every bucket, across several
+/// of the duplicate's refused heartbeats and several of its own renewals.
+#[tokio::test(start_paused = true)]
+async fn a_refused_duplicate_writes_no_weight() {
+    let store = MemoryLeaseStore::with_clock(TokioClock::new());
+    let id = lease_core::WorkerId::new();
+    let config = || {
+        LeaseNode::builder()
+            .node_id(id)
+            .ttl(TTL)
+            .renew_interval(RENEW)
+            .build()
+            .expect("config")
+    };
+    let live = config().start(store.clone()).expect("start");
+    let (h, _events) = event_channel(16);
+    let orders = live
+        .add_group(name("orders"), n(4), h)
+        .await
+        .expect("added");
+    until("orders owned", RENEW * 3, || {
+        orders.owned().borrow().len() == 4
+    })
+    .await;
+    // The live node's weight and the time of its last renewal, as the store has them.
+    let member = || async {
+        let snap = store.snapshot(&name("orders")).await.expect("snapshot");
+        snap.members
+            .iter()
+            .find(|m| m.worker == id)
+            .map(|m| (m.weight, m.heartbeat_at))
+            .expect("the live node is a member")
+    };
+    assert_eq!(member().await.0, 1);
+    for w in [7, 0] {
+        let refusals = Arc::new(AtomicUsize::new(0));
+        let duplicate = config()
+            .start(store.clone())
+            .expect("a configuration of its own");
+        let group = duplicate
+            .add_group(name("orders"), n(4), Refused(refusals.clone()))
+            .await
+            .expect("added: the store refuses the session, not the group");
+        group
+            .set_weight(lease_core::Weight::new(w).expect("a weight"))
+            .await
+            .expect("kept for the join");
+        // Long enough for the duplicate to be refused a few times and for the live node to
+        // renew twice (and plan on whatever weight the store has).
+        let (_, set_at) = member().await;
+        let limit = Instant::now() + RENEW * 10;
+        loop {
+            let (_, renewed) = member().await;
+            if refusals.load(Ordering::SeqCst) >= 3 && renewed >= set_at + RENEW * 2 {
+                break;
+            }
+            assert!(Instant::now() < limit, "no refusals or no renewals");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            member().await.0,
+            1,
+            "the duplicate's weight {w} was written"
+        );
+        assert_eq!(
+            orders.owned().borrow().len(),
+            4,
+            "the live node gave buckets up for the duplicate's weight {w}"
+        );
+        duplicate.abort();
+    }
+    live.shutdown().await.expect("a clean stop");
+}
+
+/// The weight a node is given reaches the store under its own session: given right after the
+/// group is added (its join still to come or under way), it is applied once the node joins;
+/// given to a member, at once.
+#[tokio::test(start_paused = true)]
+async fn a_weight_is_set_once_the_node_is_a_member() {
+    let store = MemoryLeaseStore::with_clock(TokioClock::new());
+    let node = node(store.clone());
+    let (h, _events) = event_channel(16);
+    let orders = node
+        .add_group(name("orders"), n(4), h)
+        .await
+        .expect("added");
+    orders
+        .set_weight(lease_core::Weight::new(3).expect("a weight"))
+        .await
+        .expect("kept for the join");
+    let weight = || async {
+        let snap = store.snapshot(&name("orders")).await.expect("snapshot");
+        snap.members
+            .iter()
+            .find(|m| m.worker == node.node_id())
+            .map(|m| m.weight)
+    };
+    let limit = Instant::now() + RENEW * 3;
+    while weight().await != Some(3) {
+        assert!(
+            Instant::now() < limit,
+            "the weight was not applied after the join"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    orders
+        .set_weight(lease_core::Weight::new(2).expect("a weight"))
+        .await
+        .expect("set");
+    assert_eq!(weight().await, Some(2), "set on a member at once");
+    node.shutdown().await.expect("a clean stop");
+}
