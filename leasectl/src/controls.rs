@@ -6,9 +6,10 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use lease::control::MAX_WEIGHT;
 use lease::{
-    Bucket, GroupName, GroupSnapshot, LeaseStore, MemberControl, MemberMode, QuarantineFor, Weight,
-    WorkerId,
+    Bucket, GroupName, GroupSnapshot, LeaseStore, MemberControl, MemberMode, NodesSnapshot,
+    QuarantineFor, Weight, WorkerId,
 };
 
 use crate::common::{DbArgs, Failure, Store, group_arg, rfc3339, store_failure};
@@ -86,9 +87,22 @@ pub struct QuarantineArgs {
     duration: QuarantineFor,
 }
 
-/// A `--weight` value.
+/// A `--weight` value: a whole number from 0 to [`MAX_WEIGHT`]. A number outside that range
+/// (`-1`, `99999999999999999999`) is said to be out of range, with the range; anything else is
+/// not a whole number.
 pub fn parse_weight(text: &str) -> Result<Weight, String> {
-    text.parse::<Weight>().map_err(|e| e.to_string())
+    let value = text.trim();
+    let unsigned = value.strip_prefix(['-', '+']).unwrap_or(value);
+    let number = !unsigned.is_empty() && unsigned.bytes().all(|b| b.is_ascii_digit());
+    match value.parse::<Weight>() {
+        Ok(weight) => Ok(weight),
+        _ if number => Err(format!(
+            "weight {value} is out of range; it must be a whole number from 0 to {MAX_WEIGHT}"
+        )),
+        _ => Err(format!(
+            "weight {value:?} is not a whole number; it must be one from 0 to {MAX_WEIGHT}"
+        )),
+    }
 }
 
 fn parse_quarantine(text: &str) -> Result<QuarantineFor, String> {
@@ -103,6 +117,52 @@ fn held(snap: &GroupSnapshot, worker: WorkerId) -> Option<(u32, bool)> {
         .map(|m| (m.owned, m.live))
 }
 
+/// Where a member's node is, as the controls' messages say it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NodeState {
+    /// A process runs it: it heartbeats.
+    Live,
+    /// Its process stopped and handed the session over to the next process with its id: the
+    /// session is live, but nobody heartbeats until such a process takes it over.
+    HandedOver,
+    /// Its session ended (or it never had one).
+    Stopped,
+}
+
+impl NodeState {
+    /// How `worker` runs, from the group's snapshot and the store's nodes.
+    fn of(snap: &GroupSnapshot, nodes: &NodesSnapshot, worker: WorkerId) -> Self {
+        let live = held(snap, worker).is_some_and(|(_, live)| live);
+        let handed_over = nodes
+            .nodes
+            .iter()
+            .any(|n| n.node == worker && n.live && n.handed_over);
+        match (live, handed_over) {
+            (true, true) => Self::HandedOver,
+            (true, false) => Self::Live,
+            (false, _) => Self::Stopped,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::HandedOver => "handed over: no process runs it until the next one with its id",
+            Self::Stopped => "not running",
+        }
+    }
+}
+
+/// The members of the group, other than `worker`, a process runs that may claim: live, not
+/// handed over, active and of weight above 0.
+fn claimers(snap: &GroupSnapshot, nodes: &NodesSnapshot, worker: WorkerId) -> usize {
+    snap.members
+        .iter()
+        .filter(|m| m.worker != worker && m.live && m.mode == MemberMode::Active && m.weight > 0)
+        .filter(|m| NodeState::of(snap, nodes, m.worker) == NodeState::Live)
+        .count()
+}
+
 /// Set the member's mode and say what it means; the store, group and worker, for a caller
 /// that goes on (`drain --wait`).
 async fn set_mode(
@@ -115,13 +175,21 @@ async fn set_mode(
         .await
         .map_err(store_failure)?;
     let snap = store.snapshot(&group).await.map_err(store_failure)?;
-    let (owned, live) = held(&snap, worker).unwrap_or((0, false));
-    let state = if live { "live" } else { "not running" };
+    let nodes = store.nodes().await.map_err(store_failure)?;
+    let (owned, _) = held(&snap, worker).unwrap_or((0, false));
+    let node = NodeState::of(&snap, &nodes, worker);
+    let state = node.as_str();
     let g = group.as_str();
     let done = match mode {
         MemberMode::Cordoned => format!(
             "cordoned worker {worker} ({state}) in group {g:?}: it keeps its {owned} bucket(s) \
              and claims no more; the others share the rest. `leasectl uncordon` undoes it."
+        ),
+        MemberMode::Draining if node == NodeState::HandedOver => format!(
+            "draining worker {worker} ({state}) in group {g:?}: the process that takes its \
+             session over revokes (reason drained) and releases its {owned} bucket(s), and \
+             claims none until `leasectl uncordon`; if none does, they pass on when the \
+             hand-over ends."
         ),
         MemberMode::Draining => format!(
             "draining worker {worker} ({state}) in group {g:?}: it revokes (reason drained) and \
@@ -134,6 +202,13 @@ async fn set_mode(
         ),
     };
     output::line(&done).map_err(|e| e.failure_after(&done))?;
+    if mode == MemberMode::Draining && claimers(&snap, &nodes, worker) == 0 {
+        output::error_line(format!(
+            "leasectl: warning: no other live member of group {g:?} can take its buckets (none \
+             is running, active and of weight above 0): they stay unowned until a worker joins \
+             the group, or `leasectl uncordon` (or `leasectl weight`) lets a member claim again."
+        ));
+    }
     Ok((store, group, worker))
 }
 
@@ -254,4 +329,35 @@ pub async fn quarantine(args: QuarantineArgs) -> Result<(), Failure> {
 /// `leasectl unquarantine`.
 pub async fn unquarantine(args: BucketArgs) -> Result<(), Failure> {
     set_quarantine(&args, None).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A number past the range is out of range, with the range, however large; only what is
+    /// no number at all is "not a whole number".
+    #[test]
+    fn a_weight_out_of_range_says_the_range() {
+        assert_eq!(parse_weight("7").map(|w| w.get()), Ok(7));
+        assert_eq!(parse_weight(" 0 ").map(|w| w.get()), Ok(0));
+        for value in ["99999999999999999999", "1000001", "-1"] {
+            let said = parse_weight(value).map(|w| w.get());
+            assert_eq!(
+                said,
+                Err(format!(
+                    "weight {value} is out of range; it must be a whole number from 0 to \
+                     1000000"
+                ))
+            );
+        }
+        for value in ["x", "1.5", "", "-"] {
+            let said = parse_weight(value).map(|w| w.get());
+            assert!(
+                said.as_ref()
+                    .is_err_and(|e| e.contains("is not a whole number") && e.contains("0 to")),
+                "{value:?}: {said:?}"
+            );
+        }
+    }
 }

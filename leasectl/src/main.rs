@@ -11,7 +11,8 @@
 //! Exit codes: 0 success, 2 bad input or configuration (the message names the flag), 1 a
 //! runtime failure (database unreachable, schema missing, stdout not writable, a worker that
 //! could not leave one of its groups, ...). A closed stdout (`| head -1`) is not a failure: the command
-//! stops quietly with 0.
+//! stops quietly with 0. Nor is an unwritable stderr: its lines (log lines included) are dropped
+//! and the exit code stays what it would be.
 
 mod common;
 mod controls;
@@ -53,7 +54,7 @@ enum Command {
     /// (--kind worker), read groups (monitor) or fence writes (fencing), and nothing more.
     Grant(grant::GrantArgs),
     /// Run a worker process, one node (one session in the store) in one or more groups, until
-    /// SIGTERM or SIGINT, printing what it is assigned and revoked in each group.
+    /// SIGTERM, SIGINT or SIGHUP, printing what it is assigned and revoked in each group.
     ///
     /// Groups: --group NAME:SHARDS, repeatable (--group orders:16 --group billing:64), or one
     /// plain --group NAME with --shards N. The first signal stops it gracefully (revoke
@@ -101,7 +102,11 @@ fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
+        // Log lines go where `output` sends every stderr line: a failed write is dropped. The
+        // subscriber's own notice of a failed write would go to stderr by `eprintln!`, which
+        // panics when stderr fails: off too.
+        .with_writer(|| output::LogWriter)
+        .log_internal_errors(false)
         .init();
 }
 

@@ -7,7 +7,8 @@
 //!   worker;
 //! - any other write error on stdout (a full disk: `> /dev/full`): a runtime failure, exit 1,
 //!   said on stderr;
-//! - a write error on stderr: there is nowhere left to report it, so it is dropped.
+//! - a write error on stderr (closed, full): there is nowhere left to report it, so it is
+//!   dropped, log lines included ([`LogWriter`]), and the exit code stays what it would be.
 
 use std::fmt::Display;
 use std::io::{self, Write};
@@ -87,6 +88,24 @@ pub fn text(text: impl Display) -> Result<(), OutputError> {
 pub fn error_line(text: impl Display) {
     // Failing to write to stderr leaves nowhere to say so.
     write_to(&mut io::stderr().lock(), text, true).ok();
+}
+
+/// Stderr for the log lines: each one is written whole (under stderr's lock), and a write
+/// error is dropped, as on every stderr line, and reported as success so that the logger does
+/// not try to say so on stderr again.
+#[derive(Clone, Copy, Debug)]
+pub struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        io::stderr().lock().write_all(buf).ok();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        io::stderr().flush().ok();
+        Ok(())
+    }
 }
 
 /// Stdout for code that cannot return an error (an ownership handler, the demo's renderer):

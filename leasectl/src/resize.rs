@@ -44,7 +44,7 @@ summary line; --json lists every new bucket with its parents (null when there ar
 
 --json prints one object: group, from, to, generation (now), next_generation (after the \
 resize; the same when from = to), gcd, applied, outcome (\"started\", \"unchanged\", or null \
-for a dry run), waits ([{bucket, parents}], every new bucket).
+for a dry run), waits ([{bucket, parents}], every new bucket; null above 1,048,576 pairs).
 
 On Postgres, --apply runs as the owner of schema lease (the role that runs leasectl migrate): \
 a resize deletes and inserts bucket rows, which the roles of workers may not.
@@ -126,6 +126,20 @@ fn check(snap: &GroupSnapshot, from: ShardCount, to: ShardCount) -> Result<(), S
 /// `lcm(from, to)`, each new bucket with its `from / gcd` parents.
 pub fn pairs(from: ShardCount, to: ShardCount) -> u64 {
     u64::from(from.get()) / u64::from(keys::gcd(from, to)) * u64::from(to.get())
+}
+
+/// What `--json` gives of the waits from `from` to `to` buckets, for the text to say: every
+/// new bucket, or, above [`PAIRS_LIMIT`] pairs, `null` in `field`.
+pub fn json_lists(from: ShardCount, to: ShardCount, field: &str) -> String {
+    let pairs = pairs(from, to);
+    if pairs > PAIRS_LIMIT {
+        format!(
+            "--json gives \"{field}\": null here: {pairs} pairs of new and old buckets are \
+             more than it lists; the rule, mod gcd, says them all"
+        )
+    } else {
+        "--json lists every new bucket with the old ones it waits for".to_owned()
+    }
 }
 
 /// Buckets of a draining generation not retired yet.
@@ -360,9 +374,10 @@ impl<'a> Plan<'a> {
         if rows.len() > shown {
             lines.push(format!(
                 "... {} more old bucket(s), the same way: the new buckets congruent to each \
-                 (mod {}) wait for it (--json lists every new bucket)",
+                 (mod {}) wait for it ({})",
                 rows.len() - shown,
-                self.gcd
+                self.gcd,
+                json_lists(self.from, self.to, "waits")
             ));
         }
         lines.push(String::new());
@@ -449,7 +464,43 @@ pub fn bucket_list(buckets: &[Bucket]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use lease::memory::MemoryLeaseStore;
+
     use super::*;
+
+    /// The text's promise of what `--json` lists holds: above the limit of pairs, where `waits`
+    /// is null, the text says so instead of promising every new bucket.
+    #[tokio::test]
+    async fn the_text_says_what_json_lists() {
+        let store = MemoryLeaseStore::new();
+        let n = |count| ShardCount::new(count).expect("count");
+        for (from, to, listed) in [(128, 256, true), (1024, 1025, false)] {
+            let name = lease::GroupName::new(format!("g{from}")).expect("name");
+            store.ensure_group(&name, n(from)).await.expect("group");
+            let snap = store.snapshot(&name).await.expect("snapshot");
+            let plan = Plan::new(&snap, n(from), n(to), None);
+            let waits = &plan.json()["waits"];
+            let summary = plan
+                .text()
+                .lines()
+                .find(|l| l.starts_with("... "))
+                .map(str::to_owned)
+                .unwrap_or_else(|| panic!("no summary line:\n{}", plan.text()));
+            assert_eq!(waits.is_array(), listed, "{from} -> {to}");
+            assert_eq!(
+                summary.contains("--json lists every new bucket"),
+                listed,
+                "{from} -> {to}: {summary}"
+            );
+            if !listed {
+                assert!(waits.is_null(), "{waits}");
+                assert!(
+                    summary.contains("--json gives \"waits\": null here: 1049600 pairs"),
+                    "{summary}"
+                );
+            }
+        }
+    }
 
     fn bs(v: &[u32]) -> Vec<Bucket> {
         v.iter().copied().map(Bucket).collect()

@@ -7,14 +7,14 @@ use clap::Args;
 use lease::policy;
 use lease::resize as keys;
 use lease::{
-    Bucket, BucketInfo, BucketState, GroupName, GroupSnapshot, LeaseStore, NodeInfo, NodesSnapshot,
-    ShardCount, StoreError, Timestamp,
+    Bucket, BucketInfo, BucketState, GroupName, GroupSnapshot, LeaseStore, MemberMode, NodeInfo,
+    NodesSnapshot, ShardCount, StoreError, Timestamp,
 };
 use serde_json::{Value, json};
 
 use crate::common::{DbArgs, Failure, group_arg, rfc3339, store_failure};
 use crate::output;
-use crate::resize::{PAIRS_LIMIT, bucket_list, not_retired, pairs};
+use crate::resize::{PAIRS_LIMIT, bucket_list, json_lists, not_retired, pairs};
 use crate::why;
 
 /// Lines of new buckets waiting shown in the text form; the rest are summed up in one line.
@@ -138,8 +138,10 @@ fn left(observed: Timestamp, t: Option<Timestamp>) -> String {
 }
 
 /// The balance line: live members, buckets owned, and the spread of their loads; balanced
-/// means every live member owns its target (equal shares, or by weight, cordoned members
-/// keeping what they hold, quarantined buckets left out).
+/// means every bucket not quarantined is owned and every live member owns its target (equal
+/// shares, or by weight, cordoned members keeping what they hold, quarantined buckets left
+/// out). Buckets unowned while no live member may claim (weight 0, draining, cordoned) are
+/// said to be so, with that reason.
 pub fn balance_line(snap: &GroupSnapshot) -> String {
     let view = snap.view();
     let live = &view.members;
@@ -155,16 +157,33 @@ pub fn balance_line(snap: &GroupSnapshot) -> String {
         String::new()
     };
     let draining = not_retired(&snap.draining);
+    let unowned = snap
+        .shard_count
+        .get()
+        .saturating_sub(owned.saturating_add(view.quarantined));
+    // Every target is 0 when no member may claim: on target, yet nothing is balanced.
+    let can_claim = live
+        .iter()
+        .any(|m| m.mode == MemberMode::Active && m.weight > 0);
     // While a resize drains, the new buckets waiting for old ones cannot be owned: that, not
     // the workers, is why some bucket is not owned.
     let verdict = if live.is_empty() {
         "no live members".to_owned()
     } else if draining > 0 {
         format!("resize draining: {draining} old bucket(s) not retired")
+    } else if unowned > 0 && !can_claim {
+        format!(
+            "{}: no live member can claim (each has weight 0, or is draining or cordoned)",
+            if owned == 0 {
+                "nothing owned".to_owned()
+            } else {
+                format!("{unowned} bucket(s) unowned")
+            }
+        )
+    } else if unowned > 0 {
+        "not every bucket owned".to_owned()
     } else if on_target {
         "balanced".to_owned()
-    } else if owned + view.quarantined < snap.shard_count.get() {
-        "not every bucket owned".to_owned()
     } else {
         "unbalanced".to_owned()
     };
@@ -307,8 +326,9 @@ fn draining_lines(snap: &GroupSnapshot) -> Vec<String> {
     }
     if rows.len() > WAITING_SHOWN {
         lines.push(format!(
-            "... and {} more line(s) like these (--json lists every new bucket waiting)",
-            rows.len() - WAITING_SHOWN
+            "... and {} more line(s) like these ({})",
+            rows.len() - WAITING_SHOWN,
+            json_lists(previous, snap.shard_count, "waiting")
         ));
     }
     lines.push(String::new());
@@ -458,7 +478,11 @@ fn nodes_table(nodes: &NodesSnapshot) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lease::{Clock, GroupName, MemberMetadata, SessionId, SystemClock, WorkerId};
+    use lease::memory::MemoryLeaseStore;
+    use lease::{
+        Clock, GroupName, Incarnation, ManualClock, MemberControl, MemberMetadata, SessionId,
+        SystemClock, Takeover, Ttl, Weight, WorkerId,
+    };
 
     fn nodes() -> NodesSnapshot {
         let now = SystemClock.now();
@@ -480,6 +504,65 @@ mod tests {
             observed_at: now,
             nodes: vec![node(&["billing", "orders"], true), node(&[], false)],
         }
+    }
+
+    /// A member of `group` in `store`, live for 10 s of its clock.
+    async fn member(store: &MemoryLeaseStore, group: &GroupName, w: WorkerId) -> SessionId {
+        let ttl = Ttl::from_secs(10).expect("ttl");
+        let meta = MemberMetadata::empty();
+        let hb = store
+            .heartbeat(w, Incarnation::from_uuid(w.as_uuid()), ttl, &meta, &[])
+            .await
+            .expect("heartbeat");
+        store.join(group, w, hb.session).await.expect("join");
+        hb.session
+    }
+
+    /// Every target is 0 when no live member may claim: that is no balance, and the line says
+    /// what is unowned and why.
+    #[tokio::test]
+    async fn buckets_nobody_may_claim_are_not_balanced() {
+        let store = MemoryLeaseStore::with_clock(ManualClock::new());
+        let group = GroupName::new("orders").expect("name");
+        let count = ShardCount::new(8).expect("count");
+        store.ensure_group(&group, count).await.expect("group");
+        let (a, b) = (WorkerId::new(), WorkerId::new());
+        let control = |w, c| {
+            let (store, group) = (&store, &group);
+            async move { store.control(group, w, c).await.expect("control") }
+        };
+        let session = member(&store, &group, a).await;
+        member(&store, &group, b).await;
+        let zero = Weight::new(0).expect("weight");
+        control(a, MemberControl::Weight(zero)).await;
+        control(b, MemberControl::Mode(MemberMode::Draining)).await;
+        let snap = store.snapshot(&group).await.expect("snapshot");
+        assert_eq!(
+            balance_line(&snap),
+            "balance: 2 live member(s), 0/8 buckets owned, min 0, max 0: nothing owned: no \
+             live member can claim (each has weight 0, or is draining or cordoned)"
+        );
+        // A cordoned member keeps its 4 (its target); the other 4 have nobody to claim them.
+        control(a, MemberControl::Weight(Weight::new(1).expect("weight"))).await;
+        store
+            .claim(&group, a, session, 4, Takeover::Allowed)
+            .await
+            .expect("claim");
+        control(a, MemberControl::Mode(MemberMode::Cordoned)).await;
+        let snap = store.snapshot(&group).await.expect("snapshot");
+        assert_eq!(
+            balance_line(&snap),
+            "balance: 2 live member(s), 4/8 buckets owned, min 0, max 4: 4 bucket(s) unowned: \
+             no live member can claim (each has weight 0, or is draining or cordoned)"
+        );
+        // Once a member may claim again, unowned buckets are not balanced either.
+        control(b, MemberControl::Mode(MemberMode::Active)).await;
+        let snap = store.snapshot(&group).await.expect("snapshot");
+        assert!(
+            balance_line(&snap).ends_with(": not every bucket owned"),
+            "{}",
+            balance_line(&snap)
+        );
     }
 
     #[test]

@@ -245,23 +245,31 @@ fn next(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> String {
             ),
         };
     }
-    if let Some(until) = info.quarantined_until {
-        return format!(
+    // Both hold a bucket back, each until its own end: a quarantine, and during a resize the
+    // old buckets sharing its keys.
+    let waits = waits_for(snap, info);
+    let resize = (!waits.is_empty()).then(|| {
+        format!(
+            "old bucket(s) {} of the resize from {} are retired (released, or their owners' \
+             sessions ended)",
+            bucket_list(&waits),
+            snap.previous.map_or(0, |p| p.get())
+        )
+    });
+    match (info.quarantined_until, resize) {
+        (Some(until), Some(resize)) => format!(
+            "Next: nobody claims it before {}, nor until {resize}; then {}.",
+            rfc3339(until),
+            claimers(snap, info, history)
+        ),
+        (Some(until), None) => format!(
             "Next: nobody claims it before {}; then {}.",
             rfc3339(until),
             claimers(snap, info, history)
-        );
+        ),
+        (None, Some(resize)) => format!("Next: it cannot be claimed until {resize}."),
+        (None, None) => format!("Next: {}.", claimers(snap, info, history)),
     }
-    let waits = waits_for(snap, info);
-    if !waits.is_empty() {
-        return format!(
-            "Next: it cannot be claimed until old bucket(s) {} of the resize from {} are \
-             retired (released, or their owners' sessions ended).",
-            bucket_list(&waits),
-            snap.previous.map_or(0, |p| p.get())
-        );
-    }
-    format!("Next: {}.", claimers(snap, info, history))
 }
 
 /// Who claims the bucket next once it is claimable, by the policy's room: a clause.
@@ -629,6 +637,35 @@ mod tests {
         let why = g.why(0).await;
         has(&why, &format!("Next: {a} held it last and has room"));
         has(&why, "sticky claims");
+    }
+
+    /// A new bucket of a resize under quarantine waits for two things, each said: its
+    /// quarantine, and the old buckets sharing its keys.
+    #[tokio::test]
+    async fn a_quarantined_new_bucket_waits_for_its_quarantine_and_its_old_buckets() {
+        let g = Group::new(2).await;
+        let (a, _) = workers();
+        g.claim(a, 2).await;
+        let n = |count| ShardCount::new(count).expect("count");
+        g.store.resize(&g.name, n(2), n(4)).await.expect("resize");
+        let ten = QuarantineFor::new(Duration::from_secs(10)).expect("quarantine");
+        g.store
+            .quarantine(&g.name, Bucket(3), Some(ten))
+            .await
+            .expect("quarantine");
+        let why = g.why(3).await;
+        has(&why, "Next: nobody claims it before");
+        has(
+            &why,
+            "nor until old bucket(s) 1 of the resize from 2 are retired (released, or their \
+             owners' sessions ended); then",
+        );
+        // Without the quarantine, only the old buckets hold it back.
+        let why = g.why(2).await;
+        has(
+            &why,
+            "Next: it cannot be claimed until old bucket(s) 0 of the resize from 2 are retired",
+        );
     }
 
     #[tokio::test]

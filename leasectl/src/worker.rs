@@ -1,23 +1,26 @@
 //! `leasectl worker`: one process (a node, one session) in one or several groups on Postgres
-//! until SIGTERM or SIGINT.
+//! until SIGTERM, SIGINT or SIGHUP.
 
-use std::collections::BTreeSet;
+mod groups;
+mod signals;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
 use clap::Args;
 use lease::{
-    Assignment, Bucket, Chain, ConfigError, FencingToken, GroupError, GroupName, LeaseNode,
-    LeaseStore, MemberMetadata, OwnershipHandler, RevokeReason, ShardCount, StoreError,
-    WorkerError, WorkerFailed, WorkerId,
+    Assignment, Bucket, Chain, ConfigError, FencingToken, GroupError, InvalidInput, LeaseNode,
+    MemberMetadata, OwnershipHandler, RevokeReason, StoreError, WorkerError, WorkerFailed,
+    WorkerId,
 };
 use serde_json::{Value, json};
-use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{DbArgs, Failure, group_arg, now_rfc3339, store_failure};
+use crate::common::{DbArgs, Failure, now_rfc3339, store_failure};
 use crate::duration::{self, show};
 use crate::output::{self, SharedOutput};
+use groups::{GroupArg, check_group, group_args, group_failure};
+use signals::Signals;
 
 /// `leasectl worker`'s arguments.
 #[derive(Args, Debug)]
@@ -61,7 +64,7 @@ pub struct WorkerArgs {
     /// set meanwhile.
     #[arg(long, value_parser = crate::controls::parse_weight)]
     weight: Option<lease::Weight>,
-    /// On SIGTERM/SIGINT, revoke everything in the application (reason shutdown), then hand
+    /// On SIGTERM/SIGINT/SIGHUP, revoke everything in the application (reason shutdown), then hand
     /// the session over for this long instead of leaving (e.g. 15s): a process started with
     /// the same --worker-id within it takes over the session and its buckets with their
     /// tokens, and nobody else claims them meanwhile. For rolling restarts; needs --worker-id.
@@ -176,7 +179,19 @@ fn config_failure(e: ConfigError, args: &WorkerArgs) -> Failure {
         ConfigError::KeepOnStopNeedsNodeId => "--keep-on-stop needs --worker-id: the next \
              process with that id takes the session over"
             .to_owned(),
+        ConfigError::KeepOnStop(InvalidInput::TtlOutOfRange { min, max, .. }) => format!(
+            "--keep-on-stop {} is out of range: the session is handed over for {} to {}",
+            args.keep_on_stop.map_or_else(|| "?".to_owned(), show),
+            show(min),
+            show(max)
+        ),
         ConfigError::KeepOnStop(e) => format!("--keep-on-stop: {e}"),
+        ConfigError::Ttl(InvalidInput::TtlOutOfRange { min, max, .. }) => format!(
+            "--ttl {} is out of range: a session lives {} to {} after a heartbeat",
+            show(args.ttl),
+            show(min),
+            show(max)
+        ),
         ConfigError::Ttl(e) => format!("--ttl: {e}"),
         // The debounce is not a flag: a renew interval this short is what the user can change.
         ConfigError::DebounceTooLong { debounce, .. } => format!(
@@ -189,137 +204,8 @@ fn config_failure(e: ConfigError, args: &WorkerArgs) -> Failure {
     })
 }
 
-/// SIGTERM and SIGINT, both meaning "stop".
-struct Signals(Option<(Signal, Signal)>);
-
-impl Signals {
-    /// Listen from now on: a signal sent once this returns is never missed.
-    fn listen() -> Self {
-        match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            (Ok(term), Ok(int)) => Self(Some((term, int))),
-            _ => {
-                tracing::error!("cannot listen for SIGTERM/SIGINT; stop the worker with SIGKILL");
-                Self(None)
-            }
-        }
-    }
-
-    /// The next SIGTERM or SIGINT (never, if they cannot be listened for).
-    async fn recv(&mut self) {
-        match &mut self.0 {
-            Some((term, int)) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-            }
-            None => std::future::pending().await,
-        }
-    }
-}
-
-/// A group of the command line: its name, its shard count, and how the user wrote it (for
-/// messages that name the flag).
-struct GroupArg {
-    group: GroupName,
-    shards: ShardCount,
-    /// `--shards` for the plain form, `--group NAME:SHARDS` for the other.
-    flag: String,
-}
-
-/// The groups of `--group` (and `--shards`). A value is `NAME:SHARDS` when it ends with a colon
-/// and digits (a name may contain colons: `ns:orders:16` is group `ns:orders`); otherwise it
-/// is a plain name, which needs `--shards` and must be the only `--group`.
-fn group_args(args: &WorkerArgs) -> Result<Vec<GroupArg>, Failure> {
-    let counted = args.group.iter().filter(|g| split(g).is_some()).count();
-    let groups = match (args.group.as_slice(), args.shards) {
-        ([plain], Some(shards)) if counted == 0 => {
-            let group = group_arg(plain)?;
-            let shards =
-                ShardCount::new(shards).map_err(|e| Failure::Usage(format!("--shards: {e}")))?;
-            vec![GroupArg {
-                group,
-                shards,
-                flag: "--shards".to_owned(),
-            }]
-        }
-        (_, None) if counted == args.group.len() => args
-            .group
-            .iter()
-            .map(|value| {
-                let (name, n) = split(value).unwrap_or((value.as_str(), ""));
-                let flag = format!("--group {value}");
-                let group =
-                    GroupName::new(name).map_err(|e| Failure::Usage(format!("{flag}: {e}")))?;
-                let shards = n
-                    .parse::<u32>()
-                    .map_err(|e| e.to_string())
-                    .and_then(|n| ShardCount::new(n).map_err(|e| e.to_string()))
-                    .map_err(|e| Failure::Usage(format!("{flag}: the shard count: {e}")))?;
-                Ok(GroupArg {
-                    group,
-                    shards,
-                    flag,
-                })
-            })
-            .collect::<Result<Vec<_>, Failure>>()?,
-        ([plain], None) => {
-            return Err(Failure::Usage(format!(
-                "--shards: group {plain:?} needs its shard count: --group {plain} --shards N, \
-                 or --group {plain}:N"
-            )));
-        }
-        _ => {
-            return Err(Failure::Usage(
-                "--group: give either one --group NAME with --shards N, or every group as \
-                 --group NAME:SHARDS (repeatable, e.g. --group orders:16 --group billing:64), \
-                 not a mix"
-                    .to_owned(),
-            ));
-        }
-    };
-    let mut seen = BTreeSet::new();
-    for g in &groups {
-        if !seen.insert(g.group.clone()) {
-            return Err(Failure::Usage(format!(
-                "--group: group {:?} is given twice",
-                g.group.as_str()
-            )));
-        }
-    }
-    Ok(groups)
-}
-
-/// `NAME:SHARDS` split, when `value` ends with a colon and digits.
-fn split(value: &str) -> Option<(&str, &str)> {
-    value
-        .rsplit_once(':')
-        .filter(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-}
-
-/// A store's refusal of group `g` at start, or while it runs, naming the flag.
-fn group_failure(g: &GroupArg, e: &StoreError) -> Failure {
-    match e {
-        StoreError::ShardCountMismatch {
-            group,
-            configured,
-            found,
-        } => Failure::Usage(format!(
-            "{}: group {group:?} exists with {found} shards, not {configured}; a group's shard \
-             count changes only with leasectl resize",
-            g.flag
-        )),
-        other => Failure::Runtime(format!("group {:?}: {}", g.group.as_str(), Chain(other))),
-    }
-}
-
-/// Run the node until a signal stops it, stdout fails, or the node or one of its groups fails.
-pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
-    let groups = group_args(&args)?;
-    let cancel = CancellationToken::new();
+/// The node the flags describe, stopped by `cancel`.
+fn node_config(args: &WorkerArgs, cancel: CancellationToken) -> Result<LeaseNode, Failure> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "unknown".into());
@@ -329,7 +215,7 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
         .ttl(args.ttl)
         .renew_interval(args.renew)
         .metadata(metadata)
-        .cancellation_token(cancel.clone());
+        .cancellation_token(cancel);
     if let Some(margin) = args.margin {
         builder = builder.safety_margin(margin);
     }
@@ -342,7 +228,14 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
     if let Some(keep) = args.keep_on_stop {
         builder = builder.keep_on_stop(keep);
     }
-    let config = builder.build().map_err(|e| config_failure(e, &args))?;
+    builder.build().map_err(|e| config_failure(e, args))
+}
+
+/// Run the node until a signal stops it, stdout fails, or the node or one of its groups fails.
+pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
+    let groups = group_args(&args)?;
+    let cancel = CancellationToken::new();
+    let config = node_config(&args, cancel.clone())?;
     let worker = config.node_id();
     if let Some(addr) = args.metrics_addr {
         metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -351,8 +244,12 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::Usage(format!("--metrics-addr {addr}: {e}")))?;
     }
     let store = args.db.open().await?;
-    // Refuse a shard-count mismatch before announcing anything (adding a group checks it
-    // again).
+    // Refuse a shard-count mismatch before announcing anything: every group's stored count is
+    // read before any group is created, so a refused group leaves the others as they were
+    // (adding a group checks it again).
+    for g in &groups {
+        check_group(store.as_ref(), g).await?;
+    }
     for g in &groups {
         store
             .ensure_group(&g.group, g.shards)
@@ -435,12 +332,12 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
         () = signals.recv() => {
             output::error_line(match args.keep_on_stop {
                 None => "leasectl: stopping: revoking every bucket and leaving every group \
-                         (send SIGTERM or SIGINT again to stop at once, without leaving)"
+                         (send SIGTERM, SIGINT or SIGHUP again to stop at once, without leaving)"
                     .to_owned(),
                 Some(keep) => format!(
                     "leasectl: stopping: revoking every bucket, then handing the session over \
-                     for {} to the next process with this --worker-id (send SIGTERM or SIGINT \
-                     again to stop at once)",
+                     for {} to the next process with this --worker-id (send SIGTERM, SIGINT \
+                     or SIGHUP again to stop at once)",
                     duration::show(keep)
                 ),
             });
@@ -562,8 +459,9 @@ fn worker_failure(printers: &[Printer], failed: WorkerFailed, args: &WorkerArgs)
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use clap::Parser;
+
+    use super::*;
 
     #[derive(Parser)]
     struct Cli {
@@ -571,81 +469,38 @@ mod tests {
         args: WorkerArgs,
     }
 
-    /// The groups `leasectl worker` would run for these flags, or the usage error's message.
-    fn groups(flags: &[&str]) -> Result<Vec<(String, u32)>, String> {
-        let cli = Cli::try_parse_from(std::iter::once("worker").chain(flags.iter().copied()))
-            .map_err(|e| e.to_string())?;
-        match group_args(&cli.args) {
-            Ok(groups) => Ok(groups
-                .into_iter()
-                .map(|g| (g.group.as_str().to_owned(), g.shards.get()))
-                .collect()),
-            Err(Failure::Usage(message)) => Err(message),
-            Err(_) => Err("not a usage error".to_owned()),
+    /// The usage error the node's flags are refused with.
+    fn refused(flags: &[&str]) -> String {
+        let flags = ["worker", "--group", "g:4"].iter().chain(flags);
+        let cli = Cli::try_parse_from(flags).unwrap_or_else(|e| panic!("{e}"));
+        match node_config(&cli.args, CancellationToken::new()) {
+            Err(Failure::Usage(message)) => message,
+            Err(other) => panic!("not a usage error: {other:?}"),
+            Ok(_) => panic!("accepted"),
         }
     }
 
+    /// A duration out of range names its flag, as given, and the range, not an inner "ttl".
     #[test]
-    fn groups_are_given_plain_or_with_their_counts() {
+    fn a_duration_out_of_range_names_the_flag_and_the_range() {
+        let id = "6f1c1b39-2e3c-4a4e-9d59-0c3f0c1b7a11";
         assert_eq!(
-            groups(&["--group", "orders", "--shards", "16"]),
-            Ok(vec![("orders".to_owned(), 16)])
+            refused(&["--keep-on-stop", "0s", "--worker-id", id]),
+            "--keep-on-stop 0s is out of range: the session is handed over for 1ms to 24h"
         );
         assert_eq!(
-            groups(&["--group", "orders:16", "--group", "billing:64"]),
-            Ok(vec![("orders".to_owned(), 16), ("billing".to_owned(), 64)])
-        );
-        // A name may hold colons: the count is what follows the last one.
-        assert_eq!(
-            groups(&["--group", "ns:orders:8"]),
-            Ok(vec![("ns:orders".to_owned(), 8)])
-        );
-        assert_eq!(
-            groups(&["--group", "ns:orders", "--shards", "8"]),
-            Ok(vec![("ns:orders".to_owned(), 8)])
+            refused(&["--ttl", "0s"]),
+            "--ttl 0s is out of range: a session lives 1ms to 24h after a heartbeat"
         );
     }
 
+    /// Durations in messages are the flags' values exactly: `1499ms` is not `1.5s`.
     #[test]
-    fn a_mix_or_a_missing_count_is_a_usage_error_naming_the_flag() {
-        let mix = groups(&[
-            "--group",
-            "orders",
-            "--group",
-            "billing:64",
-            "--shards",
-            "16",
-        ]);
+    fn messages_show_durations_exactly() {
+        let said = refused(&["--ttl", "2s", "--renew", "1499ms"]);
         assert!(
-            mix.as_ref().is_err_and(|m| m.contains("not a mix")),
-            "{mix:?}"
+            said.starts_with("--ttl 2s must be more than twice --renew 1.499s"),
+            "{said}"
         );
-        let mix = groups(&["--group", "orders:16", "--shards", "16"]);
-        assert!(
-            mix.as_ref().is_err_and(|m| m.contains("not a mix")),
-            "{mix:?}"
-        );
-        let two_plain = groups(&["--group", "orders", "--group", "billing", "--shards", "16"]);
-        assert!(two_plain.is_err(), "{two_plain:?}");
-        let missing = groups(&["--group", "orders"]);
-        assert!(
-            missing
-                .as_ref()
-                .is_err_and(|m| m.starts_with("--shards") && m.contains("orders:N")),
-            "{missing:?}"
-        );
-        let zero = groups(&["--group", "orders:0"]);
-        assert!(
-            zero.as_ref()
-                .is_err_and(|m| m.starts_with("--group orders:0")),
-            "{zero:?}"
-        );
-        let twice = groups(&["--group", "orders:4", "--group", "orders:4"]);
-        assert!(
-            twice.as_ref().is_err_and(|m| m.contains("given twice")),
-            "{twice:?}"
-        );
-        let none = groups(&[]);
-        assert!(none.is_err(), "{none:?}");
     }
 }

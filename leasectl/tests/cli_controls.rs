@@ -243,3 +243,67 @@ async fn controls_steer_live_workers_from_another_process() {
         assert!(w.wait(Duration::from_secs(20)).success());
     }
 }
+
+/// `drain` says what is true of who is left and of the worker: draining the only worker that
+/// could claim warns that no live member will take its buckets (and no warning while another
+/// can); a worker whose process stopped and handed its session over is said to be handed
+/// over, not live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_warns_when_nobody_is_left_and_names_a_hand_over() {
+    let db = lease_testdb::database().await;
+    let url = db.url.as_str();
+    let groups = [("orders", 4)];
+    let ida = lease::WorkerId::new().to_string();
+    let handing_over = ["--worker-id", ida.as_str(), "--keep-on-stop", "30s"];
+    let mut a = WorkerProcess::spawn_groups("a", url, &groups, "3s", "1s", &handing_over);
+    let limit = Duration::from_secs(30);
+    wait_for("a's four buckets", limit, || owned(&a) == 4);
+    let drain = |id: &str| {
+        let (code, out, err) = run(&["drain", "--group", "orders", "--worker", id], Some(url));
+        assert_eq!(code, 0, "{err}");
+        (out, err)
+    };
+    let nobody_left = "warning: no other live member of group \"orders\" can take its buckets";
+    let (out, err) = drain(&ida);
+    assert!(
+        out.contains(&format!("draining worker {ida} (live)")),
+        "{out}"
+    );
+    assert!(err.contains(nobody_left), "no warning: {err}");
+    wait_for("a drained", limit, || owned(&a) == 0);
+
+    let mut b = WorkerProcess::spawn_groups("b", url, &groups, "3s", "1s", &[]);
+    let idb = b.worker_within(limit).to_string();
+    wait_for("b takes the four", limit, || owned(&b) == 4);
+    let (code, _, err) = run(
+        &["uncordon", "--group", "orders", "--worker", &ida],
+        Some(url),
+    );
+    assert_eq!(code, 0, "{err}");
+    wait_for("two each", limit, || owned(&a) == 2 && owned(&b) == 2);
+    let (_, err) = drain(&idb);
+    assert!(!err.contains("warning"), "a claims b's buckets: {err}");
+    wait_for("a takes b's two", limit, || {
+        owned(&a) == 4 && owned(&b) == 0
+    });
+    let (code, _, err) = run(
+        &["uncordon", "--group", "orders", "--worker", &idb],
+        Some(url),
+    );
+    assert_eq!(code, 0, "{err}");
+    wait_for("two each again", limit, || owned(&a) == 2 && owned(&b) == 2);
+
+    a.signal("TERM");
+    assert!(a.wait(limit).success());
+    let (out, err) = drain(&ida);
+    assert!(
+        out.contains(&format!(
+            "draining worker {ida} (handed over: no process runs it until the next one with \
+             its id)"
+        )) && out.contains("the process that takes its session over"),
+        "{out}"
+    );
+    assert!(!err.contains("warning"), "b is live and claims: {err}");
+    b.signal("TERM");
+    assert!(b.wait(limit).success());
+}

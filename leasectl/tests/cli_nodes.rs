@@ -34,6 +34,10 @@ fn a_mix_of_group_forms_exits_2_and_names_the_flag() {
             &["worker", "--group", "orders:4", "--group", "orders:8"],
             "given twice",
         ),
+        (
+            &["worker", "--group", "orders:-1"],
+            "--group orders:-1: the shard count must be a whole number from 1 to 65536, not -1",
+        ),
     ];
     for (args, said) in cases {
         let (code, out, err) = run(args, None);
@@ -139,4 +143,33 @@ async fn a_worker_in_two_groups_shares_both_and_status_lists_the_nodes() {
         nodes.is_empty(),
         "nodes left after a graceful stop: {nodes:?}"
     );
+}
+
+/// `worker --group new:4 --group stored:4` where `stored` has 8 buckets: refused, exit 2,
+/// naming the flag, before anything is written: `new` is not created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_group_leaves_the_other_groups_uncreated() {
+    let db = lease_testdb::database().await;
+    let store = lease::postgres::PgLeaseStore::builder(db.url.clone())
+        .max_connections(1)
+        .build()
+        .expect("a store");
+    let stored = lease::GroupName::new("stored").expect("name");
+    let eight = lease::ShardCount::new(8).expect("a count");
+    lease::LeaseStore::ensure_group(&store, &stored, eight)
+        .await
+        .expect("the stored group");
+    let (code, out, err) = run(
+        &["worker", "--group", "new:4", "--group", "stored:4"],
+        Some(&db.url),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--group stored:4") && err.contains("exists with 8 shards"),
+        "{err}"
+    );
+    assert!(out.is_empty(), "a refused worker announced itself: {out}");
+    let (code, _, err) = run(&["status", "--group", "new"], Some(&db.url));
+    assert_eq!(code, 2, "the refused worker created group new: {err}");
+    assert!(err.contains("does not exist"), "{err}");
 }

@@ -129,6 +129,7 @@ pub fn parse_event(line: &str) -> Result<Event, String> {
         && ![
             "shed",
             "lost",
+            "fenced",
             "expired",
             "shutdown",
             "resharded",
@@ -245,32 +246,38 @@ impl WorkerProcess {
         renew: &str,
         extra: &[&str],
     ) -> Self {
-        let mut child = leasectl()
-            .args(["worker", "--json"])
-            .args(groups)
-            .args(["--ttl", ttl, "--renew", renew])
-            .args(extra)
-            .env("DATABASE_URL", url)
-            .env("LEASE_LOG", "error")
+        let mut cmd = worker_command(url, groups, ttl, renew, extra);
+        cmd.stderr(Stdio::piped());
+        Self::spawn_command(name, cmd)
+    }
+
+    /// Start `cmd`, a `leasectl worker --json` (see [`worker_command`]), reading its stdout and,
+    /// if it is piped, its stderr; a stderr sent elsewhere reads as closed at once.
+    pub fn spawn_command(name: &str, mut cmd: Command) -> Self {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
             .expect("spawning leasectl worker");
         let stdout = child.stdout.take().expect("piped stdout");
-        let stderr = child.stderr.take().expect("piped stderr");
         let stream = Arc::new(Mutex::new(Stream::default()));
-        // Kept for the test to read, and passed on so a failing test shows what it said.
-        let sink = stream.clone();
-        let label = name.to_owned();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("[{label}] {line}");
-                lock(&sink).stderr.push(line);
+        match child.stderr.take() {
+            Some(stderr) => {
+                // Kept for the test to read, and passed on so a failing test shows what it
+                // said.
+                let sink = stream.clone();
+                let label = name.to_owned();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(stderr).lines() {
+                        let Ok(line) = line else { break };
+                        eprintln!("[{label}] {line}");
+                        lock(&sink).stderr.push(line);
+                    }
+                    lock(&sink).stderr_closed = true;
+                });
             }
-            lock(&sink).stderr_closed = true;
-        });
+            None => lock(&stream).stderr_closed = true,
+        }
         let sink = stream.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
@@ -314,6 +321,14 @@ impl WorkerProcess {
             .iter()
             .find(|e| e.event == "started")
             .map(|e| e.worker)
+    }
+
+    /// The worker id, waiting at most `limit` for the process to announce itself.
+    pub fn worker_within(&self, limit: Duration) -> WorkerId {
+        wait_for(&format!("{} to start", self.name), limit, || {
+            self.worker().is_some()
+        });
+        self.worker().expect("announced")
     }
 
     /// What the worker's events say it owns now: bucket -> token (a worker in one group).
@@ -371,6 +386,25 @@ impl Drop for WorkerProcess {
             self.child.wait().ok();
         }
     }
+}
+
+/// `leasectl worker --json` on `url` with these `--group` flags and more, logging errors only;
+/// its stdio is for the caller (or [`WorkerProcess::spawn_command`]) to set.
+pub fn worker_command(
+    url: &str,
+    groups: &[&str],
+    ttl: &str,
+    renew: &str,
+    extra: &[&str],
+) -> Command {
+    let mut cmd = leasectl();
+    cmd.args(["worker", "--json"])
+        .args(groups)
+        .args(["--ttl", ttl, "--renew", renew])
+        .args(extra)
+        .env("DATABASE_URL", url)
+        .env("LEASE_LOG", "error");
+    cmd
 }
 
 /// The events of `group`, in order.
@@ -533,6 +567,7 @@ pub fn reason_of(text: &str) -> RevokeReason {
     match text {
         "shed" => RevokeReason::Shed,
         "lost" => RevokeReason::Lost,
+        "fenced" => RevokeReason::Fenced,
         "expired" => RevokeReason::Expired,
         "shutdown" => RevokeReason::Shutdown,
         "resharded" => RevokeReason::Resharded,
