@@ -63,7 +63,7 @@ pub enum StoreError {
         /// The group's shard count.
         shard_count: ShardCount,
     },
-    /// A [`resize`](crate::LeaseStore::resize) named a `from` count the group does not have
+    /// A [`resize`](crate::AdminStore::resize) named a `from` count the group does not have
     /// (another resize got there first, or the caller's idea of the group is stale). Nothing
     /// was written; retrying the same call cannot help: read the group's count again.
     #[error(
@@ -127,40 +127,44 @@ pub enum StoreError {
     },
 }
 
-/// A [`LeaseStore`](crate::LeaseStore) operation, for errors and logs.
+/// A store operation ([`WorkerStore`](crate::WorkerStore) or [`AdminStore`](crate::AdminStore)), for errors and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Operation {
-    /// [`ensure_group`](crate::LeaseStore::ensure_group).
+    /// [`ensure_group`](crate::WorkerStore::ensure_group).
     EnsureGroup,
-    /// [`heartbeat`](crate::LeaseStore::heartbeat).
+    /// [`heartbeat`](crate::WorkerStore::heartbeat).
     Heartbeat,
-    /// [`join`](crate::LeaseStore::join).
+    /// [`join`](crate::WorkerStore::join).
     Join,
-    /// [`claim`](crate::LeaseStore::claim).
+    /// [`claim`](crate::WorkerStore::claim).
     Claim,
-    /// [`release`](crate::LeaseStore::release).
+    /// [`release`](crate::WorkerStore::release).
     Release,
-    /// [`leave`](crate::LeaseStore::leave).
+    /// [`leave`](crate::WorkerStore::leave).
     Leave,
-    /// [`snapshot`](crate::LeaseStore::snapshot).
+    /// [`snapshot`](crate::AdminStore::snapshot).
     Snapshot,
-    /// [`nodes`](crate::LeaseStore::nodes).
+    /// [`nodes`](crate::AdminStore::nodes).
     Nodes,
-    /// [`is_current`](crate::LeaseStore::is_current).
+    /// [`is_current`](crate::WorkerStore::is_current).
     IsCurrent,
-    /// [`changes`](crate::LeaseStore::changes).
+    /// [`changes`](crate::WorkerStore::changes).
     Changes,
-    /// [`resize`](crate::LeaseStore::resize).
+    /// [`resize`](crate::AdminStore::resize).
     Resize,
-    /// [`control`](crate::LeaseStore::control).
+    /// [`control`](crate::AdminStore::control).
     Control,
-    /// [`quarantine`](crate::LeaseStore::quarantine).
+    /// [`quarantine`](crate::AdminStore::quarantine).
     Quarantine,
-    /// [`hand_over`](crate::LeaseStore::hand_over).
+    /// [`hand_over`](crate::WorkerStore::hand_over).
     HandOver,
-    /// [`history`](crate::LeaseStore::history).
+    /// [`history`](crate::AdminStore::history).
     History,
+    /// [`set_weight`](crate::WorkerStore::set_weight).
+    SetWeight,
+    /// [`evict`](crate::AdminStore::evict).
+    Evict,
 }
 
 impl Operation {
@@ -182,6 +186,8 @@ impl Operation {
             Self::Quarantine => "quarantine",
             Self::HandOver => "hand_over",
             Self::History => "history",
+            Self::SetWeight => "set_weight",
+            Self::Evict => "evict",
         }
     }
 }

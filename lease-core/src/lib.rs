@@ -69,9 +69,9 @@ pub use ids::{
 pub use invalid::InvalidInput;
 pub use policy::{Plan, plan};
 pub use resize::{Generation, ResizeOutcome};
+pub use store::{AdminStore, LeaseStore, Takeover, WorkerStore};
 #[cfg(any(test, feature = "mock"))]
-pub use store::MockLeaseStore;
-pub use store::{LeaseStore, Takeover};
+pub use store::{MockAdminStore, MockWorkerStore};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, Ttl, store_precision};
 pub use view::{
     BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupStamp, GroupView, Heartbeat, Lease,

@@ -22,9 +22,9 @@ use etcd_client::{
 use futures_util::StreamExt;
 use lease_core::{
     BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot,
-    GroupStamp, Heartbeat, Incarnation, Lease, LeaseStore, MemberControl, MemberMetadata,
+    GroupStamp, Heartbeat, Incarnation, AdminStore, Lease, MemberControl, MemberMetadata,
     NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionId, ShardCount, StoreError,
-    SystemClock, Takeover, Tenure, Timestamp, Ttl, WorkerId, store_precision,
+    SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerId, WorkerStore, store_precision,
 };
 use lease_rules::{BucketRow, GroupState, NodeRow, State};
 
@@ -944,7 +944,7 @@ fn node_changed(before: &NodeRow, after: &NodeRow, leases: bool) -> bool {
 }
 
 #[async_trait]
-impl LeaseStore for EtcdLeaseStore {
+impl WorkerStore for EtcdLeaseStore {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
         if shards.get() > MAX_SHARDS {
             return Err(too_large(Operation::EnsureGroup, group, shards));
@@ -1014,61 +1014,13 @@ impl LeaseStore for EtcdLeaseStore {
     async fn leave(
         &self,
         group: &GroupName,
-        worker: WorkerId,
-        session: Option<SessionId>,
+        node: WorkerId,
+        session: SessionId,
     ) -> Result<Vec<Bucket>, StoreError> {
         self.run(Operation::Leave, Scope::Group(group), true, |s, now| {
-            s.leave(now, group, worker, session)
+            s.leave(now, group, node, Some(session))
         })
         .await
-    }
-
-    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
-        let op = Operation::Snapshot;
-        let now = self.now();
-        let loaded = self.load(op, &Scope::Group(group), now, true).await?;
-        let mut snap = loaded.state.clone().snapshot(now, group)?;
-        if self.leases() {
-            let shown: BTreeSet<WorkerId> = snap
-                .members
-                .iter()
-                .map(|m| m.worker)
-                .chain(snap.buckets.iter().filter_map(|b| b.owner))
-                .chain(snap.draining.iter().filter_map(|b| b.owner))
-                .collect();
-            let times = self
-                .lease_times(op, &loaded, now, |w| shown.contains(&w))
-                .await?;
-            for m in &mut snap.members {
-                if let Some(&(renewed, expires)) = times.get(&m.worker) {
-                    (m.heartbeat_at, m.expires_at) = (renewed, expires);
-                }
-            }
-            for b in snap.buckets.iter_mut().chain(snap.draining.iter_mut()) {
-                if let (Some(owner), Some(expires)) = (b.owner, b.expires_at.as_mut())
-                    && let Some(&(_, at)) = times.get(&owner)
-                {
-                    *expires = at;
-                }
-            }
-        }
-        Ok(snap)
-    }
-
-    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
-        let op = Operation::Nodes;
-        let now = self.now();
-        let loaded = self.load(op, &Scope::Nodes, now, true).await?;
-        let mut nodes = loaded.state.clone().nodes(now)?;
-        if self.leases() {
-            let times = self.lease_times(op, &loaded, now, |_| true).await?;
-            for n in &mut nodes.nodes {
-                if let Some(&(renewed, expires)) = times.get(&n.node) {
-                    (n.heartbeat_at, n.expires_at) = (renewed, expires);
-                }
-            }
-        }
-        Ok(nodes)
     }
 
     async fn is_current(
@@ -1084,23 +1036,6 @@ impl LeaseStore for EtcdLeaseStore {
             false,
             |s, now| s.is_current(now, group, bucket, worker, token),
         )
-        .await
-    }
-
-    async fn resize(
-        &self,
-        group: &GroupName,
-        from: ShardCount,
-        to: ShardCount,
-    ) -> Result<ResizeOutcome, StoreError> {
-        self.run(Operation::Resize, Scope::Group(group), true, |s, now| {
-            // Z1's refusals come first; only a resize that would start is too large.
-            let outcome = s.resize(now, group, from, to)?;
-            if to.get() > MAX_SHARDS && matches!(outcome, ResizeOutcome::Started { .. }) {
-                return Err(too_large(Operation::Resize, group, to));
-            }
-            Ok(outcome)
-        })
         .await
     }
 
@@ -1158,6 +1093,120 @@ impl LeaseStore for EtcdLeaseStore {
         Err(lost_races(op))
     }
 
+    async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
+        let key = self.keys.doc(group);
+        // Returns once etcd confirmed the watch: every later write is seen (W1).
+        let (watcher, stream) = send(Operation::Changes, Resend::Repeatable, || {
+            let mut watch = self.client.watch_client();
+            let key = key.clone();
+            async move { watch.watch(key, None).await }
+        })
+        .await?;
+        let changes = futures_util::stream::unfold(Some((watcher, stream)), |open| async move {
+            let (watcher, mut stream) = open?;
+            match stream.message().await {
+                Ok(Some(resp)) => {
+                    let changes: Vec<Change> = if resp.canceled() {
+                        vec![Change::Missed]
+                    } else {
+                        resp.events()
+                            .iter()
+                            .filter_map(|e| e.kv())
+                            .flat_map(|kv| codec::changes_of(kv.value()))
+                            .collect()
+                    };
+                    let next = (!resp.canceled()).then_some((watcher, stream));
+                    Some((futures_util::stream::iter(changes), next))
+                }
+                // The watch broke: say so once; the worker re-plans and polls.
+                Ok(None) | Err(_) => Some((futures_util::stream::iter(vec![Change::Missed]), None)),
+            }
+        })
+        .flatten();
+        Ok(Some(ChangeFeed::new(changes)))
+    }
+
+    async fn set_weight(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+        weight: Weight,
+    ) -> Result<(), StoreError> {
+        self.run(Operation::SetWeight, Scope::Group(group), true, |s, now| {
+            s.set_weight(now, group, node, session, weight)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl AdminStore for EtcdLeaseStore {
+    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
+        let op = Operation::Snapshot;
+        let now = self.now();
+        let loaded = self.load(op, &Scope::Group(group), now, true).await?;
+        let mut snap = loaded.state.clone().snapshot(now, group)?;
+        if self.leases() {
+            let shown: BTreeSet<WorkerId> = snap
+                .members
+                .iter()
+                .map(|m| m.worker)
+                .chain(snap.buckets.iter().filter_map(|b| b.owner))
+                .chain(snap.draining.iter().filter_map(|b| b.owner))
+                .collect();
+            let times = self
+                .lease_times(op, &loaded, now, |w| shown.contains(&w))
+                .await?;
+            for m in &mut snap.members {
+                if let Some(&(renewed, expires)) = times.get(&m.worker) {
+                    (m.heartbeat_at, m.expires_at) = (renewed, expires);
+                }
+            }
+            for b in snap.buckets.iter_mut().chain(snap.draining.iter_mut()) {
+                if let (Some(owner), Some(expires)) = (b.owner, b.expires_at.as_mut())
+                    && let Some(&(_, at)) = times.get(&owner)
+                {
+                    *expires = at;
+                }
+            }
+        }
+        Ok(snap)
+    }
+
+    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
+        let op = Operation::Nodes;
+        let now = self.now();
+        let loaded = self.load(op, &Scope::Nodes, now, true).await?;
+        let mut nodes = loaded.state.clone().nodes(now)?;
+        if self.leases() {
+            let times = self.lease_times(op, &loaded, now, |_| true).await?;
+            for n in &mut nodes.nodes {
+                if let Some(&(renewed, expires)) = times.get(&n.node) {
+                    (n.heartbeat_at, n.expires_at) = (renewed, expires);
+                }
+            }
+        }
+        Ok(nodes)
+    }
+
+    async fn resize(
+        &self,
+        group: &GroupName,
+        from: ShardCount,
+        to: ShardCount,
+    ) -> Result<ResizeOutcome, StoreError> {
+        self.run(Operation::Resize, Scope::Group(group), true, |s, now| {
+            // Z1's refusals come first; only a resize that would start is too large.
+            let outcome = s.resize(now, group, from, to)?;
+            if to.get() > MAX_SHARDS && matches!(outcome, ResizeOutcome::Started { .. }) {
+                return Err(too_large(Operation::Resize, group, to));
+            }
+            Ok(outcome)
+        })
+        .await
+    }
+
     async fn control(
         &self,
         group: &GroupName,
@@ -1192,37 +1241,11 @@ impl LeaseStore for EtcdLeaseStore {
         .await
     }
 
-    async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
-        let key = self.keys.doc(group);
-        // Returns once etcd confirmed the watch: every later write is seen (W1).
-        let (watcher, stream) = send(Operation::Changes, Resend::Repeatable, || {
-            let mut watch = self.client.watch_client();
-            let key = key.clone();
-            async move { watch.watch(key, None).await }
+    async fn evict(&self, group: &GroupName, node: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+        self.run(Operation::Evict, Scope::Group(group), true, |s, now| {
+            s.leave(now, group, node, None)
         })
-        .await?;
-        let changes = futures_util::stream::unfold(Some((watcher, stream)), |open| async move {
-            let (watcher, mut stream) = open?;
-            match stream.message().await {
-                Ok(Some(resp)) => {
-                    let changes: Vec<Change> = if resp.canceled() {
-                        vec![Change::Missed]
-                    } else {
-                        resp.events()
-                            .iter()
-                            .filter_map(|e| e.kv())
-                            .flat_map(|kv| codec::changes_of(kv.value()))
-                            .collect()
-                    };
-                    let next = (!resp.canceled()).then_some((watcher, stream));
-                    Some((futures_util::stream::iter(changes), next))
-                }
-                // The watch broke: say so once; the worker re-plans and polls.
-                Ok(None) | Err(_) => Some((futures_util::stream::iter(vec![Change::Missed]), None)),
-            }
-        })
-        .flatten();
-        Ok(Some(ChangeFeed::new(changes)))
+        .await
     }
 }
 

@@ -56,9 +56,9 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use lease_core::{
     BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot,
-    GroupStamp, Heartbeat, Incarnation, Lease, LeaseStore, MemberControl, MemberMetadata,
+    GroupStamp, Heartbeat, Incarnation, AdminStore, Lease, MemberControl, MemberMetadata,
     NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionId, ShardCount, StoreError,
-    SystemClock, Takeover, Tenure, Timestamp, Ttl, WorkerId, store_precision,
+    SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerId, WorkerStore, store_precision,
 };
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
@@ -133,7 +133,7 @@ impl MemoryLeaseStore {
 }
 
 #[async_trait]
-impl LeaseStore for MemoryLeaseStore {
+impl WorkerStore for MemoryLeaseStore {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
         self.run(Operation::EnsureGroup, |s, _| s.ensure_group(group, shards))
     }
@@ -188,20 +188,12 @@ impl LeaseStore for MemoryLeaseStore {
     async fn leave(
         &self,
         group: &GroupName,
-        worker: WorkerId,
-        session: Option<SessionId>,
+        node: WorkerId,
+        session: SessionId,
     ) -> Result<Vec<Bucket>, StoreError> {
         self.run(Operation::Leave, |s, now| {
-            s.leave(now, group, worker, session)
+            s.leave(now, group, node, Some(session))
         })
-    }
-
-    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
-        self.run(Operation::Snapshot, |s, now| s.snapshot(now, group))
-    }
-
-    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
-        self.run(Operation::Nodes, |s, now| s.nodes(now))
     }
 
     async fn is_current(
@@ -216,15 +208,6 @@ impl LeaseStore for MemoryLeaseStore {
         })
     }
 
-    async fn resize(
-        &self,
-        group: &GroupName,
-        from: ShardCount,
-        to: ShardCount,
-    ) -> Result<ResizeOutcome, StoreError> {
-        self.run(Operation::Resize, |s, now| s.resize(now, group, from, to))
-    }
-
     async fn hand_over(
         &self,
         node: WorkerId,
@@ -234,6 +217,49 @@ impl LeaseStore for MemoryLeaseStore {
         self.run(Operation::HandOver, |s, now| {
             s.hand_over(now, node, incarnation, keep)
         })
+    }
+
+    async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
+        let (mut inner, _now) = self.lock(Operation::Changes)?;
+        let tx = inner
+            .feeds
+            .entry(group.clone())
+            .or_insert_with(|| broadcast::channel(FEED_CAPACITY).0);
+        // A receiver that fell behind hears `Missed` and re-plans.
+        let changes = BroadcastStream::new(tx.subscribe()).map(|c| c.unwrap_or(Change::Missed));
+        Ok(Some(ChangeFeed::new(changes)))
+    }
+
+    async fn set_weight(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+        weight: Weight,
+    ) -> Result<(), StoreError> {
+        self.run(Operation::SetWeight, |s, now| {
+            s.set_weight(now, group, node, session, weight)
+        })
+    }
+}
+
+#[async_trait]
+impl AdminStore for MemoryLeaseStore {
+    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
+        self.run(Operation::Snapshot, |s, now| s.snapshot(now, group))
+    }
+
+    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
+        self.run(Operation::Nodes, |s, now| s.nodes(now))
+    }
+
+    async fn resize(
+        &self,
+        group: &GroupName,
+        from: ShardCount,
+        to: ShardCount,
+    ) -> Result<ResizeOutcome, StoreError> {
+        self.run(Operation::Resize, |s, now| s.resize(now, group, from, to))
     }
 
     async fn control(
@@ -260,14 +286,7 @@ impl LeaseStore for MemoryLeaseStore {
         self.run(Operation::History, |s, _| s.history(group, bucket))
     }
 
-    async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
-        let (mut inner, _now) = self.lock(Operation::Changes)?;
-        let tx = inner
-            .feeds
-            .entry(group.clone())
-            .or_insert_with(|| broadcast::channel(FEED_CAPACITY).0);
-        // A receiver that fell behind hears `Missed` and re-plans.
-        let changes = BroadcastStream::new(tx.subscribe()).map(|c| c.unwrap_or(Change::Missed));
-        Ok(Some(ChangeFeed::new(changes)))
+    async fn evict(&self, group: &GroupName, node: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+        self.run(Operation::Evict, |s, now| s.leave(now, group, node, None))
     }
 }

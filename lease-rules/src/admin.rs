@@ -4,13 +4,13 @@ use lease_core::{
     Bucket, BucketInfo, Change, GroupName, GroupSnapshot, MemberInfo, NodeInfo, NodesSnapshot,
     ShardCount, StoreError, Timestamp, WorkerId, store_precision,
 };
-use lease_core::{MemberControl, QuarantineFor, Tenure, Tenures};
+use lease_core::{MemberControl, QuarantineFor, SessionId, Tenure, Tenures, Weight};
 use lease_core::{ResizeOutcome, resize};
 
 use crate::rows::*;
 
 impl State {
-    /// [`LeaseStore::snapshot`](lease_core::LeaseStore::snapshot) at the store's time `now`.
+    /// [`AdminStore::snapshot`](lease_core::AdminStore::snapshot) at the store's time `now`.
     pub fn snapshot(
         &mut self,
         now: Timestamp,
@@ -68,7 +68,7 @@ impl State {
         })
     }
 
-    /// [`LeaseStore::nodes`](lease_core::LeaseStore::nodes) at the store's time `now`.
+    /// [`AdminStore::nodes`](lease_core::AdminStore::nodes) at the store's time `now`.
     pub fn nodes(&mut self, now: Timestamp) -> Result<NodesSnapshot, StoreError> {
         let state = self;
         let nodes = state
@@ -92,7 +92,7 @@ impl State {
         })
     }
 
-    /// [`LeaseStore::resize`](lease_core::LeaseStore::resize) at the store's time `now`.
+    /// [`AdminStore::resize`](lease_core::AdminStore::resize) at the store's time `now`.
     pub fn resize(
         &mut self,
         now: Timestamp,
@@ -154,7 +154,7 @@ impl State {
         Ok(ResizeOutcome::Started { generation })
     }
 
-    /// [`LeaseStore::control`](lease_core::LeaseStore::control) (it needs no time).
+    /// [`AdminStore::control`](lease_core::AdminStore::control) (it needs no time).
     pub fn control(
         &mut self,
 
@@ -183,7 +183,27 @@ impl State {
         Ok(())
     }
 
-    /// [`LeaseStore::quarantine`](lease_core::LeaseStore::quarantine) at the store's time `now`.
+    /// [`WorkerStore::set_weight`](lease_core::WorkerStore::set_weight) at the store's time
+    /// `now`: the node's own weight, only under its live session as a member (K4).
+    pub fn set_weight(
+        &mut self,
+        now: Timestamp,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+        weight: Weight,
+    ) -> Result<(), StoreError> {
+        let (nodes, g) = self.split(group)?;
+        if !session_live(nodes, node, session, now) || !g.members.contains_key(&node) {
+            return Err(StoreError::SessionExpired {
+                group: group.clone(),
+                worker: node,
+            });
+        }
+        self.control(group, node, MemberControl::Weight(weight))
+    }
+
+    /// [`AdminStore::quarantine`](lease_core::AdminStore::quarantine) at the store's time `now`.
     pub fn quarantine(
         &mut self,
         now: Timestamp,
@@ -220,7 +240,7 @@ impl State {
         Ok(())
     }
 
-    /// [`LeaseStore::history`](lease_core::LeaseStore::history) (it needs no time).
+    /// [`AdminStore::history`](lease_core::AdminStore::history) (it needs no time).
     pub fn history(
         &mut self,
 

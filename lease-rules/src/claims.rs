@@ -9,7 +9,7 @@ use lease_core::{
 use crate::rows::*;
 
 impl State {
-    /// [`LeaseStore::claim`](lease_core::LeaseStore::claim) at the store's time `now`.
+    /// [`WorkerStore::claim`](lease_core::WorkerStore::claim) at the store's time `now`.
     pub fn claim(
         &mut self,
         now: Timestamp,
@@ -102,7 +102,7 @@ impl State {
         Ok(won)
     }
 
-    /// [`LeaseStore::release`](lease_core::LeaseStore::release) at the store's time `now`.
+    /// [`WorkerStore::release`](lease_core::WorkerStore::release) at the store's time `now`.
     pub fn release(
         &mut self,
         now: Timestamp,
@@ -156,7 +156,7 @@ impl State {
         Ok(released)
     }
 
-    /// [`LeaseStore::is_current`](lease_core::LeaseStore::is_current) at the store's time `now`.
+    /// [`WorkerStore::is_current`](lease_core::WorkerStore::is_current) at the store's time `now`.
     pub fn is_current(
         &mut self,
         now: Timestamp,

@@ -12,7 +12,7 @@ use lease_core::{
 use crate::rows::*;
 
 impl State {
-    /// [`LeaseStore::ensure_group`](lease_core::LeaseStore::ensure_group) (it needs no time).
+    /// [`WorkerStore::ensure_group`](lease_core::WorkerStore::ensure_group) (it needs no time).
     pub fn ensure_group(
         &mut self,
 
@@ -49,7 +49,7 @@ impl State {
         }
     }
 
-    /// [`LeaseStore::heartbeat`](lease_core::LeaseStore::heartbeat) at the store's time `now`.
+    /// [`WorkerStore::heartbeat`](lease_core::WorkerStore::heartbeat) at the store's time `now`.
     pub fn heartbeat(
         &mut self,
         now: Timestamp,
@@ -175,7 +175,7 @@ impl State {
         })
     }
 
-    /// [`LeaseStore::join`](lease_core::LeaseStore::join) at the store's time `now`.
+    /// [`WorkerStore::join`](lease_core::WorkerStore::join) at the store's time `now`.
     pub fn join(
         &mut self,
         now: Timestamp,
@@ -210,7 +210,8 @@ impl State {
         Ok(())
     }
 
-    /// [`LeaseStore::leave`](lease_core::LeaseStore::leave) at the store's time `now`.
+    /// [`WorkerStore::leave`](lease_core::WorkerStore::leave) (`Some(session)`) or
+    /// [`AdminStore::evict`](lease_core::AdminStore::evict) (`None`) at the store's time `now`.
     pub fn leave(
         &mut self,
         now: Timestamp,
@@ -261,7 +262,7 @@ impl State {
         Ok(released)
     }
 
-    /// [`LeaseStore::hand_over`](lease_core::LeaseStore::hand_over) at the store's time `now`.
+    /// [`WorkerStore::hand_over`](lease_core::WorkerStore::hand_over) at the store's time `now`.
     pub fn hand_over(
         &mut self,
         now: Timestamp,
