@@ -436,8 +436,10 @@ fn main() {
             .iter()
             .flat_map(|&w| shard_counts.iter().map(move |&n| (w, n)))
             .collect();
-        // DESIGN.md's weakness 3, 12 buckets over 5 workers: started together, the seed's
-        // one-claim-per-pass spreads them; a fifth worker joining 3/3/3/3 stays at 0.
+        // 12 buckets over 5 workers, where the seed's targets (`ceil(N / live)`, idle workers
+        // unseen) can leave a worker with nothing: started together, the seed's
+        // one-claim-per-pass spreads them; a fifth worker joining 3/3/3/3 stays at 0, where
+        // ours gives 3/3/2/2/2.
         match scenario {
             Scenario::ColdStart => cases.push((5, 12)),
             Scenario::Join => cases.push((4, 12)),

@@ -1,4 +1,4 @@
-//! Workers through a failover (docs/ARCHITECTURE.md, "Failover"): `LeaseWorker`s in this
+//! Workers through a failover (docs/postgres.md, "Failover"): `LeaseWorker`s in this
 //! process, each on a store of its own as separate processes would be, reach a primary and a
 //! streaming standby through one multi-host URL (`target_session_attrs=read-write`); the
 //! primary is killed (`pg_ctl stop -m immediate`) and the standby promoted. Each test waits,

@@ -1,5 +1,5 @@
 //! Deterministic interleavings of renewals, claims, joins and views on Postgres, with the
-//! server's clock, one connection per side, for each concurrency rule in docs/ARCHITECTURE.md.
+//! server's clock, one connection per side, for each concurrency rule in docs/postgres.md.
 //! Each step waits for a condition the server reports (a backend blocked on a lock, the server
 //! clock past an expiry), never for a guessed time. In every interleaving of a renewal and a
 //! claim exactly one side owns the buckets.
