@@ -29,10 +29,8 @@ use std::time::{Duration, Instant};
 
 use lease::etcd::{EtcdLeaseStore, EtcdUrl};
 use lease::postgres::PgLeaseStore;
-use lease::{
-    GroupName, GroupStamp, Incarnation, LeaseStore, MemberMetadata, SessionId, ShardCount,
-    Takeover, Ttl, WorkerId,
-};
+use lease::store::{GroupStamp, Incarnation, LeaseStore, SessionId, Takeover};
+use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
