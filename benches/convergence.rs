@@ -27,10 +27,10 @@
 
 use lease::memory::MemoryLeaseStore;
 use lease::policy;
-use lease::{
-    GroupBeat, GroupName, Incarnation, LeaseStore, ManualClock, MemberLoad, MemberMetadata,
-    SessionId, ShardCount, StoreError, Takeover, Ttl, WorkerId,
+use lease::store::{
+    GroupBeat, Incarnation, LeaseStore, ManualClock, MemberLoad, SessionId, Takeover,
 };
+use lease::{GroupName, MemberMetadata, ShardCount, StoreError, Ttl, WorkerId};
 use std::collections::BTreeSet;
 use uuid::Uuid;
 
@@ -61,7 +61,7 @@ struct Ours {
     rt: tokio::runtime::Runtime,
     store: MemoryLeaseStore,
     clock: ManualClock,
-    start: lease::Timestamp,
+    start: lease::store::Timestamp,
     group: GroupName,
     shards: ShardCount,
     ttl: Ttl,
@@ -79,7 +79,7 @@ impl Ours {
         rt.block_on(store.ensure_group(&group, shards))
             .expect("ensure_group");
         Self {
-            start: lease::Clock::now(&clock),
+            start: lease::store::Clock::now(&clock),
             rt,
             store,
             clock,

@@ -57,10 +57,8 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease::postgres::{PgLeaseStore, ops};
-use lease::{
-    GroupBeat, GroupName, GroupStamp, Incarnation, LeaseStore, MemberMetadata, ShardCount,
-    Takeover, Ttl, WorkerId, policy,
-};
+use lease::store::{GroupBeat, GroupStamp, Incarnation, LeaseStore, Takeover};
+use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId, policy};
 use uuid::Uuid;
 
 /// The seed's schema and its 100 x 64 population, as the seed's own script creates them.
@@ -284,7 +282,7 @@ impl Member {
 
     /// Takes a heartbeat's answer for the group: the new view, or the stamp alone when
     /// unchanged. Returns whether the view was given.
-    fn take(&self, beat: lease::Heartbeat) -> bool {
+    fn take(&self, beat: lease::store::Heartbeat) -> bool {
         let mut last = self.last.lock().expect("a member's view");
         if let Some(given) = beat.groups.into_iter().find(|g| g.group == self.group) {
             *last = given;
@@ -306,7 +304,7 @@ async fn node_beat(
     node: WorkerId,
     ttl: Ttl,
     seen: &[GroupStamp],
-) -> lease::Heartbeat {
+) -> lease::store::Heartbeat {
     ops::heartbeat(
         conn,
         None,

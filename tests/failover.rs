@@ -12,10 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lease::postgres::PgLeaseStore;
+use lease::store::{BucketState, Clock, LeaseStore, SystemClock, Timestamp};
 use lease::testing::{OwnershipLog, RecordingHandler, coverage};
 use lease::{
-    Assignment, Bucket, BucketState, Clock, FencingToken, GroupName, LeaseStore, LeaseWorker,
-    OwnershipEvent, ShardCount, SystemClock, Timestamp, WorkerHandle, WorkerId,
+    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, OwnershipEvent, ShardCount,
+    WorkerHandle, WorkerId,
 };
 use lease_testdb::{Cluster, ClusterOptions, Replication};
 
