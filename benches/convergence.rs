@@ -27,10 +27,10 @@
 
 use lease::memory::MemoryLeaseStore;
 use lease::policy;
-use lease::{
-    GroupBeat, GroupName, Incarnation, LeaseStore, ManualClock, MemberLoad, MemberMetadata,
-    SessionId, ShardCount, StoreError, Takeover, Ttl, WorkerId,
+use lease::store::{
+    GroupBeat, Incarnation, LeaseStore, ManualClock, MemberLoad, SessionId, Takeover,
 };
+use lease::{GroupName, MemberMetadata, ShardCount, StoreError, Ttl, WorkerId};
 use std::collections::BTreeSet;
 use uuid::Uuid;
 
@@ -61,7 +61,7 @@ struct Ours {
     rt: tokio::runtime::Runtime,
     store: MemoryLeaseStore,
     clock: ManualClock,
-    start: lease::Timestamp,
+    start: lease::store::Timestamp,
     group: GroupName,
     shards: ShardCount,
     ttl: Ttl,
@@ -79,7 +79,7 @@ impl Ours {
         rt.block_on(store.ensure_group(&group, shards))
             .expect("ensure_group");
         Self {
-            start: lease::Clock::now(&clock),
+            start: lease::store::Clock::now(&clock),
             rt,
             store,
             clock,
@@ -436,8 +436,10 @@ fn main() {
             .iter()
             .flat_map(|&w| shard_counts.iter().map(move |&n| (w, n)))
             .collect();
-        // DESIGN.md's weakness 3, 12 buckets over 5 workers: started together, the seed's
-        // one-claim-per-pass spreads them; a fifth worker joining 3/3/3/3 stays at 0.
+        // 12 buckets over 5 workers, where the seed's targets (`ceil(N / live)`, idle workers
+        // unseen) can leave a worker with nothing: started together, the seed's
+        // one-claim-per-pass spreads them; a fifth worker joining 3/3/3/3 stays at 0, where
+        // ours gives 3/3/2/2/2.
         match scenario {
             Scenario::ColdStart => cases.push((5, 12)),
             Scenario::Join => cases.push((4, 12)),

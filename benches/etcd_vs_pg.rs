@@ -27,12 +27,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use lease::etcd::{EtcdLeaseStore, EtcdUrl};
 use lease::postgres::PgLeaseStore;
-use lease::{
-    GroupName, GroupStamp, Incarnation, LeaseStore, MemberMetadata, SessionId, ShardCount,
-    Takeover, Ttl, WorkerId,
-};
-use lease_etcd::{EtcdLeaseStore, EtcdUrl};
+use lease::store::{GroupStamp, Incarnation, LeaseStore, SessionId, Takeover};
+use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)

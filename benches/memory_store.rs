@@ -8,10 +8,8 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lease::memory::MemoryLeaseStore;
-use lease::{
-    GroupName, Incarnation, LeaseStore, MemberMetadata, SessionId, ShardCount, Takeover, Ttl,
-    WorkerId,
-};
+use lease::store::{Incarnation, LeaseStore, SessionId, Takeover};
+use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
 
 /// `(N, W)`: a small group and a large one.
 const SIZES: [(u32, u32); 3] = [(64, 8), (1_024, 8), (10_000, 500)];

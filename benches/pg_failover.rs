@@ -25,11 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lease::postgres::PgLeaseStore;
+use lease::store::{BucketState, Clock, LeaseStore, SystemClock, Timestamp};
 use lease::testing::{OwnershipLog, RecordingHandler, coverage};
-use lease::{
-    Bucket, BucketState, Clock, FencingToken, GroupName, LeaseStore, LeaseWorker, ShardCount,
-    SystemClock, Timestamp, WorkerHandle, WorkerId,
-};
+use lease::{Bucket, FencingToken, GroupName, LeaseWorker, ShardCount, WorkerHandle, WorkerId};
 use lease_testdb::{Cluster, ClusterOptions, Replication};
 
 const DB: &str = "failover";

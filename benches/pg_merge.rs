@@ -33,10 +33,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lease::postgres::PgLeaseStore;
-use lease::{
-    Bucket, GroupName, Incarnation, LeaseStore, MemberMetadata, SessionId, ShardCount, Takeover,
-    Ttl, WorkerId,
-};
+use lease::store::{Incarnation, LeaseStore, SessionId, Takeover};
+use lease::{Bucket, GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
 
 const OLD: u32 = 65_536;
 const NEW: u32 = 4;

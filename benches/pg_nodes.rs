@@ -42,10 +42,8 @@ use diesel_async::pooled_connection::{
 };
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lease::postgres::PgLeaseStore;
-use lease::{
-    GroupName, GroupStamp, Heartbeat, Incarnation, LeaseStore, MemberMetadata, ShardCount,
-    Takeover, Ttl, ViewStamp, WorkerId,
-};
+use lease::store::{GroupStamp, Heartbeat, Incarnation, LeaseStore, Takeover, ViewStamp};
+use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
 
 const BUCKETS: u32 = 64;
 const MEMBERS: usize = 8;

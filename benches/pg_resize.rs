@@ -47,11 +47,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lease::postgres::PgLeaseStore;
+use lease::store::{
+    BucketState, Clock, GroupSnapshot, LeaseStore, ResizeOutcome, SystemClock, Timestamp,
+};
 use lease::testing::{OwnershipLog, RecordingHandler};
 use lease::{
-    Assignment, Bucket, BucketState, Clock, FencingToken, GroupName, GroupSnapshot, LeaseStore,
-    LeaseWorker, OwnershipEvent, OwnershipHandler, ResizeOutcome, RevokeReason, ShardCount,
-    SystemClock, Timestamp, WorkerError, WorkerHandle, WorkerId,
+    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, OwnershipEvent, OwnershipHandler,
+    RevokeReason, ShardCount, WorkerError, WorkerHandle, WorkerId,
 };
 
 const BUCKETS: u32 = 64;
@@ -337,7 +339,7 @@ async fn run(url: &str, scenario: Scenario, i: usize, runs: usize) -> Run {
             .buckets
             .iter()
             .filter(|b| b.owner == Some(id) && b.state == BucketState::Live)
-            .flat_map(|b| lease::resize::children(from, to, b.bucket))
+            .flat_map(|b| lease::store::resize::children(from, to, b.bucket))
             .collect();
         victim.abort();
         fleet

@@ -28,9 +28,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease::postgres::{PgLeaseStore, ops};
+use lease::store::{Incarnation, LeaseStore, Takeover};
 use lease::{
-    Bucket, FencingToken, GroupName, Incarnation, LeaseStore, LeaseWorker, MemberMetadata,
-    OwnershipHandler, RevokeReason, ShardCount, Takeover, Ttl, WorkerError, WorkerHandle, WorkerId,
+    Bucket, FencingToken, GroupName, LeaseWorker, MemberMetadata, OwnershipHandler, RevokeReason,
+    ShardCount, Ttl, WorkerError, WorkerHandle, WorkerId,
 };
 
 const BUCKETS: u32 = 65_536;

@@ -22,16 +22,17 @@
 //!   `COMMIT`.
 //! - **seed pass, no claim**: the pass as `acquireOwnedBuckets` runs it in steady state: it
 //!   skips the claim when the worker already holds `ceil(N / live)` (`BEGIN`, renew,
-//!   `COMMIT`). Not a DESIGN target; shown because it is the cheaper pass.
+//!   `COMMIT`). Not a target; shown because it is the cheaper pass.
 //!
 //! The seed's table is created in the same database from `benches/seed/seed_schema.sql` (a copy
-//! of the peer's script); its statements are the texts of `Schema.hs` with binds, prepared once
-//! per connection like ours. The kinds of tick alternate in rounds so that drift on a shared
+//! of the seed's own script); its statements are the texts of `Schema.hs` with binds, prepared
+//! once per connection like ours. The kinds of tick alternate in rounds so that drift on a shared
 //! machine hits them alike, and each round starts at another kind (round `r` at kind
 //! `r mod 6`, `r` counted over the whole invocation), so no kind always runs right after the
 //! pool sat idle or right after the others heated the server. The claim is the ratio within
 //! one run; one invocation makes `LEASE_BENCH_RUNS` complete runs and ends with the median and
-//! the minimum of each ratio the DESIGN sets a target for, the verdict taken on the median.
+//! the minimum of each ratio the engine has a target for (BENCHMARKS.md, "Targets: met or
+//! missed"), the verdict taken on the median.
 //!
 //! Then, per run: rows written per tick (exact, by `xmin`, and as `pg_stat_user_tables`
 //! counts), WAL written per tick (the records between the insert positions before and after,
@@ -56,13 +57,11 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease::postgres::{PgLeaseStore, ops};
-use lease::{
-    GroupBeat, GroupName, GroupStamp, Incarnation, LeaseStore, MemberMetadata, ShardCount,
-    Takeover, Ttl, WorkerId, policy,
-};
+use lease::store::{GroupBeat, GroupStamp, Incarnation, LeaseStore, Takeover};
+use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId, policy};
 use uuid::Uuid;
 
-/// The seed's schema and its 100 x 64 population, as the peer ships it.
+/// The seed's schema and its 100 x 64 population, as the seed's own script creates them.
 const SEED_SCHEMA: &str = include_str!("seed/seed_schema.sql");
 
 /// `renewLeaseStmt` of `Schema.hs`: `$1` name, `$2` now, `$3` now + ttl, `$4` worker.
@@ -283,7 +282,7 @@ impl Member {
 
     /// Takes a heartbeat's answer for the group: the new view, or the stamp alone when
     /// unchanged. Returns whether the view was given.
-    fn take(&self, beat: lease::Heartbeat) -> bool {
+    fn take(&self, beat: lease::store::Heartbeat) -> bool {
         let mut last = self.last.lock().expect("a member's view");
         if let Some(given) = beat.groups.into_iter().find(|g| g.group == self.group) {
             *last = given;
@@ -305,7 +304,7 @@ async fn node_beat(
     node: WorkerId,
     ttl: Ttl,
     seen: &[GroupStamp],
-) -> lease::Heartbeat {
+) -> lease::store::Heartbeat {
     ops::heartbeat(
         conn,
         None,
@@ -658,7 +657,7 @@ async fn setup(shape: Shape, pool_size: usize) -> (Arc<Bench>, AsyncPgConnection
         .await
         .expect("the seed's schema");
     if (shape.groups, shape.buckets) != (100, 64) {
-        // The peer's script populates 100 x 64; other shapes the same way, with their sizes.
+        // The seed's script populates 100 x 64; other shapes the same way, with their sizes.
         admin
             .batch_execute(&format!(
                 "TRUNCATE keiro.keiro_subscription_shards;
@@ -797,14 +796,14 @@ fn env_f64(name: &str, default: f64) -> f64 {
         .unwrap_or(default)
 }
 
-/// One ratio the DESIGN sets a target for, as one run measured it.
+/// One ratio the engine has a target for, as one run measured it.
 struct Ratio {
     target: String,
     got: f64,
     want: f64,
 }
 
-/// The tables of one shape in one run; returns the ratios the DESIGN sets targets for.
+/// The tables of one shape in one run; returns the ratios the engine has targets for.
 /// `first_round` numbers this row's first round within the invocation: round `r` runs the
 /// kinds of tick starting at kind `r mod 6`, so no kind always runs first (after the pool's
 /// connections were idle) or last (after the other kinds heated the server's caches).
@@ -857,7 +856,7 @@ async fn shape_tables(
                 shape.groups, shape.buckets
             )
         };
-        // Issue 14's target: a steady heartbeat at 0.8x the bare one-row UPDATE.
+        // The node sessions' target: a steady heartbeat at 0.8x the bare one-row UPDATE.
         ratios.push(Ratio {
             target: name("bare one-row UPDATE"),
             got: ratio(4),
@@ -886,7 +885,7 @@ async fn shape_tables(
         "\nOur ticks answered with a view or planning a move: {} (steady state: must be 0).",
         AtomicU64::load(&bench.busy_plans, Ordering::Relaxed)
     );
-    println!("\nTargets (DESIGN; the bare-UPDATE ratio is issue 14's) at this shape, this run:\n");
+    println!("\nTargets (the bare-UPDATE ratio is the node sessions') at this shape, this run:\n");
     for r in &ratios {
         println!("- {}: {}", r.target, verdict(r.got, r.want));
     }

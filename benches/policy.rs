@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use lease::policy;
-use lease::{Bucket, GroupView, MemberLoad, ShardCount, WorkerId};
+use lease::store::{GroupView, MemberLoad};
+use lease::{Bucket, ShardCount, WorkerId};
 use uuid::Uuid;
 
 /// `(N, W)` pairs: a small group, the Postgres bench's two shapes, a wide pool, the limits.

@@ -60,11 +60,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lease::memory::MemoryLeaseStore;
 use lease::postgres::PgLeaseStore;
+use lease::store::{Clock, LeaseStore, SystemClock, Timestamp};
 use lease::testing::{OwnershipLog, RecordingHandler};
 use lease::{
-    Assignment, Bucket, Clock, FencingToken, GroupHandle, GroupName, LeaseNode, LeaseStore,
-    NodeHandle, OwnershipEvent, OwnershipHandler, RevokeReason, ShardCount, SystemClock, Timestamp,
-    WorkerError, WorkerId,
+    Assignment, Bucket, FencingToken, GroupHandle, GroupName, LeaseNode, NodeHandle,
+    OwnershipEvent, OwnershipHandler, RevokeReason, ShardCount, WorkerError, WorkerId,
 };
 
 const NODES: usize = 4;

@@ -37,9 +37,10 @@ use async_trait::async_trait;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease::memory::MemoryLeaseStore;
 use lease::postgres::PgLeaseStore;
+use lease::store::{Incarnation, LeaseStore, Takeover};
 use lease::{
-    Assignment, Bucket, FencingToken, GroupName, Incarnation, LeaseStore, LeaseWorker,
-    MemberMetadata, OwnershipHandler, RevokeReason, ShardCount, Takeover, Ttl, WorkerId,
+    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, MemberMetadata, OwnershipHandler,
+    RevokeReason, ShardCount, Ttl, WorkerId,
 };
 
 const SIZES: [u32; 3] = [8_192, 32_768, 65_536];

@@ -3,7 +3,7 @@
 //! directory (a new migration directory would otherwise be left out until some other change).
 //!
 //! Also reads each migration's compatibility from the first line of its `up.sql`, which must
-//! be `-- compatibility: additive` or `-- compatibility: breaking` (see docs/ARCHITECTURE.md,
+//! be `-- compatibility: additive` or `-- compatibility: breaking` (see docs/postgres.md,
 //! "Migrations"), into `$OUT_DIR/compatibility.rs`. A migration that does not say is a compile
 //! error: its author decides, once, whether binaries that do not know it keep working.
 
@@ -36,7 +36,7 @@ fn main() {
             None => errors.push(format!(
                 "migrations/{name}/up.sql must begin with `-- compatibility: additive` (binaries \
                  that do not know it keep working) or `-- compatibility: breaking` (they must \
-                 refuse the schema); see docs/ARCHITECTURE.md, \"Migrations\""
+                 refuse the schema); see docs/postgres.md, \"Migrations\""
             )),
         }
     }

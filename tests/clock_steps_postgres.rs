@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use lease::postgres::PgLeaseStore;
+use lease::store::{SystemClock, Timestamp};
 use lease::testing::{Counters, FaultyStore, OwnershipLog, RecordingHandler};
 use lease::{
-    GroupName, LeaseWorker, OwnershipEvent, RevokeReason, ShardCount, SystemClock, Timestamp,
-    WorkerHandle, WorkerId,
+    GroupName, LeaseWorker, OwnershipEvent, RevokeReason, ShardCount, WorkerHandle, WorkerId,
 };
 use lease_testdb::{Cluster, ClusterOptions};
 

@@ -1,4 +1,4 @@
-//! Workers through a failover (docs/ARCHITECTURE.md, "Failover"): `LeaseWorker`s in this
+//! Workers through a failover (docs/postgres.md, "Failover"): `LeaseWorker`s in this
 //! process, each on a store of its own as separate processes would be, reach a primary and a
 //! streaming standby through one multi-host URL (`target_session_attrs=read-write`); the
 //! primary is killed (`pg_ctl stop -m immediate`) and the standby promoted. Each test waits,
@@ -12,10 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lease::postgres::PgLeaseStore;
+use lease::store::{BucketState, Clock, LeaseStore, SystemClock, Timestamp};
 use lease::testing::{OwnershipLog, RecordingHandler, coverage};
 use lease::{
-    Assignment, Bucket, BucketState, Clock, FencingToken, GroupName, LeaseStore, LeaseWorker,
-    OwnershipEvent, ShardCount, SystemClock, Timestamp, WorkerHandle, WorkerId,
+    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, OwnershipEvent, ShardCount,
+    WorkerHandle, WorkerId,
 };
 use lease_testdb::{Cluster, ClusterOptions, Replication};
 

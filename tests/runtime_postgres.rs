@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease::postgres::PgLeaseStore;
+use lease::store::{Clock, LeaseStore, SystemClock};
 use lease::testing::runtime::balanced;
 use lease::testing::{FaultyStore, OwnershipLog, RecordingHandler};
 use lease::{
-    Clock, GroupName, LeaseStore, LeaseWorker, OwnershipEvent, ShardCount, StoreError, SystemClock,
-    WorkerFailed, WorkerHandle, WorkerId,
+    GroupName, LeaseWorker, OwnershipEvent, ShardCount, StoreError, WorkerFailed, WorkerHandle,
+    WorkerId,
 };
 
 /// A running worker whose group is deleted and created again with another shard count stops

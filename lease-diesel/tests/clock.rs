@@ -1,5 +1,5 @@
-//! The database's clock decides expiry (G1; docs/ARCHITECTURE.md, "Data model and session
-//! rules"), which is what makes a worker's skewed clock harmless.
+//! The database's clock decides expiry (G1; docs/rules.md, "Data model and session rules"),
+//! which is what makes a worker's skewed clock harmless.
 //!
 //! The first test injects a client clock an hour ahead and shows what trusting such a clock
 //! would do: it takes live leases. That proves the skew is real and documents the danger the

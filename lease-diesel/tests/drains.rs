@@ -1,6 +1,6 @@
 //! What a resize's drain costs the statements that run during it, and what an operation its
-//! caller gave up on leaves running on the server (docs/ARCHITECTURE.md, "Changing the shard
-//! count" and "Connections").
+//! caller gave up on leaves running on the server (docs/postgres.md, "Changing the
+//! shard count on Postgres" and "Connections").
 //!
 //! A merge from many buckets to a few leaves every worker's old buckets in the draining
 //! generation until it releases them, and a stopped worker's until its session ends. Work per

@@ -1,4 +1,4 @@
-//! Failover, store by store (docs/ARCHITECTURE.md, "Failover"): a primary and a streaming
+//! Failover, store by store (docs/postgres.md, "Failover"): a primary and a streaming
 //! standby started from the system binaries (lease-testdb), the primary killed (`-m
 //! immediate`) and the standby promoted, a store reaching both through one multi-host URL.
 //! Time is a client clock the tests move, so the quiet period is checked to the microsecond
@@ -508,7 +508,7 @@ async fn a_standby_is_refused_with_a_transient_error_and_skipped_in_a_multi_host
     let _: WorkerId = w;
 }
 
-/// The procedure docs/ARCHITECTURE.md gives for a history that starts again at timeline 1
+/// The procedure docs/postgres.md gives for a history that starts again at timeline 1
 /// (`pg_upgrade`, a restore into a new cluster), on a stand-in: a database whose record holds
 /// later timelines and whose tokens are far above timeline 1's floor. Without the procedure a
 /// promotion to a recorded timeline starts no quiet period; with it, the promotion is seen and

@@ -244,7 +244,7 @@ fn ttl_ms(ms: u64) -> Ttl {
     Ttl::new(Duration::from_millis(ms)).expect("a ttl")
 }
 
-// ---- item 3: the engine owns its schema ----------------------------------------------------
+// ---- the engine owns its schema ------------------------------------------------------------
 
 /// A user's own `lease` schema is refused, with a message naming what it holds, and nothing
 /// is written: not the engine's tables, not a version table, not diesel's.
@@ -367,7 +367,7 @@ async fn down_migrations_drop_an_engine_only_schema() {
     assert_eq!(objects(&mut admin).await, before);
 }
 
-// ---- item 4: the engine's versions are its own ---------------------------------------------
+// ---- the engine's versions are its own -----------------------------------------------------
 
 async fn run_app_migrations(url: &str) {
     sync(url, |c| {
@@ -496,7 +496,7 @@ async fn a_deployment_of_the_earlier_first_migration_only_is_adopted() {
         .expect("heartbeat on the adopted schema");
 }
 
-// ---- item 6: the start-up check writes nothing ---------------------------------------------
+// ---- the start-up check writes nothing -----------------------------------------------------
 
 /// On a fresh database the check says "not installed" and creates nothing, also on a
 /// read-only connection (as on a hot standby).
@@ -635,7 +635,7 @@ async fn a_runner_waiting_for_the_lock_lets_the_holder_build_an_index_concurrent
     assert_eq!(applied.expect("the waiting runner"), Vec::<String>::new());
 }
 
-// ---- item 7: least privilege ---------------------------------------------------------------
+// ---- least privilege -----------------------------------------------------------------------
 
 /// A login role with exactly the privileges `lease_diesel::privileges` lists for `kind` (the
 /// statements `leasectl grant` prints), on database `db`.
@@ -1129,7 +1129,7 @@ async fn migrating_a_read_only_database() {
     assert!(store(&done.url).migrate().await.expect("no-op").is_empty());
 }
 
-// ---- item 13: fencing with EXECUTE alone ---------------------------------------------------
+// ---- fencing with EXECUTE alone ------------------------------------------------------------
 
 async fn wait_server_past(admin: &mut AsyncPgConnection, t: Timestamp) {
     for _ in 0..2_000 {
@@ -1785,7 +1785,7 @@ async fn migration_9_gives_owned_buckets_their_tenure_and_keeps_the_roles() {
     }
 }
 
-// ---- item 10: connection failures ----------------------------------------------------------
+// ---- connection failures -------------------------------------------------------------------
 
 /// A missing database and an unknown role are permanent, a refused connection transient; each
 /// message says its cause once.
@@ -1844,7 +1844,7 @@ async fn connect_failures_say_their_cause_and_whether_to_retry() {
     }
 }
 
-// ---- issue 11, item 5: versions and compatibility ------------------------------------------
+// ---- versions and compatibility ----------------------------------------------------------
 
 /// Columns, with defaults or nullable, on each of the engine's tables, and an index: what a
 /// newer release might add (a drain request, a paused bucket, a group's note).

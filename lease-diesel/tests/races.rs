@@ -1,5 +1,5 @@
 //! Deterministic interleavings of renewals, claims, joins and views on Postgres, with the
-//! server's clock, one connection per side, for each concurrency rule in docs/ARCHITECTURE.md.
+//! server's clock, one connection per side, for each concurrency rule in docs/postgres.md.
 //! Each step waits for a condition the server reports (a backend blocked on a lock, the server
 //! clock past an expiry), never for a guessed time. In every interleaving of a renewal and a
 //! claim exactly one side owns the buckets.
@@ -1016,7 +1016,11 @@ async fn a_resize_moves_a_bucket_as_a_concurrent_claim_left_it() {
 /// decides, not the row's absence), and the next claim opens the children.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_transaction_on_an_old_bucket_holds_off_its_children() {
-    let (url, group, [(a, a_beat), (b, b_beat)]) = two_members(4, short()).await;
+    // Long enough for the claim and the resize below to run before `a`'s session ends on a
+    // loaded machine (with 1 s, the fencing check itself sometimes came too late), short
+    // enough to wait past.
+    let ttl = Ttl::from_secs(3).expect("ttl");
+    let (url, group, [(a, a_beat), (b, b_beat)]) = two_members(4, ttl).await;
     let mut admin = connect(&url).await;
     // A claim that waited for the fencing transaction instead would never end (the
     // transaction commits after it): make that a failure.

@@ -3,7 +3,7 @@
 //! It runs the contract's rules ([`lease_rules`], as the memory store does) on what each operation reads
 //! from etcd and writes the result back in one transaction that holds only if nothing it read
 //! changed meanwhile; sessions are etcd leases (the etcd leader decides expiry). The design is
-//! in `docs/ARCHITECTURE.md`, section "etcd".
+//! in `docs/etcd.md`.
 
 #![warn(missing_docs)]
 

@@ -454,7 +454,8 @@ fn outcome<T>(r: Result<T, StoreError>, ok: impl FnOnce(T) -> Outcome) -> Outcom
 
 /// Apply `op` to a store (clock moves are the caller's business); `sessions` and `views` are
 /// the processes' memory of their sessions and views on this store. A heartbeat's outcome is
-/// made whole ([`Views::expand`]).
+/// made whole: each group answered unchanged counts as the view [`Views`] last recorded for
+/// that process, so a wrong "unchanged" differs from the model.
 pub async fn apply_to_store(
     store: &dyn LeaseStore,
     sessions: &mut Sessions,

@@ -10,7 +10,8 @@ use std::time::Duration;
 use chrono::{SecondsFormat, Utc};
 use clap::Args;
 use lease::postgres::{PgLeaseStore, PgSetupError};
-use lease::{Chain, GroupName, LeaseStore, StoreError, Timestamp};
+use lease::store::{Chain, LeaseStore, Timestamp};
+use lease::{GroupName, StoreError};
 #[cfg(feature = "etcd")]
 use lease_etcd::{EtcdLeaseStore, EtcdUrl};
 

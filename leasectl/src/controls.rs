@@ -6,11 +6,10 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use lease::control::MAX_WEIGHT;
-use lease::{
-    Bucket, GroupName, GroupSnapshot, LeaseStore, MemberControl, MemberMode, NodesSnapshot,
-    QuarantineFor, Weight, WorkerId,
+use lease::store::{
+    GroupSnapshot, LeaseStore, MAX_WEIGHT, MemberControl, MemberMode, NodesSnapshot, QuarantineFor,
 };
+use lease::{Bucket, GroupName, Weight, WorkerId};
 
 use crate::common::{DbArgs, Failure, Store, group_arg, rfc3339, store_failure};
 use crate::{duration, output};
@@ -236,7 +235,7 @@ pub async fn drain(args: DrainArgs) -> Result<(), Failure> {
         let left_behind = snap
             .buckets
             .iter()
-            .filter(|b| b.owner == Some(worker) && b.state != lease::BucketState::Unowned)
+            .filter(|b| b.owner == Some(worker) && b.state != lease::store::BucketState::Unowned)
             .count();
         if !live && left_behind > 0 {
             return Err(Failure::Runtime(format!(
@@ -292,7 +291,7 @@ async fn set_quarantine(args: &BucketArgs, duration: Option<QuarantineFor>) -> R
     let snap = store.snapshot(&group).await.map_err(store_failure)?;
     let info = snap.buckets.get(bucket.get() as usize);
     let owner = info
-        .filter(|b| b.state == lease::BucketState::Live)
+        .filter(|b| b.state == lease::store::BucketState::Live)
         .and_then(|b| b.owner);
     let g = group.as_str();
     let done = match (duration, info.and_then(|b| b.quarantined_until)) {

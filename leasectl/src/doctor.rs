@@ -10,10 +10,10 @@
 //! apply and are not printed; the connection line says so.
 
 use clap::Args;
-use lease::Chain;
 use lease::postgres::diagnose::{Diagnosis, Replication};
 use lease::postgres::privileges::{RoleKind, RoleName};
 use lease::postgres::{PgLeaseStore, PgSetupError, TlsMode, Verification};
+use lease::store::Chain;
 use serde_json::json;
 
 use crate::common::{Backend, DbArgs, Failure};
@@ -130,7 +130,7 @@ async fn postgres(store: &PgLeaseStore) -> Vec<Check> {
 /// attempt, no write, no heartbeat).
 #[cfg(feature = "etcd")]
 async fn etcd(url: &lease_etcd::EtcdUrl) -> Vec<Check> {
-    use lease::LeaseStore;
+    use lease::store::LeaseStore;
 
     let members = url.endpoints.join(",");
     let store = match lease_etcd::EtcdLeaseStore::connect(url).await {

@@ -2,7 +2,8 @@
 //! stuck or decommissioned worker); without `--force`, only say what would happen.
 
 use clap::Args;
-use lease::{BucketState, LeaseStore, WorkerId};
+use lease::WorkerId;
+use lease::store::{BucketState, LeaseStore};
 
 use crate::common::{DbArgs, Failure, group_arg, store_failure};
 use crate::output;

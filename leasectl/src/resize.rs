@@ -3,17 +3,18 @@
 //! ones, and who holds those now.
 //!
 //! Key `h` lives in bucket `h mod N`; going from `N` to `M` buckets, new bucket `b` shares keys
-//! with old bucket `b'` iff `b ≡ b' (mod gcd(N, M))` ([`lease::resize::parents`]), and waits
-//! until each of those is released or its owner's session ends. The buckets congruent to `r`
-//! form a class: every new bucket of the class waits for every old bucket of it, so the plan
-//! is printed one class at a time.
+//! with old bucket `b'` iff `b ≡ b' (mod gcd(N, M))` ([`lease::store::resize::parents`]), and
+//! waits until each of those is released or its owner's session ends. The buckets congruent to
+//! `r` form a class: every new bucket of the class waits for every old bucket of it, so the
+//! plan is printed one class at a time.
 
 use clap::Args;
-use lease::resize::{self as keys, Generation, ResizeOutcome};
-use lease::{
-    BackendFailure, Bucket, BucketInfo, BucketState, Chain, GroupSnapshot, LeaseStore, ShardCount,
-    StoreError,
+use lease::store::resize as keys;
+use lease::store::{
+    BackendFailure, BucketInfo, BucketState, Chain, Generation, GroupSnapshot, LeaseStore,
+    ResizeOutcome,
 };
+use lease::{Bucket, ShardCount, StoreError};
 use serde_json::{Value, json};
 
 use crate::common::{DbArgs, Failure, group_arg, store_failure};

@@ -5,11 +5,12 @@
 
 use clap::Args;
 use lease::policy;
-use lease::resize as keys;
-use lease::{
-    Bucket, BucketInfo, BucketState, GroupName, GroupSnapshot, LeaseStore, MemberMode, NodeInfo,
-    NodesSnapshot, ShardCount, StoreError, Timestamp,
+use lease::store::resize as keys;
+use lease::store::{
+    BucketInfo, BucketState, GroupSnapshot, LeaseStore, MemberMode, NodeInfo, NodesSnapshot,
+    Timestamp,
 };
+use lease::{Bucket, GroupName, ShardCount, StoreError};
 use serde_json::{Value, json};
 
 use crate::common::{DbArgs, Failure, group_arg, rfc3339, store_failure};
@@ -479,10 +480,10 @@ fn nodes_table(nodes: &NodesSnapshot) -> String {
 mod tests {
     use super::*;
     use lease::memory::MemoryLeaseStore;
-    use lease::{
-        Clock, GroupName, Incarnation, ManualClock, MemberControl, MemberMetadata, SessionId,
-        SystemClock, Takeover, Ttl, Weight, WorkerId,
+    use lease::store::{
+        Clock, Incarnation, ManualClock, MemberControl, SessionId, SystemClock, Takeover,
     };
+    use lease::{GroupName, MemberMetadata, Ttl, Weight, WorkerId};
 
     fn nodes() -> NodesSnapshot {
         let now = SystemClock.now();

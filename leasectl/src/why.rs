@@ -3,13 +3,12 @@
 //! last moves with how each ended, and what the policy makes the members do next, computed
 //! the way every worker computes it (`lease::policy::plan` on the group's view).
 
-use lease::history::TENURES_KEPT;
 use lease::policy;
-use lease::resize as keys;
-use lease::{
-    Bucket, BucketInfo, BucketState, EndReason, GroupSnapshot, MemberMode, Tenure, Timestamp,
-    WorkerId,
+use lease::store::resize as keys;
+use lease::store::{
+    BucketInfo, BucketState, EndReason, GroupSnapshot, MemberMode, TENURES_KEPT, Tenure, Timestamp,
 };
+use lease::{Bucket, WorkerId};
 use serde_json::{Value, json};
 
 use crate::common::rfc3339;
@@ -389,10 +388,10 @@ mod tests {
     use std::time::Duration;
 
     use lease::memory::MemoryLeaseStore;
-    use lease::{
-        GroupName, Incarnation, LeaseStore, ManualClock, MemberControl, MemberMetadata,
-        QuarantineFor, SessionId, ShardCount, Takeover, Ttl,
+    use lease::store::{
+        Incarnation, LeaseStore, ManualClock, MemberControl, QuarantineFor, SessionId, Takeover,
     };
+    use lease::{GroupName, MemberMetadata, ShardCount, Ttl};
 
     use super::*;
 

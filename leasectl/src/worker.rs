@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use clap::Args;
+use lease::store::Chain;
 use lease::{
-    Assignment, Bucket, Chain, ConfigError, FencingToken, GroupError, InvalidInput, LeaseNode,
+    Assignment, Bucket, ConfigError, FencingToken, GroupError, InvalidInput, LeaseNode,
     MemberMetadata, OwnershipHandler, RevokeReason, StoreError, WorkerError, WorkerFailed,
     WorkerId,
 };

@@ -24,8 +24,8 @@ const GROUP: &str = "chaos";
 const SHARDS: u32 = 24;
 const TTL: Duration = Duration::from_secs(3);
 const RENEW: Duration = Duration::from_secs(1);
-/// The DESIGN's allowance on top of the ttl and a renew interval for a failover, and its bound
-/// on a graceful handoff with wake-ups.
+/// The engine's targets' allowance on top of the ttl and a renew interval for a failover, and
+/// their bound on a graceful handoff with wake-ups (BENCHMARKS.md, "Targets: met or missed").
 const PROMPT: Duration = Duration::from_millis(250);
 
 fn buckets_of(w: &WorkerProcess) -> BTreeSet<u32> {

@@ -12,7 +12,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use lease::BucketState;
+use lease::store::BucketState;
 use support::pool::{LONG, Pool};
 
 /// Resize the pool's group with `leasectl resize --apply`, and judge balance by the new count

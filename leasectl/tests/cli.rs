@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lease::LeaseStore;
+use lease::store::LeaseStore;
 use serde_json::Value;
 use support::{
     FreezableProxy, Running, WorkerProcess, command, free_port, leasectl, run, wait_for,
@@ -475,7 +475,7 @@ async fn two_workers_given_one_worker_id_never_share_its_session() {
     );
     second.signal("TERM");
     assert!(second.wait(Duration::from_secs(10)).success());
-    let mut log = lease::ownership_log::OwnershipLog::new();
+    let mut log = lease::audit::OwnershipLog::new();
     support::record(&mut log, lease::WorkerId::new(), &first.events());
     support::record(&mut log, lease::WorkerId::new(), &second.events());
     let summary = log

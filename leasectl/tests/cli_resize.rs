@@ -12,10 +12,8 @@ use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease::postgres::PgLeaseStore;
-use lease::{
-    Bucket, GroupName, Incarnation, LeaseStore, MemberMetadata, SessionId, ShardCount, Takeover,
-    Ttl, WorkerId,
-};
+use lease::store::{Incarnation, LeaseStore, SessionId, Takeover};
+use lease::{Bucket, GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
 use serde_json::{Value, json};
 use support::leasectl;
 

@@ -5,7 +5,8 @@ mod support;
 
 use std::time::Duration;
 
-use lease::{GroupName, LeaseStore};
+use lease::GroupName;
+use lease::store::LeaseStore;
 use support::{WorkerProcess, wait_for};
 
 /// The weight the store has for `worker` in `group`.

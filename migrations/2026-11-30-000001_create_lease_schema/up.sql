@@ -1,7 +1,7 @@
 -- compatibility: breaking (the first migration: no binary runs without it)
 --
 -- The lease engine's tables: one row per group, one per (group, worker) session, one per
--- (group, bucket). See docs/ARCHITECTURE.md, "Data model and session rules".
+-- (group, bucket). See docs/rules.md, "Data model and session rules".
 --
 -- Schema `lease` itself is created by the runner (PgLeaseStore::migrate) before this runs,
 -- together with its version table; the runner refuses a `lease` schema it did not create.

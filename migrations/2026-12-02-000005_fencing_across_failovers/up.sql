@@ -1,6 +1,6 @@
 -- compatibility: additive (a table, a function and a nullable column earlier binaries never name)
 --
--- Fencing across a failover (docs/ARCHITECTURE.md, "Failover"). A promoted standby runs on a
+-- Fencing across a failover (docs/postgres.md, "Failover"). A promoted standby runs on a
 -- new timeline; with asynchronous replication it may lack claims and session starts the old
 -- primary acknowledged. The engine notices the new timeline on the heartbeat's round trip,
 -- records when it was first seen, lets no session of an earlier timeline be renewed, claims

@@ -1,11 +1,11 @@
 -- compatibility: additive (two columns with defaults, a table, an index and the same fencing function answering for the draining generation too; nothing an older binary names changes while no group is resized)
 --
--- Online shard-count changes (docs/ARCHITECTURE.md, "Changing the shard count"). A group has
--- a generation; `resize` moves the current generation's bucket rows out of lease.shards into
--- lease.draining_shards, where they keep their owners and tokens until released, and opens the
--- new generation's rows in lease.shards. Older binaries keep working while no group is
--- resized; a resize needs every worker of the group on a release that knows this migration
--- (an older claim does not wait for the draining generation).
+-- Online shard-count changes (docs/postgres.md, "Changing the shard count on Postgres"). A
+-- group has a generation; `resize` moves the current generation's bucket rows out of
+-- lease.shards into lease.draining_shards, where they keep their owners and tokens until
+-- released, and opens the new generation's rows in lease.shards. Older binaries keep working
+-- while no group is resized; a resize needs every worker of the group on a release that knows
+-- this migration (an older claim does not wait for the draining generation).
 
 -- The group's generation (0 from ensure_group, +1 per resize) and the count its current
 -- generation was resized from (NULL: never resized).

@@ -1,6 +1,6 @@
 -- compatibility: breaking (lease.members is keyed (group, node) and no longer holds sessions, which move to lease.nodes; bucket owners are nodes; every statement and function of the engine changes meaning)
 --
--- Node sessions (issue 14; docs/ARCHITECTURE.md, "Data model and session rules"): one session
+-- Node sessions (docs/rules.md, "Data model and session rules"): one session
 -- per process (a node), renewed by one row per heartbeat whatever the number of groups it is
 -- in; membership per (group, node), written only on join, leave, claim and release; bucket
 -- rows owned by (node, session) as before. A member is live iff its node's session is live.

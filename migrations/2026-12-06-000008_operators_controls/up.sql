@@ -1,6 +1,6 @@
 -- compatibility: breaking (lease.heartbeat and lease.group_view return new columns, so they are dropped and created again; claims skip quarantined buckets, take nothing for a cordoned or draining member and take the buckets the claimer last held first, which the claims of a binary that does not know this migration would not)
 --
--- Operators' controls (rules K1-K3, Q1-Q4, C9-C11; docs/ARCHITECTURE.md, "Operators' controls
+-- Operators' controls (rules K1-K3, Q1-Q4, C9-C11; docs/postgres.md, "Operators' controls
 -- on Postgres"): a weight and a mode per (group, node), kept whatever the node's session;
 -- quarantines of buckets; sticky claims; hand-over of a node's session to its next process
 -- (HO1-HO3).

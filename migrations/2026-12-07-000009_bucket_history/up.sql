@@ -1,6 +1,6 @@
 -- compatibility: additive (a table, a column with a default on lease.shards; binaries of the previous release keep working, but the tenures their claims and releases end are not recorded: see below)
 --
--- A bucket's history (rules T1-T5; docs/ARCHITECTURE.md, "A bucket's history on Postgres"):
+-- A bucket's history (rules T1-T5; docs/postgres.md, "A bucket's history on Postgres"):
 -- the last 8 tenures of each bucket of a group's current generation, who held it, from when,
 -- with which token, and how each holding ended. The open tenure is the bucket row itself
 -- (owner_node, token, and updated_at: the time of the claim that took it, which nothing else

@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use lease::{Bucket, BucketState, Chain, Clock, LeaseStore, SystemClock, Timestamp};
+use lease::Bucket;
+use lease::store::{BucketState, Chain, Clock, LeaseStore, SystemClock, Timestamp};
 use tokio::task::JoinHandle;
 
 use super::screen::render;

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
-use lease::{BucketState, GroupSnapshot, LeaseStore, WorkerId};
+use lease::WorkerId;
+use lease::store::{BucketState, GroupSnapshot, LeaseStore};
 use tokio::task::JoinHandle;
 
 use super::story::{Story, lock};

@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use lease::audit::OwnershipLog;
 use lease::memory::MemoryLeaseStore;
-use lease::ownership_log::OwnershipLog;
+use lease::store::{Chain, Clock, SystemClock, Timestamp};
 use lease::{
-    Assignment, Bucket, Chain, Clock, FencingToken, GroupName, LeaseWorker, OwnershipEvent,
-    OwnershipHandler, RevokeReason, ShardCount, SystemClock, Timestamp, WorkerHandle, WorkerId,
+    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, OwnershipEvent, OwnershipHandler,
+    RevokeReason, ShardCount, WorkerHandle, WorkerId,
 };
 use tokio_util::sync::CancellationToken;
 

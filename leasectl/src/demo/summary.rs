@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use lease::ownership_log::OwnershipLog;
-use lease::{Bucket, GroupSnapshot, Timestamp, WorkerId};
+use lease::audit::OwnershipLog;
+use lease::store::{GroupSnapshot, Timestamp};
+use lease::{Bucket, WorkerId};
 
 use super::TTL;
 use super::phases::{Crash, Took};
@@ -148,7 +149,8 @@ pub fn print(story: &Story, outcome: &Outcome) -> Result<(), Failure> {
 
 #[cfg(test)]
 mod tests {
-    use lease::{Clock, GroupName, MemberInfo, MemberMetadata, SessionId, ShardCount, SystemClock};
+    use lease::store::{Clock, MemberInfo, SessionId, SystemClock};
+    use lease::{GroupName, MemberMetadata, ShardCount};
 
     use super::*;
 

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use lease::{Chain, GroupName, LeaseStore, ShardCount, StoreError};
+use lease::store::{Chain, LeaseStore};
+use lease::{GroupName, ShardCount, StoreError};
 
 use super::WorkerArgs;
 use crate::common::{Failure, group_arg, store_failure};

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use lease::ownership_log::OwnershipLog;
+use lease::audit::OwnershipLog;
 use lease::{Assignment, Bucket, FencingToken, OwnershipEvent, RevokeReason, ShardCount, WorkerId};
 use serde_json::Value;
 

@@ -8,9 +8,10 @@ use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use lease::ownership_log::OwnershipLog;
+use lease::GroupName;
+use lease::audit::OwnershipLog;
 use lease::postgres::PgLeaseStore;
-use lease::{BucketState, GroupName, GroupSnapshot, LeaseStore};
+use lease::store::{BucketState, GroupSnapshot, LeaseStore};
 
 use super::{Event, WorkerProcess, record, wait_for};
 
