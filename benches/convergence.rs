@@ -28,7 +28,7 @@
 use lease::memory::MemoryLeaseStore;
 use lease::policy;
 use lease::store::{
-    GroupBeat, Incarnation, LeaseStore, ManualClock, MemberLoad, SessionId, Takeover,
+    AdminStore, GroupBeat, Incarnation, ManualClock, MemberLoad, SessionId, Takeover, WorkerStore,
 };
 use lease::{GroupName, MemberMetadata, ShardCount, StoreError, Ttl, WorkerId};
 use std::collections::BTreeSet;
@@ -170,7 +170,7 @@ impl Policy for Ours {
     fn leave(&mut self, index: usize, t: u32) {
         self.at(t);
         self.rt
-            .block_on(self.store.leave(&self.group, worker_id(index), None))
+            .block_on(self.store.evict(&self.group, worker_id(index)))
             .expect("leave");
     }
 

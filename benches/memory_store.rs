@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lease::memory::MemoryLeaseStore;
-use lease::store::{Incarnation, LeaseStore, SessionId, Takeover};
+use lease::store::{Incarnation, SessionId, Takeover, WorkerStore};
 use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
 
 /// `(N, W)`: a small group and a large one.

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lease::postgres::PgLeaseStore;
-use lease::store::{BucketState, Clock, LeaseStore, SystemClock, Timestamp};
+use lease::store::{AdminStore, BucketState, Clock, SystemClock, Timestamp};
 use lease::testing::{OwnershipLog, RecordingHandler, coverage};
 use lease::{Bucket, FencingToken, GroupName, LeaseWorker, ShardCount, WorkerHandle, WorkerId};
 use lease_testdb::{Cluster, ClusterOptions, Replication};

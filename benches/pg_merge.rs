@@ -33,7 +33,7 @@ use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lease::postgres::PgLeaseStore;
-use lease::store::{Incarnation, LeaseStore, SessionId, Takeover};
+use lease::store::{AdminStore, Incarnation, SessionId, Takeover, WorkerStore};
 use lease::{Bucket, GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
 
 const OLD: u32 = 65_536;

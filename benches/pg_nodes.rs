@@ -42,7 +42,7 @@ use diesel_async::pooled_connection::{
 };
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lease::postgres::PgLeaseStore;
-use lease::store::{GroupStamp, Heartbeat, Incarnation, LeaseStore, Takeover, ViewStamp};
+use lease::store::{GroupStamp, Heartbeat, Incarnation, Takeover, ViewStamp, WorkerStore};
 use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
 
 const BUCKETS: u32 = 64;

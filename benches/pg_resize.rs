@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lease::postgres::PgLeaseStore;
 use lease::store::{
-    BucketState, Clock, GroupSnapshot, LeaseStore, ResizeOutcome, SystemClock, Timestamp,
+    AdminStore, BucketState, Clock, GroupSnapshot, ResizeOutcome, SystemClock, Timestamp,
 };
 use lease::testing::{OwnershipLog, RecordingHandler};
 use lease::{

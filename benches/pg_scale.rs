@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease::postgres::{PgLeaseStore, ops};
-use lease::store::{Incarnation, LeaseStore, Takeover};
+use lease::store::{Incarnation, Takeover, WorkerStore};
 use lease::{
     Bucket, FencingToken, GroupName, LeaseWorker, MemberMetadata, OwnershipHandler, RevokeReason,
     ShardCount, Ttl, WorkerError, WorkerHandle, WorkerId,

@@ -57,7 +57,7 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease::postgres::{PgLeaseStore, ops};
-use lease::store::{GroupBeat, GroupStamp, Incarnation, LeaseStore, Takeover};
+use lease::store::{GroupBeat, GroupStamp, Incarnation, Takeover, WorkerStore};
 use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId, policy};
 use uuid::Uuid;
 

@@ -32,7 +32,7 @@
 //!
 //! ```
 //! use lease::memory::MemoryLeaseStore;
-//! use lease::store::{Incarnation, LeaseStore, Takeover};
+//! use lease::store::{Incarnation, Takeover, WorkerStore};
 //! use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -75,13 +75,16 @@ pub use lease_core::{
 pub use lease_core::{ErrorKind, InvalidInput, StoreError};
 
 /// The storage contract, for backend authors, operators' tools and tests that call a store
-/// directly: the [`LeaseStore`](store::LeaseStore) trait and everything its signatures name
+/// directly: the [`WorkerStore`](store::WorkerStore) and [`AdminStore`](store::AdminStore)
+/// traits (and [`LeaseStore`](store::LeaseStore), both) and everything their signatures name
 /// that an application does not. The ids, [`Ttl`],
 /// [`MemberMetadata`], [`Weight`] and
 /// [`StoreError`] it shares with applications are at the crate root.
 ///
-/// - The trait: [`LeaseStore`](store::LeaseStore), [`Takeover`](store::Takeover); with the
-///   feature `mock`, `MockLeaseStore`, a mockall mock of it.
+/// - The traits: [`WorkerStore`](store::WorkerStore) (what a node's runtime calls),
+///   [`AdminStore`](store::AdminStore) (what an operator calls), [`LeaseStore`](store::LeaseStore)
+///   (both, with the rules every operation keeps), [`Takeover`](store::Takeover); with the
+///   feature `mock`, `MockWorkerStore` and `MockAdminStore`, mockall mocks of them.
 /// - Sessions: [`SessionId`](store::SessionId), [`Incarnation`](store::Incarnation).
 /// - What heartbeats and snapshots return: [`Heartbeat`](store::Heartbeat),
 ///   [`GroupBeat`](store::GroupBeat), [`ViewStamp`](store::ViewStamp),
@@ -100,13 +103,13 @@ pub use lease_core::{ErrorKind, InvalidInput, StoreError};
 ///   [`Generation`](store::Generation), [`ResizeOutcome`](store::ResizeOutcome), and the key
 ///   arithmetic of a resize in [`store::resize`].
 pub mod store {
-    // The trait every backend implements; its "# Contract" sections are the specification,
-    // checked by the conformance suite (`lease::testing`, feature `testing`).
-    pub use lease_core::{LeaseStore, Takeover};
+    // The traits every backend implements; their "# Contract" sections are the
+    // specification, checked by the conformance suite (`lease::testing`, feature `testing`).
+    pub use lease_core::{AdminStore, LeaseStore, Takeover, WorkerStore};
 
-    // A mockall mock of `LeaseStore`, for tests of code that calls a store.
+    // mockall mocks of the two traits, for tests of code that calls a store.
     #[cfg(feature = "mock")]
-    pub use lease_core::MockLeaseStore;
+    pub use lease_core::{MockAdminStore, MockWorkerStore};
 
     // A node's session and the process holding it.
     pub use lease_core::{Incarnation, SessionId};

@@ -28,17 +28,17 @@ mod names {
     };
 
     // The store contract and what its signatures name.
-    #[cfg(feature = "mock")]
-    use lease::store::MockLeaseStore;
     use lease::store::resize::{children, gcd, parents, shares_keys};
     use lease::store::{
-        BackendFailure, BucketInfo, BucketState, Chain, Change, ChangeFeed, Clock, EndReason,
-        Generation, GroupBeat, GroupSnapshot, GroupStamp, GroupView, Heartbeat, Incarnation, Lease,
-        LeaseStore, MAX_QUARANTINE, MAX_WEIGHT, ManualClock, MemberControl, MemberInfo, MemberLoad,
-        MemberMode, NodeInfo, NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionId,
-        SystemClock, TENURES_KEPT, Takeover, Tenure, TenureEnd, Tenures, Timestamp, ViewStamp,
-        store_precision,
+        AdminStore, BackendFailure, BucketInfo, BucketState, Chain, Change, ChangeFeed, Clock,
+        EndReason, Generation, GroupBeat, GroupSnapshot, GroupStamp, GroupView, Heartbeat,
+        Incarnation, Lease, LeaseStore, MAX_QUARANTINE, MAX_WEIGHT, ManualClock, MemberControl,
+        MemberInfo, MemberLoad, MemberMode, NodeInfo, NodesSnapshot, Operation, QuarantineFor,
+        ResizeOutcome, SessionId, SystemClock, TENURES_KEPT, Takeover, Tenure, TenureEnd, Tenures,
+        Timestamp, ViewStamp, WorkerStore, store_precision,
     };
+    #[cfg(feature = "mock")]
+    use lease::store::{MockAdminStore, MockWorkerStore};
 
     // The policy, the machine, the ownership-log checker.
     use lease::audit::{Entry, Holding, OwnershipLog, Summary};

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lease::postgres::PgLeaseStore;
-use lease::store::{BucketState, Clock, LeaseStore, SystemClock, Timestamp};
+use lease::store::{AdminStore, BucketState, Clock, SystemClock, Timestamp};
 use lease::testing::{OwnershipLog, RecordingHandler, coverage};
 use lease::{
     Assignment, Bucket, FencingToken, GroupName, LeaseWorker, OwnershipEvent, ShardCount,

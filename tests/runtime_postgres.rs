@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease::postgres::PgLeaseStore;
-use lease::store::{Clock, LeaseStore, SystemClock};
+use lease::store::{AdminStore, Clock, SystemClock};
 use lease::testing::runtime::balanced;
 use lease::testing::{FaultyStore, OwnershipLog, RecordingHandler};
 use lease::{

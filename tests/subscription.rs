@@ -15,7 +15,7 @@ use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use lease::postgres::PgLeaseStore;
-use lease::store::{LeaseStore, ResizeOutcome};
+use lease::store::{AdminStore, ResizeOutcome};
 use lease::{GroupName, ShardCount};
 
 const GROUP: &str = "subscription";

@@ -72,7 +72,7 @@ impl std::str::FromStr for Weight {
     }
 }
 
-/// What [`control`](crate::LeaseStore::control) sets on a member of a group.
+/// What [`control`](crate::AdminStore::control) sets on a member of a group.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[non_exhaustive]
 pub enum MemberControl {
@@ -95,7 +95,7 @@ impl MemberControl {
     }
 }
 
-/// How long [`quarantine`](crate::LeaseStore::quarantine) keeps a bucket out, `1 ms..=`
+/// How long [`quarantine`](crate::AdminStore::quarantine) keeps a bucket out, `1 ms..=`
 /// [`MAX_QUARANTINE`].
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct QuarantineFor(Duration);

@@ -53,7 +53,7 @@ impl RevokeReason {
 /// A bucket handed to the application: which one, with which token, and of which generation
 /// of the group.
 ///
-/// After a [`resize`](crate::LeaseStore::resize) a bucket's keys were held by other buckets
+/// After a [`resize`](crate::AdminStore::resize) a bucket's keys were held by other buckets
 /// before (its [`parents`](Self::parents)): an application that keeps a checkpoint per bucket
 /// and has none for this one continues from its parents' (the lowest of their positions, when
 /// the work is ordered per key).

@@ -1,5 +1,5 @@
 //! A bucket's recent history: who held it, from when, and how each holding ended, as the store
-//! recorded it ([`LeaseStore::history`](crate::LeaseStore::history)). `leasectl status --why`
+//! recorded it ([`LeaseStore::history`](crate::AdminStore::history)). `leasectl status --why`
 //! explains a bucket's place from it.
 
 use std::collections::VecDeque;

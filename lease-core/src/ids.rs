@@ -134,7 +134,7 @@ impl ShardCount {
 
     /// The bucket a key with hash `hash` belongs to: `hash mod n`. This is the routing rule
     /// of the library: applications route work to buckets with it (or the same rule), and a
-    /// [`resize`](crate::LeaseStore::resize) relies on it to know which old and new buckets
+    /// [`resize`](crate::AdminStore::resize) relies on it to know which old and new buckets
     /// share keys ([`crate::resize`]).
     ///
     /// ```

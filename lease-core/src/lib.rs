@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use lease_core::{
-//!     policy, GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Takeover, Ttl,
+//!     policy, GroupName, Incarnation, MemberMetadata, ShardCount, Takeover, Ttl, WorkerStore,
 //!     WorkerId,
 //! };
 //! use lease_memory::MemoryLeaseStore;

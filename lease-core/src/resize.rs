@@ -18,8 +18,8 @@ use std::fmt;
 
 use crate::ids::{Bucket, ShardCount};
 
-/// A group's generation: 0 when [`ensure_group`](crate::LeaseStore::ensure_group) creates it,
-/// one more at every [`resize`](crate::LeaseStore::resize) that changes its shard count.
+/// A group's generation: 0 when [`ensure_group`](crate::WorkerStore::ensure_group) creates it,
+/// one more at every [`resize`](crate::AdminStore::resize) that changes its shard count.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default)]
 pub struct Generation(pub u64);
 
@@ -41,7 +41,7 @@ impl fmt::Display for Generation {
     }
 }
 
-/// What a [`resize`](crate::LeaseStore::resize) did.
+/// What a [`resize`](crate::AdminStore::resize) did.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[non_exhaustive]
 pub enum ResizeOutcome {

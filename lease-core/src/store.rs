@@ -13,7 +13,10 @@ pub use worker::MockWorkerStore;
 pub use worker::WorkerStore;
 
 #[cfg(doc)]
-use crate::{error::StoreError, ids::{Incarnation, ShardCount, WorkerId}};
+use crate::{
+    error::StoreError,
+    ids::{Incarnation, ShardCount, WorkerId},
+};
 
 /// Which claimable buckets a [`claim`](WorkerStore::claim) may take (contract rule C7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

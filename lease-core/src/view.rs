@@ -134,7 +134,7 @@ impl GroupView {
     }
 }
 
-/// What a node was last told of a group, handed back to [`heartbeat`](crate::LeaseStore::heartbeat)
+/// What a node was last told of a group, handed back to [`heartbeat`](crate::WorkerStore::heartbeat)
 /// so that the store may answer "unchanged" instead of the whole view (contract rule H8).
 /// Opaque to the node: the store that issued it reads it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
@@ -206,7 +206,7 @@ impl GroupBeat {
 }
 
 /// A group and a [`ViewStamp`] of it: what a node hands to
-/// [`heartbeat`](crate::LeaseStore::heartbeat) (the stamp of the last view of the group it was
+/// [`heartbeat`](crate::WorkerStore::heartbeat) (the stamp of the last view of the group it was
 /// given), and what the heartbeat answers for a group unchanged since (with the stamp to hand
 /// in next time).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
@@ -252,7 +252,7 @@ impl Heartbeat {
     }
 }
 
-/// A node as [`nodes`](crate::LeaseStore::nodes) lists it.
+/// A node as [`nodes`](crate::AdminStore::nodes) lists it.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct NodeInfo {
     /// The node.

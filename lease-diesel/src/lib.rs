@@ -24,7 +24,7 @@
 //!
 //! ```no_run
 //! use lease_core::{
-//!     GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Takeover, Ttl, WorkerId,
+//!     GroupName, Incarnation, MemberMetadata, ShardCount, Takeover, Ttl, WorkerId, WorkerStore,
 //! };
 //! use lease_diesel::PgLeaseStore;
 //!
@@ -77,12 +77,12 @@ use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
 use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
+use lease_core::{AdminStore, MemberControl, QuarantineFor, Weight};
 use lease_core::{
     BackendFailure, Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, GroupStamp,
-    Heartbeat, Incarnation, Lease, LeaseStore, MemberMetadata, NodesSnapshot, Operation,
-    ResizeOutcome, SessionId, ShardCount, StoreError, Takeover, Ttl, WorkerId, store_precision,
+    Heartbeat, Incarnation, Lease, MemberMetadata, NodesSnapshot, Operation, ResizeOutcome,
+    SessionId, ShardCount, StoreError, Takeover, Ttl, WorkerId, WorkerStore, store_precision,
 };
-use lease_core::{MemberControl, QuarantineFor};
 
 pub use error::PgSetupError;
 pub use migrate::{Compatibility, ExtraMigration, MIGRATIONS, SchemaStatus};
@@ -544,7 +544,7 @@ async fn in_transaction<T>(
 }
 
 #[async_trait]
-impl LeaseStore for PgLeaseStore {
+impl WorkerStore for PgLeaseStore {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
         let at = self.at();
         self.with_conn(Operation::EnsureGroup, async |c| {
@@ -616,28 +616,14 @@ impl LeaseStore for PgLeaseStore {
     async fn leave(
         &self,
         group: &GroupName,
-        worker: WorkerId,
-        session: Option<SessionId>,
+        node: WorkerId,
+        session: SessionId,
     ) -> Result<Vec<Bucket>, StoreError> {
         let at = self.at();
         self.with_conn(Operation::Leave, async |c| {
-            ops::leave(c, at, group, worker, session).await
+            ops::leave(c, at, group, node, session).await
         })
         .await
-    }
-
-    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
-        let at = self.at();
-        self.with_conn(Operation::Snapshot, async |c| {
-            ops::snapshot(c, at, group).await
-        })
-        .await
-    }
-
-    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
-        let at = self.at();
-        self.with_conn(Operation::Nodes, async |c| ops::nodes(c, at).await)
-            .await
     }
 
     async fn is_current(
@@ -652,6 +638,79 @@ impl LeaseStore for PgLeaseStore {
             ops::is_current(c, at, group, bucket, worker, token).await
         })
         .await
+    }
+
+    async fn hand_over(
+        &self,
+        node: WorkerId,
+        incarnation: lease_core::Incarnation,
+        keep: Ttl,
+    ) -> Result<Option<lease_core::Timestamp>, StoreError> {
+        let at = self.at();
+        self.with_conn(Operation::HandOver, async |c| {
+            ops::hand_over(c, at, node, incarnation, keep).await
+        })
+        .await
+    }
+
+    async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
+        if !self.notifier.can_listen() {
+            if let Some(pooler) = &self.pooler
+                && !pooler
+                    .warned
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    "through a transaction pooler without a direct URL there is no LISTEN: \
+                     no wake-ups are pushed, workers re-plan at their renew interval (for \
+                     prompt wake-ups give a direct URL to the server: \
+                     PgLeaseStoreBuilder::direct_url, leasectl --direct-url)"
+                );
+            }
+            return Ok(None);
+        }
+        let row: sql::ChannelRow = self
+            .with_conn(Operation::Changes, async |c| {
+                Prepared(diesel::sql_query(sql::CHANNEL).bind::<Text, _>(group.as_str()))
+                    .get_result(c)
+                    .await
+                    .map_err(|e| from_diesel(Operation::Changes, e))
+            })
+            .await?;
+        self.notifier.subscribe(row.channel).await
+    }
+
+    async fn set_weight(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+        weight: Weight,
+    ) -> Result<(), StoreError> {
+        let at = self.at();
+        self.with_conn(Operation::SetWeight, async |c| {
+            ops::set_weight(c, at, group, node, session, weight)
+                .await
+                .map(drop)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl AdminStore for PgLeaseStore {
+    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
+        let at = self.at();
+        self.with_conn(Operation::Snapshot, async |c| {
+            ops::snapshot(c, at, group).await
+        })
+        .await
+    }
+
+    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
+        let at = self.at();
+        self.with_conn(Operation::Nodes, async |c| ops::nodes(c, at).await)
+            .await
     }
 
     async fn resize(
@@ -705,43 +764,11 @@ impl LeaseStore for PgLeaseStore {
         .await
     }
 
-    async fn hand_over(
-        &self,
-        node: WorkerId,
-        incarnation: lease_core::Incarnation,
-        keep: Ttl,
-    ) -> Result<Option<lease_core::Timestamp>, StoreError> {
+    async fn evict(&self, group: &GroupName, node: WorkerId) -> Result<Vec<Bucket>, StoreError> {
         let at = self.at();
-        self.with_conn(Operation::HandOver, async |c| {
-            ops::hand_over(c, at, node, incarnation, keep).await
+        self.with_conn(Operation::Evict, async |c| {
+            ops::evict(c, at, group, node).await
         })
         .await
-    }
-
-    async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
-        if !self.notifier.can_listen() {
-            if let Some(pooler) = &self.pooler
-                && !pooler
-                    .warned
-                    .swap(true, std::sync::atomic::Ordering::Relaxed)
-            {
-                tracing::warn!(
-                    "through a transaction pooler without a direct URL there is no LISTEN: \
-                     no wake-ups are pushed, workers re-plan at their renew interval (for \
-                     prompt wake-ups give a direct URL to the server: \
-                     PgLeaseStoreBuilder::direct_url, leasectl --direct-url)"
-                );
-            }
-            return Ok(None);
-        }
-        let row: sql::ChannelRow = self
-            .with_conn(Operation::Changes, async |c| {
-                Prepared(diesel::sql_query(sql::CHANNEL).bind::<Text, _>(group.as_str()))
-                    .get_result(c)
-                    .await
-                    .map_err(|e| from_diesel(Operation::Changes, e))
-            })
-            .await?;
-        self.notifier.subscribe(row.channel).await
     }
 }

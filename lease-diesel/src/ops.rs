@@ -107,7 +107,7 @@ fn bucket_list(op: Operation, buckets: &[i32]) -> Result<Vec<Bucket>, StoreError
     buckets.iter().map(|&b| bucket(op, b)).collect()
 }
 
-/// [`LeaseStore::ensure_group`](lease_core::LeaseStore::ensure_group) on `conn`; `at` is the client clock's time (`None`: the server's).
+/// [`WorkerStore::ensure_group`](lease_core::WorkerStore::ensure_group) on `conn`; `at` is the client clock's time (`None`: the server's).
 pub async fn ensure_group(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
@@ -148,7 +148,7 @@ pub async fn ensure_group(
     }
 }
 
-/// [`LeaseStore::heartbeat`](lease_core::LeaseStore::heartbeat) on `conn`: one statement, or
+/// [`WorkerStore::heartbeat`](lease_core::WorkerStore::heartbeat) on `conn`: one statement, or
 /// two when the steady statement finds a group to look at.
 pub async fn heartbeat(
     conn: &mut AsyncPgConnection,
@@ -466,7 +466,7 @@ fn group_beat(
     })
 }
 
-/// [`LeaseStore::join`](lease_core::LeaseStore::join) on `conn`: one statement.
+/// [`WorkerStore::join`](lease_core::WorkerStore::join) on `conn`: one statement.
 pub async fn join(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
@@ -495,7 +495,7 @@ pub async fn join(
     }
 }
 
-/// [`LeaseStore::claim`](lease_core::LeaseStore::claim) on `conn`: one statement.
+/// [`WorkerStore::claim`](lease_core::WorkerStore::claim) on `conn`: one statement.
 pub async fn claim(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
@@ -542,7 +542,7 @@ pub async fn claim(
     )
 }
 
-/// [`LeaseStore::release`](lease_core::LeaseStore::release) on `conn`: one statement.
+/// [`WorkerStore::release`](lease_core::WorkerStore::release) on `conn`: one statement.
 pub async fn release(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
@@ -578,13 +578,25 @@ pub async fn release(
     bucket_list(Operation::Release, &row.buckets)
 }
 
-/// [`LeaseStore::leave`](lease_core::LeaseStore::leave) on `conn`: one statement.
+/// [`WorkerStore::leave`](lease_core::WorkerStore::leave) on `conn`: one statement.
 pub async fn leave(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
     group: &GroupName,
     node: WorkerId,
+    session: SessionId,
+) -> Result<Vec<Bucket>, StoreError> {
+    leave_as(conn, at, group, node, Some(session), Operation::Leave).await
+}
+
+/// `lease.leave` under `session`, or under whatever session the node holds (`None`).
+async fn leave_as(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+    group: &GroupName,
+    node: WorkerId,
     session: Option<SessionId>,
+    op: Operation,
 ) -> Result<Vec<Bucket>, StoreError> {
     let row: sql::LeaveRow = Prepared(
         diesel::sql_query(sql::LEAVE)
@@ -595,12 +607,12 @@ pub async fn leave(
     )
     .get_result(conn)
     .await
-    .map_err(|e| from_diesel(Operation::Leave, e))?;
+    .map_err(|e| from_diesel(op, e))?;
     let buckets = row.buckets.ok_or_else(|| not_found(group))?;
-    bucket_list(Operation::Leave, &buckets)
+    bucket_list(op, &buckets)
 }
 
-/// [`LeaseStore::snapshot`](lease_core::LeaseStore::snapshot) on `conn`: a read-only repeatable-read transaction,
+/// [`AdminStore::snapshot`](lease_core::AdminStore::snapshot) on `conn`: a read-only repeatable-read transaction,
 /// or, inside your own transaction, reads in that one (whose isolation level is yours).
 pub async fn snapshot(
     conn: &mut AsyncPgConnection,
@@ -767,7 +779,7 @@ async fn snapshot_reads(
     Ok((now.now, count, member_rows, shard_rows, old_rows))
 }
 
-/// [`LeaseStore::nodes`](lease_core::LeaseStore::nodes) on `conn`: one statement.
+/// [`AdminStore::nodes`](lease_core::AdminStore::nodes) on `conn`: one statement.
 pub async fn nodes(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
@@ -826,7 +838,7 @@ pub async fn nodes(
     Ok(NodesSnapshot { observed_at, nodes })
 }
 
-/// [`LeaseStore::is_current`](lease_core::LeaseStore::is_current) on `conn`: one statement. Inside your own transaction, a `true`
+/// [`WorkerStore::is_current`](lease_core::WorkerStore::is_current) on `conn`: one statement. Inside your own transaction, a `true`
 /// answer keeps the bucket row share-locked until that transaction ends.
 pub async fn is_current(
     conn: &mut AsyncPgConnection,
@@ -850,7 +862,7 @@ pub async fn is_current(
     Ok(row.current)
 }
 
-/// [`LeaseStore::control`](lease_core::LeaseStore::control) on `conn`: one statement. `true`
+/// [`AdminStore::control`](lease_core::AdminStore::control) on `conn`: one statement. `true`
 /// if it changed the stored value (the group's counter moved), `false` if it was the one
 /// stored (K3: nothing written).
 pub async fn control(
@@ -895,7 +907,57 @@ pub async fn control(
     }
 }
 
-/// [`LeaseStore::quarantine`](lease_core::LeaseStore::quarantine) on `conn`: one statement.
+/// [`WorkerStore::set_weight`](lease_core::WorkerStore::set_weight) on `conn`: one statement.
+/// `true` if the weight changed (the group's counter moved), `false` if it was the one
+/// stored. `at` is the client clock's time (`None`: the server's).
+pub async fn set_weight(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+    group: &GroupName,
+    node: WorkerId,
+    session: SessionId,
+    weight: Weight,
+) -> Result<bool, StoreError> {
+    let op = Operation::SetWeight;
+    let row: sql::SetWeightRow = Prepared(
+        diesel::sql_query(sql::SET_WEIGHT)
+            .bind::<Text, _>(group.as_str())
+            .bind::<SqlUuid, _>(node.as_uuid())
+            // At most MAX_WEIGHT (1,000,000): it fits.
+            .bind::<Integer, _>(weight.get() as i32)
+            .bind::<SqlUuid, _>(session.as_uuid())
+            .bind::<Nullable<Timestamptz>, _>(at),
+    )
+    .get_result(conn)
+    .await
+    .map_err(|e| from_diesel(op, e))?;
+    match (row.found, row.outcome) {
+        (false, _) => Err(not_found(group)),
+        // Not the node's live session, or not a member (0: lease.control found no member row
+        // after all; the session's own row was held, so only a leave of this node's own
+        // could have removed it).
+        (true, None | Some(0)) => Err(StoreError::SessionExpired {
+            group: group.clone(),
+            worker: node,
+        }),
+        (true, Some(1)) => Ok(false),
+        (true, Some(2)) => Ok(true),
+        (true, Some(n)) => Err(corrupt(op, format!("lease.control answered {n}"))),
+    }
+}
+
+/// [`AdminStore::evict`](lease_core::AdminStore::evict) on `conn`: [`leave`] under whatever
+/// session the node holds.
+pub async fn evict(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+    group: &GroupName,
+    node: WorkerId,
+) -> Result<Vec<Bucket>, StoreError> {
+    leave_as(conn, at, group, node, None, Operation::Evict).await
+}
+
+/// [`AdminStore::quarantine`](lease_core::AdminStore::quarantine) on `conn`: one statement.
 /// `true` if it set or lifted a quarantine (the group's counter moved), `false` if it lifted
 /// a bucket not under quarantine (Q3: nothing written). `at` is the client clock's time
 /// (`None`: the server's).
@@ -935,7 +997,7 @@ pub async fn quarantine(
     Ok(row.changed)
 }
 
-/// [`LeaseStore::history`](lease_core::LeaseStore::history) on `conn`: one statement, which
+/// [`AdminStore::history`](lease_core::AdminStore::history) on `conn`: one statement, which
 /// reads only. The tenures of `bucket` of `group`'s current generation, oldest first.
 pub async fn history(
     conn: &mut AsyncPgConnection,
@@ -997,7 +1059,7 @@ fn tenure(op: Operation, r: sql::HistoryRow) -> Result<Tenure, StoreError> {
     })
 }
 
-/// [`LeaseStore::hand_over`](lease_core::LeaseStore::hand_over) on `conn`: one statement
+/// [`WorkerStore::hand_over`](lease_core::WorkerStore::hand_over) on `conn`: one statement
 /// (`lease.hand_over`). `Some` with the session's new expiry if `node`'s live session was
 /// started by `incarnation` and is now handed over; `None` (nothing written) otherwise.
 pub async fn hand_over(
@@ -1020,7 +1082,7 @@ pub async fn hand_over(
     Ok(row.expires_at)
 }
 
-/// [`LeaseStore::resize`](lease_core::LeaseStore::resize) on `conn`: one transaction (a
+/// [`AdminStore::resize`](lease_core::AdminStore::resize) on `conn`: one transaction (a
 /// savepoint inside yours) of five statements. The group's row is locked first, so resizes
 /// of one group serialize and each compares the count the one before it left (Z1).
 pub async fn resize(

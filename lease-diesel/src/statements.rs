@@ -795,6 +795,35 @@ pub(crate) struct ControlRow {
     pub outcome: Option<i32>,
 }
 
+/// A node's own weight (K4): `lease.control` for node `$2`'s weight `$3` in group `$1`, only
+/// while `$4` is the node's live session (`$5` client time) and the node a member. The node
+/// row is share-locked first, and liveness judged on a clock read once it is held: a new
+/// session (which locks that row to start) cannot begin until this commits, so a weight is
+/// never written for a session that ended. `found` false: no such group; `outcome` null: not
+/// the node's live session or not a member (nothing written); otherwise as [`CONTROL`].
+pub(crate) const SET_WEIGHT: &str = r#"
+WITH me AS (
+    SELECT n.expires_at FROM lease.nodes n
+     WHERE n.node_id = $2 AND n.session_id = $4
+       FOR SHARE OF n
+), live AS (
+    SELECT 1 FROM me JOIN lease.members m ON m.group_name = $1 AND m.node_id = $2
+     WHERE me.expires_at > COALESCE($5, clock_timestamp())
+)
+SELECT EXISTS (SELECT 1 FROM lease.groups g WHERE g.name = $1) AS found,
+       CASE WHEN EXISTS (SELECT 1 FROM live) THEN lease.control($1, $2, $3, NULL) END
+           AS outcome
+"#;
+
+/// Row of [`SET_WEIGHT`].
+#[derive(QueryableByName, Debug)]
+pub(crate) struct SetWeightRow {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub found: bool,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub outcome: Option<i32>,
+}
+
 /// A bucket's quarantine (Q1-Q4): `lease.quarantine` (migration 8) puts bucket `$2` of group
 /// `$1` under quarantine for `$3` from the store's time (`$4` client time), or lifts it (`$3`
 /// null). No row: no such group; otherwise the group's count (a bucket at or above it was out
@@ -976,7 +1005,7 @@ pub(crate) struct ShardCountRow {
     pub shard_count: i32,
 }
 
-/// [`resize`](lease_core::LeaseStore::resize), first statement of its transaction: lock the
+/// [`resize`](lease_core::AdminStore::resize), first statement of its transaction: lock the
 /// group's row (resizes of one group serialize here; claims never wait for it) and count the
 /// old buckets still owned by a session judged live on the latest committed state, each
 /// session judged once (a loose index scan of the old owners, as in CLAIM), not each bucket.
@@ -1019,7 +1048,7 @@ pub(crate) struct ResizeLockRow {
     pub draining: i64,
 }
 
-/// [`resize`](lease_core::LeaseStore::resize), second statement, once [`RESIZE_LOCK`] found
+/// [`resize`](lease_core::AdminStore::resize), second statement, once [`RESIZE_LOCK`] found
 /// the count `$2` and nothing draining: drop the retired old generation, if any, and lift
 /// every quarantine of the group (Q4: bucket numbers change meaning; the new bucket rows open
 /// without one). `$1` group. The quarantine rows go before the bucket rows move, the order
@@ -1031,7 +1060,7 @@ WITH lifted AS (
 DELETE FROM lease.draining_shards d WHERE d.group_name = $1
 "#;
 
-/// [`resize`](lease_core::LeaseStore::resize), third statement: move the current bucket rows
+/// [`resize`](lease_core::AdminStore::resize), third statement: move the current bucket rows
 /// into `lease.draining_shards` with their owners and tokens. `$1` group.
 ///
 /// The move is a `DELETE ... RETURNING`: it waits for a claim holding a bucket row and moves
@@ -1047,7 +1076,7 @@ INSERT INTO lease.draining_shards (group_name, bucket, owner_node, owner_session
 SELECT $1, m.bucket, m.owner_node, m.owner_session, m.token FROM moved m
 "#;
 
-/// [`resize`](lease_core::LeaseStore::resize), last statement: delete the group's tenures
+/// [`resize`](lease_core::AdminStore::resize), last statement: delete the group's tenures
 /// (T4), open `$3` unowned rows, each starting at the highest token of its parents (Z4: the
 /// old buckets congruent to it mod gcd) and at tenure 0, bump the generation, zero the
 /// members' loads (they count the new generation; what each held becomes its count of old
@@ -1094,7 +1123,7 @@ pub(crate) struct ResizeOpenRow {
     pub generation: i64,
 }
 
-/// [`resize`](lease_core::LeaseStore::resize), after [`RESIZE_OPEN`]: move the group's change
+/// [`resize`](lease_core::AdminStore::resize), after [`RESIZE_OPEN`]: move the group's change
 /// counter (H8). A statement of its own, the transaction's last: every statement takes that
 /// row's lock last, so a resize holding the group's row, bucket rows and member rows never
 /// waits for a claim that holds the counter and waits for one of those. `$1` group.

@@ -17,8 +17,8 @@ use support::{process, tokens};
 use std::time::Duration;
 
 use lease_core::{
-    Bucket, BucketState, FencingToken, GroupName, Lease, LeaseStore, ManualClock, MemberMetadata,
-    ShardCount, Takeover, Ttl, WorkerId,
+    AdminStore, Bucket, BucketState, FencingToken, GroupName, Lease, ManualClock, MemberMetadata,
+    ShardCount, Takeover, Ttl, WorkerId, WorkerStore,
 };
 use lease_diesel::PgLeaseStore;
 

@@ -35,8 +35,8 @@ async fn controls_and_quarantines_wake_the_group() {
     use std::time::Duration;
 
     use lease_core::{
-        Bucket, Change, ChangeFeed, GroupName, Incarnation, LeaseStore, MemberControl,
-        MemberMetadata, QuarantineFor, ShardCount, Ttl, Weight, WorkerId,
+        AdminStore, Bucket, Change, ChangeFeed, GroupName, Incarnation, MemberControl,
+        MemberMetadata, QuarantineFor, ShardCount, Ttl, Weight, WorkerId, WorkerStore,
     };
 
     async fn next(feed: &mut ChangeFeed, what: &str) -> Change {
@@ -77,7 +77,7 @@ async fn controls_and_quarantines_wake_the_group() {
     );
     store.quarantine(&g, Bucket(0), None).await.expect("lift");
     assert_eq!(next(&mut feed, "a lift").await, Change::Controlled);
-    store.leave(&g, node, None).await.expect("leave");
+    store.evict(&g, node).await.expect("leave");
     assert_eq!(
         next(&mut feed, "a leave").await,
         Change::Left(node),

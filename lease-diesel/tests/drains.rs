@@ -19,7 +19,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
-    Bucket, GroupName, LeaseStore, MemberMetadata, SessionId, ShardCount, Takeover, Ttl, WorkerId,
+    AdminStore, Bucket, GroupName, MemberMetadata, SessionId, ShardCount, Takeover, Ttl, WorkerId,
+    WorkerStore,
 };
 use lease_diesel::{PgLeaseStore, ops};
 use support::process;

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    Bucket, Clock, ErrorKind, FencingToken, GroupName, Incarnation, LeaseStore, ManualClock,
-    MemberMetadata, ShardCount, StoreError, SystemClock, Takeover, Ttl, WorkerId,
+    Bucket, Clock, ErrorKind, FencingToken, GroupName, Incarnation, ManualClock, MemberMetadata,
+    ShardCount, StoreError, SystemClock, Takeover, Ttl, WorkerId, WorkerStore,
 };
 use lease_diesel::PgLeaseStore;
 use lease_testdb::{Cluster, ClusterOptions, Replication};
@@ -460,6 +460,61 @@ async fn a_release_lost_in_a_failover_does_not_hand_the_bucket_back() {
             .is_current(&g, Bucket(0), c, FencingToken(2))
             .await
             .expect("is_current")
+    );
+}
+
+/// V1 on a steady tick: a node that hands in the stamps it was given just before a lossless
+/// (synchronous) failover, so that on the promoted server its groups and counters are exactly
+/// those stamps, still gets a new session there: the steady statement (one `UPDATE`, no
+/// function) checks the timeline as the heartbeat function does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_heartbeat_on_a_promoted_server_starts_a_new_session() {
+    let (primary, standby) = primary_and_standby(Replication::Synchronous).await;
+    let clock = ManualClock::starting_at(SystemClock.now());
+    let store = store_on_both(&primary, &standby, &clock);
+    let g = group();
+    store
+        .ensure_group(&g, ShardCount::new(SHARDS).expect("n"))
+        .await
+        .expect("ensure_group");
+    let a = worker();
+    let empty = MemberMetadata::empty();
+    let joined = support::beat_as(&store, &g, a, process(a), ttl(), &empty)
+        .await
+        .expect("a's heartbeat");
+    // The stamps of a heartbeat after the join: the next one, with nothing changed, is steady.
+    let given = store
+        .heartbeat(a, process(a), ttl(), &empty, &[])
+        .await
+        .expect("a's view");
+    let seen: Vec<lease_core::GroupStamp> = given
+        .groups
+        .iter()
+        .map(|v| lease_core::GroupStamp {
+            group: v.group.clone(),
+            stamp: v.stamp,
+        })
+        .collect();
+    assert_eq!(seen.len(), 1, "a is a member of {g}");
+    let steady = store
+        .heartbeat(a, process(a), ttl(), &empty, &seen)
+        .await
+        .expect("a steady heartbeat");
+    assert!(
+        !steady.new_session && steady.groups.is_empty(),
+        "the tick before the failover is steady: {steady:?}"
+    );
+
+    fail_over(&primary, &standby);
+
+    clock.advance(Duration::from_millis(100));
+    let after = until_ok("a's steady heartbeat on the promoted server", || {
+        store.heartbeat(a, process(a), ttl(), &empty, &seen)
+    })
+    .await;
+    assert!(
+        after.new_session && after.session != joined.session,
+        "a's session was renewed across the failover by its steady tick"
     );
 }
 

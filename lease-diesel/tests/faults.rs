@@ -17,8 +17,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
-    BackendFailure, Bucket, BucketState, Change, FencingToken, GroupName, LeaseStore,
-    MemberMetadata, SessionId, ShardCount, StoreError, Takeover, Ttl,
+    AdminStore, BackendFailure, Bucket, BucketState, Change, FencingToken, GroupName,
+    MemberMetadata, SessionId, ShardCount, StoreError, Takeover, Ttl, WorkerStore,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError};
 
@@ -79,7 +79,7 @@ async fn unreachable_server_gives_backend_errors() {
         "release",
         store.release(&g, me, SessionId::new(), &[Bucket(0)])
     );
-    fails_fast!("leave", store.leave(&g, me, None));
+    fails_fast!("leave", store.evict(&g, me));
     fails_fast!("snapshot", store.snapshot(&g));
     fails_fast!(
         "is_current",

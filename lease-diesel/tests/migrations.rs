@@ -21,8 +21,8 @@ use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 use lease_core::{
-    Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount, Takeover,
-    Timestamp, Ttl, WorkerId,
+    AdminStore, Bucket, BucketState, FencingToken, GroupName, MemberMetadata, ShardCount, Takeover,
+    Timestamp, Ttl, WorkerId, WorkerStore,
 };
 use lease_diesel::privileges::{self, Grant, Object, RoleKind, RoleName};
 use lease_diesel::{Compatibility, ExtraMigration, MIGRATIONS, PgLeaseStore, PgSetupError, ops};
@@ -817,10 +817,7 @@ async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
         .await
         .expect("a lift");
     worker.changes(&g).await.expect("changes");
-    worker
-        .leave(&g, me, Some(beat.session))
-        .await
-        .expect("leave");
+    worker.leave(&g, me, beat.session).await.expect("leave");
     assert!(
         worker
             .snapshot(&g)
@@ -1740,14 +1737,14 @@ async fn migration_9_gives_owned_buckets_their_tenure_and_keeps_the_roles() {
     );
     assert_eq!(
         worker
-            .leave(&g, me, Some(beat.session))
+            .leave(&g, me, beat.session)
             .await
             .expect("a leave as the old worker role"),
         [mine[1].bucket]
     );
     assert_eq!(
         worker
-            .leave(&g, held, None)
+            .evict(&g, held)
             .await
             .expect("an eviction as the old worker role")
             .len(),
@@ -2112,7 +2109,7 @@ async fn the_engines_statements_survive_added_columns_on_connections_that_prepar
         assert_eq!(snap.members.len(), 1);
         let nodes = ops::nodes(conn, None).await.expect("nodes");
         assert!(!nodes.nodes.is_empty(), "the node is listed");
-        ops::leave(conn, None, &g, me, Some(beat.session))
+        ops::leave(conn, None, &g, me, beat.session)
             .await
             .expect("leave");
     };

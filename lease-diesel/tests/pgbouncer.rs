@@ -30,8 +30,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease_core::{
-    BackendFailure, Bucket, Chain, GroupName, LeaseStore, MemberMetadata, ShardCount, StoreError,
-    SystemClock, Takeover, Timestamp, Ttl, WorkerId,
+    AdminStore, BackendFailure, Bucket, Chain, GroupName, MemberMetadata, ShardCount, StoreError,
+    SystemClock, Takeover, Timestamp, Ttl, WorkerId, WorkerStore,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError};
 use lease_testdb::{PgBouncer, PoolMode, TestDb};
@@ -636,7 +636,7 @@ async fn eight_clients_share_three_server_connections() {
                         .expect("release");
                     store.snapshot(&g).await.expect("snapshot");
                 }
-                store.leave(&g, w, None).await.expect("leave");
+                store.evict(&g, w).await.expect("leave");
             })
         })
         .collect();
@@ -827,7 +827,7 @@ async fn round_trips_per_operation_direct_and_through_the_pooler() {
             measure("release");
             store.snapshot(&g).await.expect("snapshot");
             measure("snapshot");
-            store.leave(&g, w, Some(beat.session)).await.expect("leave");
+            store.leave(&g, w, beat.session).await.expect("leave");
             measure("leave");
         }
     }

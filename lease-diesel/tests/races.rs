@@ -1270,6 +1270,59 @@ async fn a_join_racing_a_new_session_does_not_survive_it() {
     assert!(next.groups.is_empty(), "{:?}", next.groups);
 }
 
+/// A node's own weight (K4) is written under its live session and ordered before any next
+/// session of the node: the write share-locks the node row, so a heartbeat that starts a new
+/// session once the old one expired waits for it (without the lock it would not wait, and a
+/// weight judged under the old session could commit after the new one began).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weight_written_under_a_session_is_ordered_before_the_next_session() {
+    let db = lease_testdb::database().await;
+    let mut admin = connect(&db.url).await;
+    let mut writer = connect(&db.url).await;
+    let mut heart = connect(&db.url).await;
+    let group = GroupName::new("race").expect("name");
+    ops::ensure_group(&mut admin, None, &group, count(SHARDS))
+        .await
+        .expect("ensure");
+    let a = WorkerId::new();
+    let first = renew(
+        &mut admin,
+        a,
+        Ttl::from_secs(2).expect("ttl"),
+        &[],
+        "a starts",
+    )
+    .await;
+    ops::join(&mut admin, None, &group, a, first.session)
+        .await
+        .expect("a joins");
+    exec(&mut writer, "BEGIN").await;
+    let weight = lease_core::Weight::new(5).expect("weight");
+    assert!(
+        ops::set_weight(&mut writer, None, &group, a, first.session, weight)
+            .await
+            .expect("a sets its weight, not committed yet"),
+        "the weight changed"
+    );
+    wait_server_past(&mut admin, first.expires_at).await;
+    let pid = backend_pid(&mut heart).await;
+    let renewal = tokio::spawn(async move {
+        let beat = renew(&mut heart, a, long(), &[], "a's next heartbeat").await;
+        (beat, heart)
+    });
+    wait_blocked_on_lock(&mut admin, pid).await;
+    exec(&mut writer, "COMMIT").await;
+    let (beat, _heart) = renewal.await.expect("the heartbeat task");
+    assert!(beat.new_session, "the session had expired");
+    assert_ne!(beat.session, first.session);
+    // The old session is over: its id writes nothing now.
+    let late = ops::set_weight(&mut admin, None, &group, a, first.session, weight).await;
+    assert!(
+        matches!(late, Err(lease_core::StoreError::SessionExpired { .. })),
+        "{late:?}"
+    );
+}
+
 /// A claim not committed yet while a node heartbeats is not in the view it is given (nor in
 /// an "unchanged" answer); once the claim commits, the node's next heartbeat, handing in the
 /// stamps it was given, gets the view with it: the claim moved the group's change counter, and
@@ -1411,7 +1464,7 @@ async fn a_member_renewing_while_a_view_is_built_is_not_left_out() {
     let mut hearts = connect(&url).await;
     let mut renewal = connect(&url).await;
     // b's session is short; it renews just in time, and the renewal stays uncommitted.
-    ops::leave(&mut admin, None, &group, b, Some(b_beat.session))
+    ops::leave(&mut admin, None, &group, b, b_beat.session)
         .await
         .expect("b leaves its long session");
     let b_beat = member(
@@ -1466,7 +1519,7 @@ async fn a_member_whose_session_ended_is_never_answered_unchanged() {
     let (url, group, [(a, _), (b, b_beat)]) = two_members(8, long()).await;
     let mut admin = connect(&url).await;
     let mut hearts = connect(&url).await;
-    ops::leave(&mut admin, None, &group, b, Some(b_beat.session))
+    ops::leave(&mut admin, None, &group, b, b_beat.session)
         .await
         .expect("b leaves its long session");
     let b_beat = member(

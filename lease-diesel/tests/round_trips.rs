@@ -17,8 +17,8 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 mod support;
 
 use lease_core::{
-    Bucket, GroupName, GroupStamp, Heartbeat, LeaseStore, MemberMetadata, ShardCount, Takeover,
-    Ttl, WorkerId,
+    AdminStore, Bucket, GroupName, GroupStamp, Heartbeat, MemberMetadata, ShardCount, Takeover,
+    Ttl, WorkerId, WorkerStore,
 };
 use lease_core::{MemberControl, QuarantineFor, Weight};
 use lease_diesel::PgLeaseStore;
@@ -401,10 +401,7 @@ async fn every_operation_is_one_statement() {
             .await
             .expect("release");
         let after_release = snapshot(&counts);
-        store
-            .leave(&group, me, Some(beat.session))
-            .await
-            .expect("leave");
+        store.leave(&group, me, beat.session).await.expect("leave");
         let after_leave = snapshot(&counts);
         store.nodes().await.expect("nodes");
         let after_nodes = snapshot(&counts);

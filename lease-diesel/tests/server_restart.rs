@@ -15,8 +15,8 @@ use support::{ok_or_backend, process, tokens};
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    Bucket, ErrorKind, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount, Takeover,
-    Ttl,
+    AdminStore, Bucket, ErrorKind, FencingToken, GroupName, MemberMetadata, ShardCount, Takeover,
+    Ttl, WorkerStore,
 };
 use lease_diesel::PgLeaseStore;
 use lease_testdb::Cluster;

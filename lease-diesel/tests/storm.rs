@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    Bucket, BucketState, FencingToken, GroupName, LeaseStore, MemberMetadata, ShardCount,
-    StoreError, Takeover, Ttl, WorkerId,
+    AdminStore, Bucket, BucketState, FencingToken, GroupName, MemberMetadata, ShardCount,
+    StoreError, Takeover, Ttl, WorkerId, WorkerStore,
 };
 use lease_diesel::PgLeaseStore;
 use support::process;
@@ -316,7 +316,7 @@ async fn worker(shared: Arc<Shared>, index: usize, seed: u64, rounds: u32) {
         }
     }
     counters.leaves.fetch_add(1, Ordering::Relaxed);
-    let left = match store.leave(group, me, Some(session)).await {
+    let left = match store.leave(group, me, session).await {
         Ok(left) => left,
         Err(e) => return shared.error("leave", me, &e),
     };

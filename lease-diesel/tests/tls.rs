@@ -10,7 +10,7 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Bool};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use lease_core::{
-    GroupName, Incarnation, LeaseStore, MemberMetadata, ShardCount, Takeover, Ttl, WorkerId,
+    GroupName, Incarnation, MemberMetadata, ShardCount, Takeover, Ttl, WorkerId, WorkerStore,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError, TlsMode, Verification};
 mod support;

@@ -21,8 +21,8 @@ use etcd_client::{
 };
 use futures_util::StreamExt;
 use lease_core::{
-    BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot,
-    GroupStamp, Heartbeat, Incarnation, AdminStore, Lease, MemberControl, MemberMetadata,
+    AdminStore, BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName,
+    GroupSnapshot, GroupStamp, Heartbeat, Incarnation, Lease, MemberControl, MemberMetadata,
     NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionId, ShardCount, StoreError,
     SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerId, WorkerStore, store_precision,
 };

@@ -53,6 +53,7 @@ mod leases {
         controls_wake_the_group,
         history_keeps_the_last_tenures,
         history_is_checked_and_cleared_by_resizes,
+        an_eviction_releases_the_node_s_buckets_whatever_its_session,
     );
 
     /// Why a case cannot run in production mode.
@@ -152,6 +153,10 @@ mod leases {
         ),
         (
             "is_current_fails_on_an_old_bucket_once_its_owner_expired",
+            StepsTheClock,
+        ),
+        (
+            "a_node_sets_its_own_weight_only_under_its_live_session",
             StepsTheClock,
         ),
     ];

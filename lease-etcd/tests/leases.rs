@@ -10,8 +10,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    GroupName, GroupStamp, Incarnation, LeaseStore, MemberMetadata, ShardCount, Takeover, Ttl,
-    WorkerId,
+    AdminStore, GroupName, GroupStamp, Incarnation, MemberMetadata, ShardCount, Takeover, Ttl,
+    WorkerId, WorkerStore,
 };
 use lease_etcd::EtcdUrl;
 
@@ -94,7 +94,7 @@ async fn leaving_the_last_group_ends_the_session() {
         .expect("a heartbeat");
     store.join(&g(), node, first.session).await.expect("a join");
     store
-        .leave(&g(), node, Some(first.session))
+        .leave(&g(), node, first.session)
         .await
         .expect("a leave");
     assert!(

@@ -6,7 +6,9 @@ mod support;
 
 use std::time::Duration;
 
-use lease_core::{Bucket, GroupName, LeaseStore, ManualClock, QuarantineFor, ShardCount};
+use lease_core::{
+    AdminStore, Bucket, GroupName, ManualClock, QuarantineFor, ShardCount, WorkerStore,
+};
 use lease_etcd::keys::Keys;
 
 /// Q3: lifting a bucket not under quarantine writes nothing, also when another bucket's

@@ -9,8 +9,8 @@
 //! ```
 //! use std::time::Duration;
 //! use lease_core::{
-//!     GroupName, Incarnation, LeaseStore, ManualClock, MemberMetadata, ShardCount, Takeover, Ttl,
-//!     WorkerId,
+//!     GroupName, Incarnation, ManualClock, MemberMetadata, ShardCount, Takeover, Ttl,
+//!     WorkerId, WorkerStore,
 //! };
 //! use lease_memory::MemoryLeaseStore;
 //!
@@ -55,8 +55,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use lease_core::{
-    BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot,
-    GroupStamp, Heartbeat, Incarnation, AdminStore, Lease, MemberControl, MemberMetadata,
+    AdminStore, BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName,
+    GroupSnapshot, GroupStamp, Heartbeat, Incarnation, Lease, MemberControl, MemberMetadata,
     NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionId, ShardCount, StoreError,
     SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerId, WorkerStore, store_precision,
 };

@@ -31,9 +31,11 @@ use lease_core::{MemberControl, QuarantineFor, Weight};
 
 mod controls;
 mod history;
+mod members;
 mod walks;
 pub use controls::*;
 pub use history::*;
+pub use members::*;
 pub use walks::*;
 
 /// The name of every case, in the order the macro runs them.
@@ -110,6 +112,8 @@ pub const CASES: &[&str] = &[
     "every_kind_of_claimable_bucket_under_quarantine_is_skipped",
     "every_kind_of_new_bucket_waits_for_the_old_ones",
     "is_current_fails_on_an_old_bucket_once_its_owner_expired",
+    "a_node_sets_its_own_weight_only_under_its_live_session",
+    "an_eviction_releases_the_node_s_buckets_whatever_its_session",
 ];
 
 /// The name of every case of the resize contract (Z1-Z5 and what they change in the other
@@ -247,6 +251,8 @@ macro_rules! conformance_suite {
             every_kind_of_claimable_bucket_under_quarantine_is_skipped,
             every_kind_of_new_bucket_waits_for_the_old_ones,
             is_current_fails_on_an_old_bucket_once_its_owner_expired,
+            a_node_sets_its_own_weight_only_under_its_live_session,
+            an_eviction_releases_the_node_s_buckets_whatever_its_session,
         );
     };
 }
@@ -552,7 +558,7 @@ pub async fn unknown_group_fails_every_operation<S: LeaseStore>(store: S, _clock
         nf,
         "release",
     );
-    assert_kind(store.leave(&g, a, None).await, nf, "leave");
+    assert_kind(store.evict(&g, a).await, nf, "leave");
     assert_kind(store.snapshot(&g).await, nf, "snapshot");
     match store.snapshot(&g).await {
         Err(StoreError::GroupNotFound { group: eg }) => assert_eq!(eg, g),
@@ -596,7 +602,7 @@ pub async fn groups_are_independent<S: LeaseStore>(store: S, clock: ManualClock)
     // a leaves g1 without touching g2.
     clock.advance(secs(1));
     let left = store
-        .leave(&g1, a, Some(session(&store, &g2, a).await))
+        .leave(&g1, a, session(&store, &g2, a).await)
         .await
         .expect("leave");
     assert_eq!(bucket_nums(&left), vec![0, 1, 2]);
@@ -606,7 +612,7 @@ pub async fn groups_are_independent<S: LeaseStore>(store: S, clock: ManualClock)
     assert_eq!(tokens(&store, &g1).await, vec![1, 1, 1]);
     assert_eq!(tokens(&store, &g2).await, vec![1, 1, 1, 1, 1]);
     // Leaving g2 does not release g1.
-    store.leave(&g2, b, None).await.expect("leave");
+    store.evict(&g2, b).await.expect("leave");
     assert_eq!(nums(&claim(&store, &g1, b, 3).await), vec![0, 1, 2]);
     assert_eq!(live_owners(&store, &g1).await.len(), 3);
 }
@@ -901,7 +907,7 @@ pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: Manua
     );
     assert!(
         store
-            .leave(&g, a, Some(hb.session))
+            .leave(&g, a, hb.session)
             .await
             .expect("leave")
             .is_empty()
@@ -949,7 +955,7 @@ pub async fn operations_act_only_under_the_named_session<S: LeaseStore>(
     );
     assert!(
         store
-            .leave(&g, a, Some(stranger))
+            .leave(&g, a, stranger)
             .await
             .expect("leave")
             .is_empty()
@@ -960,7 +966,7 @@ pub async fn operations_act_only_under_the_named_session<S: LeaseStore>(
         "something was released"
     );
     // A node leaving its last group under its own session frees the node id at once (L3).
-    let left = store.leave(&g, a, Some(hb.session)).await.expect("leave");
+    let left = store.leave(&g, a, hb.session).await.expect("leave");
     assert_eq!(bucket_nums(&left), vec![0, 1]);
     let next = beat_as(
         &store,
@@ -1583,7 +1589,7 @@ pub async fn leave_releases_everything_and_removes_membership<S: LeaseStore>(
     beat(&store, &g, b).await;
     claim(&store, &g, a, 3).await;
     claim(&store, &g, b, 1).await;
-    let released = store.leave(&g, a, None).await.expect("leave");
+    let released = store.evict(&g, a).await.expect("leave");
     assert_eq!(bucket_nums(&released), vec![0, 1, 2]);
     let snap = store.snapshot(&g).await.expect("snapshot");
     assert_eq!(
@@ -1603,21 +1609,15 @@ pub async fn leave_is_idempotent<S: LeaseStore>(store: S, clock: ManualClock) {
     let [a, b] = workers(2)[..] else {
         unreachable!()
     };
-    assert!(store.leave(&g, a, None).await.expect("leave").is_empty());
+    assert!(store.evict(&g, a).await.expect("leave").is_empty());
     beat(&store, &g, a).await;
     beat(&store, &g, b).await;
     claim(&store, &g, b, 2).await;
-    assert!(store.leave(&g, a, None).await.expect("leave").is_empty());
-    assert!(
-        store
-            .leave(&g, a, None)
-            .await
-            .expect("leave again")
-            .is_empty()
-    );
+    assert!(store.evict(&g, a).await.expect("leave").is_empty());
+    assert!(store.evict(&g, a).await.expect("leave again").is_empty());
     // b dies; leaving removes its dead row but releases nothing (it owned nothing live).
     clock.advance(secs(TTL_SECS));
-    assert!(store.leave(&g, b, None).await.expect("leave").is_empty());
+    assert!(store.evict(&g, b).await.expect("leave").is_empty());
     let snap = store.snapshot(&g).await.expect("snapshot");
     assert!(snap.members.is_empty());
     assert!(snap.buckets.iter().all(|x| x.state == BucketState::Expired));
@@ -1629,7 +1629,7 @@ pub async fn leaving_the_last_group_ends_the_session<S: LeaseStore>(store: S, _c
     let [a] = workers(1)[..] else { unreachable!() };
     let first = beat(&store, &g, a).await;
     claim(&store, &g, a, 2).await;
-    store.leave(&g, a, None).await.expect("leave");
+    store.evict(&g, a).await.expect("leave");
     assert_kind(
         store
             .claim(&g, a, session(&store, &g, a).await, 1, Takeover::Allowed)
@@ -1665,7 +1665,7 @@ pub async fn tokens_strictly_increase_across_owners<S: LeaseStore>(store: S, clo
         } else if step % 3 == 1 {
             clock.advance(secs(TTL_SECS));
         } else {
-            store.leave(&g, w, None).await.expect("leave");
+            store.evict(&g, w).await.expect("leave");
         }
     }
     assert_eq!(seen, vec![1, 2, 3, 4, 5, 6]);
@@ -1900,7 +1900,7 @@ pub async fn changes_report_joins_releases_and_leaves<S: LeaseStore>(
         .await
         .expect("release");
     assert_eq!(next_change(&mut feed, "release").await, Change::Released(a));
-    store.leave(&g, a, None).await.expect("leave");
+    store.evict(&g, a).await.expect("leave");
     assert_eq!(next_change(&mut feed, "leave").await, Change::Left(a));
     beat(&store, &g, b).await;
     assert_eq!(
@@ -2134,10 +2134,7 @@ pub async fn leaving_one_group_keeps_the_session_and_the_others<S: LeaseStore>(
     beat(&store, &billing, a).await;
     claim(&store, &orders, a, 2).await;
     let kept = claim(&store, &billing, a, 3).await;
-    let left = store
-        .leave(&orders, a, Some(hb.session))
-        .await
-        .expect("leave");
+    let left = store.leave(&orders, a, hb.session).await.expect("leave");
     assert_eq!(bucket_nums(&left), vec![0, 1]);
     let next = node_beat(&store, a, &[]).await;
     assert!(!next.new_session, "leaving one group ended the session");
@@ -2216,7 +2213,7 @@ pub async fn unchanged_is_answered_only_when_nothing_changed<S: LeaseStore>(
     judge(&store, a, &mut last, true, "b released").await;
     beat(&store, &g, c).await;
     judge(&store, a, &mut last, true, "c joined").await;
-    store.leave(&g, c, None).await.expect("leave");
+    store.evict(&g, c).await.expect("leave");
     judge(&store, a, &mut last, true, "c left").await;
     resize(&store, &g, 8, 16).await;
     judge(&store, a, &mut last, true, "resized").await;
@@ -2444,7 +2441,7 @@ pub async fn resize_splits_with_one_parent_per_bucket<S: LeaseStore>(
         vec![(0, 4), (2, 8), (3, 4)]
     );
     assert_eq!(
-        bucket_nums(&store.leave(&g, a, None).await.expect("leave")),
+        bucket_nums(&store.evict(&g, a).await.expect("leave")),
         vec![0, 2, 3]
     );
     let snap = store.snapshot(&g).await.expect("snapshot");

@@ -574,11 +574,11 @@ pub async fn apply_to_store(
             worker: w,
             process,
         } => {
-            let session = process.map(|p| sessions.of(w, p));
-            outcome(
-                store.leave(&group(g), worker(w), session).await,
-                Outcome::Buckets,
-            )
+            let left = match process.map(|p| sessions.of(w, p)) {
+                Some(session) => store.leave(&group(g), worker(w), session).await,
+                None => store.evict(&group(g), worker(w)).await,
+            };
+            outcome(left, Outcome::Buckets)
         }
         Op::Snapshot { group: g } => outcome(store.snapshot(&group(g)).await, Outcome::Snapshot),
         Op::IsCurrent {

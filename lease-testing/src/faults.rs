@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use lease_core::ChangeFeed;
-use lease_core::LeaseStore;
+use lease_core::{AdminStore, Weight, WorkerStore};
 use lease_core::{BackendFailure, Operation, ResizeOutcome, StoreError, Takeover};
 use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
@@ -126,7 +126,7 @@ impl<S> FaultyStore<S> {
 // Every method forwarded: a default one would skip the inner store's own behaviour.
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
+impl<S: WorkerStore> WorkerStore for FaultyStore<S> {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
         self.gate(Operation::EnsureGroup).await?;
         self.inner.ensure_group(group, shards).await
@@ -185,21 +185,11 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
     async fn leave(
         &self,
         group: &GroupName,
-        worker: WorkerId,
-        session: Option<SessionId>,
+        node: WorkerId,
+        session: SessionId,
     ) -> Result<Vec<Bucket>, StoreError> {
         self.gate(Operation::Leave).await?;
-        self.inner.leave(group, worker, session).await
-    }
-
-    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
-        self.gate(Operation::Snapshot).await?;
-        self.inner.snapshot(group).await
-    }
-
-    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
-        self.gate(Operation::Nodes).await?;
-        self.inner.nodes().await
+        self.inner.leave(group, node, session).await
     }
 
     async fn is_current(
@@ -211,6 +201,49 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
     ) -> Result<bool, StoreError> {
         self.gate(Operation::IsCurrent).await?;
         self.inner.is_current(group, bucket, worker, token).await
+    }
+
+    async fn hand_over(
+        &self,
+        node: WorkerId,
+        incarnation: Incarnation,
+        keep: Ttl,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        self.gate(Operation::HandOver).await?;
+        self.inner.hand_over(node, incarnation, keep).await
+    }
+
+    async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
+        if self.faults.no_feed.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        self.inner.changes(group).await
+    }
+
+    async fn set_weight(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+        weight: Weight,
+    ) -> Result<(), StoreError> {
+        self.gate(Operation::SetWeight).await?;
+        self.inner.set_weight(group, node, session, weight).await
+    }
+}
+
+// Every method forwarded: a default one would skip the inner store's own behaviour.
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: AdminStore> AdminStore for FaultyStore<S> {
+    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
+        self.gate(Operation::Snapshot).await?;
+        self.inner.snapshot(group).await
+    }
+
+    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
+        self.gate(Operation::Nodes).await?;
+        self.inner.nodes().await
     }
 
     async fn resize(
@@ -233,16 +266,6 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
         self.inner.control(group, node, control).await
     }
 
-    async fn hand_over(
-        &self,
-        node: WorkerId,
-        incarnation: Incarnation,
-        keep: Ttl,
-    ) -> Result<Option<Timestamp>, StoreError> {
-        self.gate(Operation::HandOver).await?;
-        self.inner.hand_over(node, incarnation, keep).await
-    }
-
     async fn quarantine(
         &self,
         group: &GroupName,
@@ -258,10 +281,8 @@ impl<S: LeaseStore> LeaseStore for FaultyStore<S> {
         self.inner.history(group, bucket).await
     }
 
-    async fn changes(&self, group: &GroupName) -> Result<Option<ChangeFeed>, StoreError> {
-        if self.faults.no_feed.load(Ordering::SeqCst) {
-            return Ok(None);
-        }
-        self.inner.changes(group).await
+    async fn evict(&self, group: &GroupName, node: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+        self.gate(Operation::Evict).await?;
+        self.inner.evict(group, node).await
     }
 }

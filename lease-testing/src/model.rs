@@ -297,7 +297,7 @@ impl Model {
             .collect()
     }
 
-    /// See [`LeaseStore::ensure_group`](lease_core::LeaseStore::ensure_group).
+    /// See [`WorkerStore::ensure_group`](lease_core::WorkerStore::ensure_group).
     pub fn ensure_group(
         &mut self,
         group: &GroupName,
@@ -330,7 +330,7 @@ impl Model {
         }
     }
 
-    /// See [`LeaseStore::heartbeat`](lease_core::LeaseStore::heartbeat). The model gives every
+    /// See [`WorkerStore::heartbeat`](lease_core::WorkerStore::heartbeat). The model gives every
     /// group's view (H8 lets a store always do so).
     pub fn heartbeat(
         &mut self,
@@ -420,7 +420,7 @@ impl Model {
         })
     }
 
-    /// See [`LeaseStore::join`](lease_core::LeaseStore::join).
+    /// See [`WorkerStore::join`](lease_core::WorkerStore::join).
     pub fn join(
         &mut self,
         group: &GroupName,
@@ -441,7 +441,7 @@ impl Model {
         Ok(())
     }
 
-    /// See [`LeaseStore::claim`](lease_core::LeaseStore::claim).
+    /// See [`WorkerStore::claim`](lease_core::WorkerStore::claim).
     pub fn claim(
         &mut self,
         group: &GroupName,
@@ -516,7 +516,7 @@ impl Model {
             .collect())
     }
 
-    /// See [`LeaseStore::release`](lease_core::LeaseStore::release).
+    /// See [`WorkerStore::release`](lease_core::WorkerStore::release).
     pub fn release(
         &mut self,
         group: &GroupName,
@@ -570,7 +570,7 @@ impl Model {
         Ok(released)
     }
 
-    /// See [`LeaseStore::leave`](lease_core::LeaseStore::leave).
+    /// See [`WorkerStore::leave`](lease_core::WorkerStore::leave).
     pub fn leave(
         &mut self,
         group: &GroupName,
@@ -614,7 +614,7 @@ impl Model {
         Ok(released)
     }
 
-    /// See [`LeaseStore::snapshot`](lease_core::LeaseStore::snapshot).
+    /// See [`AdminStore::snapshot`](lease_core::AdminStore::snapshot).
     pub fn snapshot(&self, group: &GroupName, now: Timestamp) -> Result<GroupSnapshot, StoreError> {
         let now = store_precision(now);
         let g = self.group(group)?;
@@ -667,7 +667,7 @@ impl Model {
         })
     }
 
-    /// See [`LeaseStore::nodes`](lease_core::LeaseStore::nodes).
+    /// See [`AdminStore::nodes`](lease_core::AdminStore::nodes).
     pub fn nodes(&self, now: Timestamp) -> NodesSnapshot {
         let now = store_precision(now);
         NodesSnapshot {
@@ -690,7 +690,7 @@ impl Model {
         }
     }
 
-    /// See [`LeaseStore::is_current`](lease_core::LeaseStore::is_current).
+    /// See [`WorkerStore::is_current`](lease_core::WorkerStore::is_current).
     pub fn is_current(
         &self,
         group: &GroupName,
@@ -711,7 +711,7 @@ impl Model {
             || g.old.get(bucket.0 as usize).is_some_and(current)
     }
 
-    /// See [`LeaseStore::resize`](lease_core::LeaseStore::resize).
+    /// See [`AdminStore::resize`](lease_core::AdminStore::resize).
     pub fn resize(
         &mut self,
         group: &GroupName,
@@ -774,7 +774,7 @@ impl Model {
         })
     }
 
-    /// See [`LeaseStore::hand_over`](lease_core::LeaseStore::hand_over).
+    /// See [`WorkerStore::hand_over`](lease_core::WorkerStore::hand_over).
     pub fn hand_over(
         &mut self,
         node: WorkerId,
@@ -792,7 +792,7 @@ impl Model {
         Some(n.expires_at)
     }
 
-    /// See [`LeaseStore::control`](lease_core::LeaseStore::control).
+    /// See [`AdminStore::control`](lease_core::AdminStore::control).
     pub fn control(
         &mut self,
         group: &GroupName,
@@ -815,7 +815,29 @@ impl Model {
         Ok(())
     }
 
-    /// See [`LeaseStore::history`](lease_core::LeaseStore::history).
+    /// See [`WorkerStore::set_weight`](lease_core::WorkerStore::set_weight): K4, the node's
+    /// own weight, only under its live session as a member, then as [`control`](Self::control).
+    pub fn set_weight(
+        &mut self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+        weight: Weight,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let now = store_precision(now);
+        let live = live_node(&self.nodes, node, now).is_some_and(|n| n.session == session);
+        let g = self.group_mut(group)?;
+        if !live || !g.members.contains_key(&node) {
+            return Err(StoreError::SessionExpired {
+                group: group.clone(),
+                worker: node,
+            });
+        }
+        self.control(group, node, MemberControl::Weight(weight))
+    }
+
+    /// See [`AdminStore::history`](lease_core::AdminStore::history).
     pub fn history(&self, group: &GroupName, bucket: Bucket) -> Result<Vec<Tenure>, StoreError> {
         let g = self.group(group)?;
         g.buckets
@@ -828,7 +850,7 @@ impl Model {
             })
     }
 
-    /// See [`LeaseStore::quarantine`](lease_core::LeaseStore::quarantine).
+    /// See [`AdminStore::quarantine`](lease_core::AdminStore::quarantine).
     pub fn quarantine(
         &mut self,
         group: &GroupName,

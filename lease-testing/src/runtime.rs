@@ -1000,7 +1000,7 @@ pub async fn a_new_session_revokes_everything_before_claiming_again<
     let a = pool.start().await;
     pool.until_balanced(5 * RENEW, "cold start").await;
     let before = pool.events_of(a).len();
-    pool.store.leave(&pool.group, a, None).await.expect("leave");
+    pool.store.evict(&pool.group, a).await.expect("leave");
     let reclaimed = || {
         let events = pool.events_of(a);
         let after = &events[before..];
@@ -1877,7 +1877,7 @@ pub async fn a_node_in_three_groups_shares_each_by_its_own_count<
         .collect();
     nodes
         .store
-        .leave(&Nodes::<S>::group("solo"), evicted, None)
+        .evict(&Nodes::<S>::group("solo"), evicted)
         .await
         .expect("evict");
     let lost = |nodes: &Nodes<S>| {

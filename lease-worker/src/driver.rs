@@ -19,8 +19,7 @@ use async_trait::async_trait;
 use futures_util::FutureExt;
 use lease_core::{
     Assignment, Bucket, Chain, Change, ChangeFeed, FencingToken, GroupName, Incarnation,
-    LeaseStore, MemberControl, MemberMetadata, RevokeReason, ShardCount, StoreError, Weight,
-    WorkerId,
+    MemberMetadata, RevokeReason, ShardCount, StoreError, Weight, WorkerId, WorkerStore,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -224,7 +223,7 @@ enum Command {
 /// Everything a node task needs.
 struct Driver {
     machine: Machine,
-    store: Arc<dyn LeaseStore>,
+    store: Arc<dyn WorkerStore>,
     metadata: MemberMetadata,
     cancel: CancellationToken,
     commands: mpsc::UnboundedReceiver<Command>,
@@ -478,16 +477,15 @@ impl Driver {
             // The join may have read the weights already: set it again when it answers.
             slot.weight_after_join = true;
             reply.send(Ok(())).ok();
-        } else if self.machine.is_member(&group) {
+        } else if self.machine.is_member(&group)
+            && let Some(session) = self.machine.session()
+        {
             let store = self.store.clone();
             let node = self.machine.rules().node;
             tokio::spawn(async move {
-                let result = match store
-                    .control(&group, node, MemberControl::Weight(weight))
-                    .await
-                {
-                    // The membership ended meanwhile: the next join applies it.
-                    Ok(()) | Err(StoreError::NotAMember { .. }) => Ok(()),
+                let result = match store.set_weight(&group, node, session, weight).await {
+                    // The membership or the session ended meanwhile: the next join applies it.
+                    Ok(()) | Err(StoreError::SessionExpired { .. }) => Ok(()),
                     Err(e) => Err(GroupError::Store(e)),
                 };
                 reply.send(result).ok();
@@ -509,14 +507,14 @@ impl Driver {
         let Some(weight) = weight_of(&self.weights, group) else {
             return;
         };
+        let Some(session) = self.machine.session() else {
+            return;
+        };
         let store = self.store.clone();
         let node = self.machine.rules().node;
         let group = group.clone();
         tokio::spawn(async move {
-            if let Err(e) = store
-                .control(&group, node, MemberControl::Weight(weight))
-                .await
-            {
+            if let Err(e) = store.set_weight(&group, node, session, weight).await {
                 tracing::warn!(group = %group, weight = %weight, error = %Chain(&e),
                     "could not set the group's weight after joining; the node keeps the \
                      weight the store has");
@@ -547,7 +545,7 @@ impl Driver {
                     // control found no member yet, is applied here (K1 keeps it after).
                     if result.is_ok()
                         && let Some(w) = weight_of(&weights, &group)
-                        && let Err(e) = store.control(&group, node, MemberControl::Weight(w)).await
+                        && let Err(e) = store.set_weight(&group, node, session, w).await
                     {
                         tracing::warn!(group = %group, weight = %w, error = %Chain(&e),
                             "could not set the group's weight after joining; the node keeps \
@@ -573,7 +571,7 @@ impl Driver {
                     Input::Released(group, result)
                 }
                 StoreCall::Leave { group, session } => {
-                    let result = store.leave(&group, node, Some(session)).await;
+                    let result = store.leave(&group, node, session).await;
                     Input::Left(group, result)
                 }
             }
@@ -846,7 +844,7 @@ fn rules(node: WorkerId, timing: Timing) -> Rules {
 /// register its metrics (on the caller's task: a test's local recorder sees the series) and
 /// start its application task.
 async fn prepare<A: Application>(
-    store: &dyn LeaseStore,
+    store: &dyn WorkerStore,
     group: GroupName,
     shards: ShardCount,
     app: A,
@@ -911,7 +909,7 @@ fn launch(
     node: WorkerId,
     timing: Timing,
     metadata: MemberMetadata,
-    store: Arc<dyn LeaseStore>,
+    store: Arc<dyn WorkerStore>,
     cancel: CancellationToken,
     running: Running,
     single: bool,
@@ -952,7 +950,7 @@ pub struct NodeHandle {
     task: Option<JoinHandle<Result<(), WorkerFailed>>>,
     commands: mpsc::UnboundedSender<Command>,
     apps: mpsc::UnboundedSender<(GroupName, AppEvent)>,
-    store: Arc<dyn LeaseStore>,
+    store: Arc<dyn WorkerStore>,
     trust: Trust,
 }
 
@@ -1274,10 +1272,10 @@ impl LeaseNode {
     /// configuration (or a clone) runs already.
     pub fn start<S>(&self, store: S) -> Result<NodeHandle, StartError>
     where
-        S: LeaseStore + 'static,
+        S: WorkerStore + 'static,
     {
         let running = self.running.claim_node(self.node)?;
-        let store: Arc<dyn LeaseStore> = Arc::new(store);
+        let store: Arc<dyn WorkerStore> = Arc::new(store);
         // A token of this run's own: stopping it (its handle's shutdown, or dropping the
         // handle) must not stop the configuration's later runs, while cancelling the
         // configuration's token still stops every run.
@@ -1423,7 +1421,7 @@ impl LeaseWorker {
     /// to `handler`. Refused if this process already runs this worker id in this group.
     pub async fn start<S, H>(self, store: S, handler: H) -> Result<WorkerHandle, StartError>
     where
-        S: LeaseStore + 'static,
+        S: WorkerStore + 'static,
         H: OwnershipHandler,
     {
         let (handle, _) = self.launch(store, |_| (Handler(handler), ())).await?;
@@ -1439,7 +1437,7 @@ impl LeaseWorker {
     /// application to take them.
     pub async fn start_leases<S>(self, store: S) -> Result<(WorkerHandle, Leases), StartError>
     where
-        S: LeaseStore + 'static,
+        S: WorkerStore + 'static,
     {
         self.launch(store, |trust| LeaseSender::new(64, trust))
             .await
@@ -1453,11 +1451,11 @@ impl LeaseWorker {
         app: impl FnOnce(Trust) -> (A, T),
     ) -> Result<(WorkerHandle, T), StartError>
     where
-        S: LeaseStore + 'static,
+        S: WorkerStore + 'static,
         A: Application,
     {
         let running = self.running.claim(&self.group, self.worker)?;
-        let store: Arc<dyn LeaseStore> = Arc::new(store);
+        let store: Arc<dyn WorkerStore> = Arc::new(store);
         let cancel = self.cancel.child_token();
         let mut parts = launch(
             self.worker,
@@ -1508,7 +1506,7 @@ mod tests {
 
     use super::*;
     use crate::event_channel;
-    use lease_core::MockLeaseStore;
+    use lease_core::MockWorkerStore;
     use lease_core::{Clock, ManualClock};
     use lease_core::{GroupBeat, GroupView, Heartbeat, Lease, MemberLoad, SessionId, ViewStamp};
 
@@ -1547,7 +1545,7 @@ mod tests {
         let now = ManualClock::new().now();
         let shards = ShardCount::new(8).unwrap();
         let calls = Arc::new(Calls::default());
-        let mut store = MockLeaseStore::new();
+        let mut store = MockWorkerStore::new();
         let c = calls.clone();
         store.expect_ensure_group().returning(move |_, _| {
             Calls::count(&c.ensure);
@@ -1615,7 +1613,7 @@ mod tests {
         });
         let c = calls.clone();
         store.expect_leave().returning(move |_, _, left| {
-            assert_eq!(left, Some(session), "the node left under another session");
+            assert_eq!(left, session, "the node left under another session");
             Calls::count(&c.leave);
             Ok(Vec::new())
         });

@@ -197,27 +197,27 @@ pub enum Output {
 /// A store call the machine needs made, for its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreCall {
-    /// [`LeaseStore::heartbeat`](lease_core::LeaseStore::heartbeat) with the node's
+    /// [`WorkerStore::heartbeat`](lease_core::WorkerStore::heartbeat) with the node's
     /// incarnation, ttl and metadata.
     Heartbeat {
         /// The stamp of the last view of each group the node was given, for the store to
         /// answer "unchanged" if nothing changed since.
         seen: Vec<GroupStamp>,
     },
-    /// [`LeaseStore::hand_over`](lease_core::LeaseStore::hand_over) of the node's session,
+    /// [`WorkerStore::hand_over`](lease_core::WorkerStore::hand_over) of the node's session,
     /// as a graceful stop's last call.
     HandOver {
         /// How long the session is kept for a successor.
         keep: Ttl,
     },
-    /// [`LeaseStore::join`](lease_core::LeaseStore::join).
+    /// [`WorkerStore::join`](lease_core::WorkerStore::join).
     Join {
         /// The group.
         group: GroupName,
         /// The node's session.
         session: SessionId,
     },
-    /// [`LeaseStore::claim`](lease_core::LeaseStore::claim).
+    /// [`WorkerStore::claim`](lease_core::WorkerStore::claim).
     Claim {
         /// The group.
         group: GroupName,
@@ -229,7 +229,7 @@ pub enum StoreCall {
         /// store's clock advance steadily for a ttl (see [`Machine`]).
         takeover: Takeover,
     },
-    /// [`LeaseStore::release`](lease_core::LeaseStore::release).
+    /// [`WorkerStore::release`](lease_core::WorkerStore::release).
     Release {
         /// The group.
         group: GroupName,
@@ -238,7 +238,7 @@ pub enum StoreCall {
         /// The buckets.
         buckets: Vec<Bucket>,
     },
-    /// [`LeaseStore::leave`](lease_core::LeaseStore::leave) under the node's own session.
+    /// [`WorkerStore::leave`](lease_core::WorkerStore::leave) under the node's own session.
     Leave {
         /// The group.
         group: GroupName,

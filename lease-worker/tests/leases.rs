@@ -13,7 +13,7 @@ use std::time::Duration;
 use std::sync::atomic::Ordering;
 
 use lease_core::{
-    Bucket, FencingToken, GroupName, LeaseStore, OwnershipEvent, RevokeReason, ShardCount,
+    AdminStore, Bucket, FencingToken, GroupName, OwnershipEvent, RevokeReason, ShardCount,
 };
 use lease_memory::MemoryLeaseStore;
 use lease_testing::{FaultyStore, TokioClock};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lease_core::{GroupName, LeaseStore, RevokeReason, ShardCount};
+use lease_core::{AdminStore, GroupName, LeaseStore, RevokeReason, ShardCount};
 use lease_memory::MemoryLeaseStore;
 use lease_testing::{FaultyStore, TokioClock};
 use lease_worker::{GroupError, LeaseNode, NodeHandle, WorkerFailed, event_channel};

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use lease_core::ownership_log::OwnershipLog;
 use lease_core::{
-    Bucket, FencingToken, GroupName, Incarnation, LeaseStore, ManualClock, MemberMetadata,
+    AdminStore, Bucket, FencingToken, GroupName, Incarnation, ManualClock, MemberMetadata,
     OwnershipEvent, ResizeOutcome, RevokeReason, ShardCount, StoreError, Ttl, WorkerId,
+    WorkerStore,
 };
 use lease_memory::MemoryLeaseStore;
 use lease_worker::WorkerFailed;
@@ -154,7 +155,7 @@ impl Pool {
                     (Input::Released(group, r), changed)
                 }
                 StoreCall::Leave { group, session } => {
-                    let r = self.store.leave(&group, id, Some(session)).await;
+                    let r = self.store.leave(&group, id, session).await;
                     (Input::Left(group, r), true)
                 }
                 StoreCall::HandOver { .. } => unreachable!("no node here hands over"),

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use lease::store::{
-    GroupSnapshot, LeaseStore, MAX_WEIGHT, MemberControl, MemberMode, NodesSnapshot, QuarantineFor,
+    GroupSnapshot, MAX_WEIGHT, MemberControl, MemberMode, NodesSnapshot, QuarantineFor,
 };
 use lease::{Bucket, GroupName, Weight, WorkerId};
 

@@ -130,7 +130,7 @@ async fn postgres(store: &PgLeaseStore) -> Vec<Check> {
 /// attempt, no write, no heartbeat).
 #[cfg(feature = "etcd")]
 async fn etcd(url: &lease_etcd::EtcdUrl) -> Vec<Check> {
-    use lease::store::LeaseStore;
+    use lease::store::AdminStore;
 
     let members = url.endpoints.join(",");
     let store = match lease_etcd::EtcdLeaseStore::connect(url).await {

@@ -3,7 +3,7 @@
 
 use clap::Args;
 use lease::WorkerId;
-use lease::store::{BucketState, LeaseStore};
+use lease::store::BucketState;
 
 use crate::common::{DbArgs, Failure, group_arg, store_failure};
 use crate::output;
@@ -99,10 +99,7 @@ pub async fn run(args: ReleaseArgs) -> Result<(), Failure> {
     if live {
         output::error_line(warning);
     }
-    let released = store
-        .leave(&group, worker, None)
-        .await
-        .map_err(store_failure)?;
+    let released = store.evict(&group, worker).await.map_err(store_failure)?;
     let released: Vec<u32> = released.iter().map(|b| b.get()).collect();
     let done = format!(
         "released {} bucket(s) {released:?} of worker {worker} in group {:?}{}",

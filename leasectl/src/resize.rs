@@ -11,7 +11,7 @@
 use clap::Args;
 use lease::store::resize as keys;
 use lease::store::{
-    BackendFailure, BucketInfo, BucketState, Chain, Generation, GroupSnapshot, LeaseStore,
+    AdminStore, BackendFailure, BucketInfo, BucketState, Chain, Generation, GroupSnapshot,
     ResizeOutcome,
 };
 use lease::{Bucket, ShardCount, StoreError};
@@ -468,6 +468,7 @@ mod tests {
     use lease::memory::MemoryLeaseStore;
 
     use super::*;
+    use lease::store::WorkerStore;
 
     /// The text's promise of what `--json` lists holds: above the limit of pairs, where `waits`
     /// is null, the text says so instead of promising every new bucket.

@@ -7,8 +7,8 @@ use clap::Args;
 use lease::policy;
 use lease::store::resize as keys;
 use lease::store::{
-    BucketInfo, BucketState, GroupSnapshot, LeaseStore, MemberMode, NodeInfo, NodesSnapshot,
-    Timestamp,
+    AdminStore, BucketInfo, BucketState, GroupSnapshot, LeaseStore, MemberMode, NodeInfo,
+    NodesSnapshot, Timestamp,
 };
 use lease::{Bucket, GroupName, ShardCount, StoreError};
 use serde_json::{Value, json};
@@ -480,6 +480,7 @@ fn nodes_table(nodes: &NodesSnapshot) -> String {
 mod tests {
     use super::*;
     use lease::memory::MemoryLeaseStore;
+    use lease::store::WorkerStore;
     use lease::store::{
         Clock, Incarnation, ManualClock, MemberControl, SessionId, SystemClock, Takeover,
     };

@@ -389,7 +389,8 @@ mod tests {
 
     use lease::memory::MemoryLeaseStore;
     use lease::store::{
-        Incarnation, LeaseStore, ManualClock, MemberControl, QuarantineFor, SessionId, Takeover,
+        AdminStore, Incarnation, ManualClock, MemberControl, QuarantineFor, SessionId, Takeover,
+        WorkerStore,
     };
     use lease::{GroupName, MemberMetadata, ShardCount, Ttl};
 

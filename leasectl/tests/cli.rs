@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lease::store::LeaseStore;
+use lease::store::{AdminStore, WorkerStore};
 use serde_json::Value;
 use support::{
     FreezableProxy, Running, WorkerProcess, command, free_port, leasectl, run, wait_for,

@@ -156,7 +156,7 @@ async fn a_refused_group_leaves_the_other_groups_uncreated() {
         .expect("a store");
     let stored = lease::GroupName::new("stored").expect("name");
     let eight = lease::ShardCount::new(8).expect("a count");
-    lease::store::LeaseStore::ensure_group(&store, &stored, eight)
+    lease::store::WorkerStore::ensure_group(&store, &stored, eight)
         .await
         .expect("the stored group");
     let (code, out, err) = run(

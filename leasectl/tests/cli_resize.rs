@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease::postgres::PgLeaseStore;
-use lease::store::{Incarnation, LeaseStore, SessionId, Takeover};
+use lease::store::{AdminStore, Incarnation, SessionId, Takeover, WorkerStore};
 use lease::{Bucket, GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
 use serde_json::{Value, json};
 use support::leasectl;

@@ -12,7 +12,7 @@ use diesel::QueryableByName;
 use diesel::sql_types::Text;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease::postgres::{Compatibility, ExtraMigration, PgLeaseStore};
-use lease::store::LeaseStore;
+use lease::store::WorkerStore;
 use lease::{GroupName, ShardCount};
 use serde_json::Value;
 use std::time::Duration;

@@ -6,14 +6,14 @@ use async_trait::async_trait;
 
 use super::Takeover;
 use crate::change::ChangeFeed;
+#[cfg(doc)]
+use crate::control::MemberControl;
 use crate::control::Weight;
 use crate::error::StoreError;
 use crate::ids::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
 };
 use crate::time::Ttl;
-#[cfg(doc)]
-use crate::control::MemberControl;
 use crate::view::{GroupStamp, Heartbeat, Lease};
 
 /// What a node's runtime needs of the store: its session (heartbeats, hand-over), its

@@ -74,7 +74,7 @@ pub async fn controls_outlive_sessions<S: LeaseStore>(store: S, clock: ManualClo
         .control(&g, a, mode(MemberMode::Draining))
         .await
         .expect("drain");
-    store.leave(&g, a, None).await.expect("leave");
+    store.evict(&g, a).await.expect("leave");
     // Away, but controlled before: accepted.
     store.control(&g, a, weight(2)).await.expect("weight");
     // Its session ends too, then it comes back.
@@ -100,7 +100,7 @@ pub async fn controls_outlive_sessions<S: LeaseStore>(store: S, clock: ManualClo
         .await
         .expect("uncordon");
     store.control(&g, a, weight(1)).await.expect("weight 1");
-    store.leave(&g, a, None).await.expect("leave");
+    store.evict(&g, a).await.expect("leave");
     store
         .control(&g, a, weight(2))
         .await

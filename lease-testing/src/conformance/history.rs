@@ -107,7 +107,7 @@ pub async fn history_records_each_tenure_and_how_it_ended<S: LeaseStore>(
     let t5 = now();
     let s = session(&store, &g, c).await;
     assert_eq!(
-        store.leave(&g, c, Some(s)).await.expect("leave"),
+        store.leave(&g, c, s).await.expect("leave"),
         bs(&[0]),
         "c leaves"
     );
@@ -117,7 +117,7 @@ pub async fn history_records_each_tenure_and_how_it_ended<S: LeaseStore>(
     clock.advance(secs(1));
     let t6 = now();
     assert_eq!(
-        store.leave(&g, c, None).await.expect("evict"),
+        store.evict(&g, c).await.expect("evict"),
         bs(&[0]),
         "c is evicted"
     );
@@ -129,7 +129,7 @@ pub async fn history_records_each_tenure_and_how_it_ended<S: LeaseStore>(
     clock.advance(secs(TTL_SECS + 1));
     let t7 = now();
     assert!(
-        store.leave(&g, c, None).await.expect("evict").is_empty(),
+        store.evict(&g, c).await.expect("evict").is_empty(),
         "a dead session released a bucket"
     );
     beat(&store, &g, b).await;

@@ -143,8 +143,8 @@ pub async fn every_kind_of_new_bucket_waits_for_the_old_ones<S: LeaseStore>(
     assert!(snap.draining.is_empty(), "{:?}", snap.draining);
 }
 
-/// F1, Z3: `is_current` on an old bucket of a drain answers for its owner while the owner's
-/// session lives, and no longer from the instant it ends, before any claim has retired the
+/// F1, Z3: `is_current` on an old bucket of a drain answers for its owner with its token (not
+/// for another token, nor for another live member) while the owner's session lives, and no longer from the instant it ends, before any claim has retired the
 /// bucket (a claim may drop the old generation once every old bucket is retired, after which
 /// nothing answers for it anyway) and before any heartbeat removed the owner from the group:
 /// the expiry alone decides.
@@ -153,8 +153,11 @@ pub async fn is_current_fails_on_an_old_bucket_once_its_owner_expired<S: LeaseSt
     clock: ManualClock,
 ) {
     let g = setup(&store, "orders", 4).await;
-    let [a] = workers(1)[..] else { unreachable!() };
+    let [a, b] = workers(2)[..] else {
+        unreachable!()
+    };
     let hb = beat(&store, &g, a).await;
+    beat(&store, &g, b).await;
     let old = claim(&store, &g, a, 2).await;
     assert_eq!(nums(&old), vec![0, 1]);
     resize(&store, &g, 4, 8).await;
@@ -170,6 +173,18 @@ pub async fn is_current_fails_on_an_old_bucket_once_its_owner_expired<S: LeaseSt
             "old bucket {} is current for its owner 1 µs before its session ends",
             lease.bucket.0
         );
+        // Its owner with another token, and another live member with its token, are not.
+        let t = lease.token.0;
+        for (who, token) in [(a, t + 1), (a, t - 1), (b, t)] {
+            assert!(
+                !store
+                    .is_current(&g, lease.bucket, who, lease_core::FencingToken(token))
+                    .await
+                    .expect("is_current"),
+                "old bucket {} is current for {who:?} with token {token} (its owner holds {t})",
+                lease.bucket.0
+            );
+        }
     }
     clock.set(expires);
     assert_eq!(clock.now(), expires);

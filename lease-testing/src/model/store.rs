@@ -9,9 +9,9 @@ use std::sync::{Mutex, PoisonError};
 
 use async_trait::async_trait;
 use lease_core::{
-    Bucket, FencingToken, GroupName, GroupSnapshot, GroupStamp, Heartbeat, Incarnation, Lease,
-    LeaseStore, MemberControl, MemberMetadata, NodesSnapshot, QuarantineFor, ResizeOutcome,
-    SessionId, ShardCount, StoreError, Takeover, Tenure, Timestamp, Ttl, WorkerId,
+    AdminStore, Bucket, FencingToken, GroupName, GroupSnapshot, GroupStamp, Heartbeat, Incarnation,
+    Lease, MemberControl, MemberMetadata, NodesSnapshot, QuarantineFor, ResizeOutcome, SessionId,
+    ShardCount, StoreError, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerId, WorkerStore,
 };
 use lease_core::{Clock, ManualClock};
 
@@ -62,7 +62,7 @@ impl Clone for ModelStore {
 }
 
 #[async_trait]
-impl LeaseStore for ModelStore {
+impl WorkerStore for ModelStore {
     async fn ensure_group(&self, group: &GroupName, shards: ShardCount) -> Result<(), StoreError> {
         self.with(|m, _| m.ensure_group(group, shards))
     }
@@ -113,18 +113,10 @@ impl LeaseStore for ModelStore {
     async fn leave(
         &self,
         group: &GroupName,
-        worker: WorkerId,
-        session: Option<SessionId>,
+        node: WorkerId,
+        session: SessionId,
     ) -> Result<Vec<Bucket>, StoreError> {
-        self.with(|m, now| m.leave(group, worker, session, now))
-    }
-
-    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
-        self.with(|m, now| m.snapshot(group, now))
-    }
-
-    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
-        Ok(self.with(|m, now| m.nodes(now)))
+        self.with(|m, now| m.leave(group, node, Some(session), now))
     }
 
     async fn is_current(
@@ -135,6 +127,36 @@ impl LeaseStore for ModelStore {
         token: FencingToken,
     ) -> Result<bool, StoreError> {
         Ok(self.with(|m, now| m.is_current(group, bucket, worker, token, now)))
+    }
+
+    async fn hand_over(
+        &self,
+        node: WorkerId,
+        incarnation: Incarnation,
+        keep: Ttl,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        Ok(self.with(|m, now| m.hand_over(node, incarnation, keep, now)))
+    }
+
+    async fn set_weight(
+        &self,
+        group: &GroupName,
+        node: WorkerId,
+        session: SessionId,
+        weight: Weight,
+    ) -> Result<(), StoreError> {
+        self.with(|m, now| m.set_weight(group, node, session, weight, now))
+    }
+}
+
+#[async_trait]
+impl AdminStore for ModelStore {
+    async fn snapshot(&self, group: &GroupName) -> Result<GroupSnapshot, StoreError> {
+        self.with(|m, now| m.snapshot(group, now))
+    }
+
+    async fn nodes(&self) -> Result<NodesSnapshot, StoreError> {
+        Ok(self.with(|m, now| m.nodes(now)))
     }
 
     async fn resize(
@@ -155,15 +177,6 @@ impl LeaseStore for ModelStore {
         self.with(|m, _| m.control(group, node, control))
     }
 
-    async fn hand_over(
-        &self,
-        node: WorkerId,
-        incarnation: Incarnation,
-        keep: Ttl,
-    ) -> Result<Option<Timestamp>, StoreError> {
-        Ok(self.with(|m, now| m.hand_over(node, incarnation, keep, now)))
-    }
-
     async fn quarantine(
         &self,
         group: &GroupName,
@@ -175,5 +188,9 @@ impl LeaseStore for ModelStore {
 
     async fn history(&self, group: &GroupName, bucket: Bucket) -> Result<Vec<Tenure>, StoreError> {
         self.with(|m, _| m.history(group, bucket))
+    }
+
+    async fn evict(&self, group: &GroupName, node: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+        self.with(|m, now| m.leave(group, node, None, now))
     }
 }

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use lease::Bucket;
-use lease::store::{BucketState, Chain, Clock, LeaseStore, SystemClock, Timestamp};
+use lease::store::{AdminStore, BucketState, Chain, Clock, SystemClock, Timestamp};
 use tokio::task::JoinHandle;
 
 use super::screen::render;

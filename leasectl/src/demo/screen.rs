@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use lease::WorkerId;
-use lease::store::{BucketState, GroupSnapshot, LeaseStore};
+use lease::store::{AdminStore, BucketState, GroupSnapshot};
 use tokio::task::JoinHandle;
 
 use super::story::{Story, lock};

@@ -11,7 +11,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use lease::GroupName;
 use lease::audit::OwnershipLog;
 use lease::postgres::PgLeaseStore;
-use lease::store::{BucketState, GroupSnapshot, LeaseStore};
+use lease::store::{AdminStore, BucketState, GroupSnapshot};
 
 use super::{Event, WorkerProcess, record, wait_for};
 
