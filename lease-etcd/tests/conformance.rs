@@ -159,6 +159,10 @@ mod leases {
             "a_node_sets_its_own_weight_only_under_its_live_session",
             StepsTheClock,
         ),
+        (
+            "the_walks_over_dead_sessions_take_only_their_buckets",
+            StepsTheClock,
+        ),
     ];
 
     /// A case added to the suite is run here or excluded with its reason, never missed.

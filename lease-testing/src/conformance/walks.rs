@@ -199,3 +199,62 @@ pub async fn is_current_fails_on_an_old_bucket_once_its_owner_expired<S: LeaseSt
         );
     }
 }
+
+/// C2, C4, C9: the walks over dead sessions' buckets take only those sessions' buckets, above
+/// the start bucket and below it, never a live owner's that lies among them. A worker starting
+/// at bucket 8 of 16 comes back after its session ended, holding 4, 5, 12 and 13 there (its own
+/// dead session's, taken first), with a dead node holding 2, 3, 10 and 11, a live node 0, 1, 8
+/// and 9, and 6, 7, 14 and 15 unowned: it takes all but the live node's, each with its token
+/// raised by one, and the live node keeps its buckets and tokens.
+pub async fn the_walks_over_dead_sessions_take_only_their_buckets<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 16).await;
+    let [live, dead] = workers(2)[..] else {
+        unreachable!()
+    };
+    let w = worker_starting_at(8);
+    assert_eq!(super::shards(16).claim_start(w), Bucket(8));
+    beat(&store, &g, dead).await;
+    assert_eq!(claim(&store, &g, dead, 16).await.len(), 16);
+    assert_eq!(release(&store, &g, dead, &[0, 1, 8, 9]).await, [0, 1, 8, 9]);
+    beat(&store, &g, live).await;
+    assert_eq!(nums(&claim(&store, &g, live, 16).await), [0, 1, 8, 9]);
+    let freed = [4, 5, 6, 7, 12, 13, 14, 15];
+    assert_eq!(release(&store, &g, dead, &freed).await, freed);
+    let first = beat(&store, &g, w).await;
+    assert_eq!(
+        nums(&claim(&store, &g, w, 16).await),
+        [4, 5, 6, 7, 12, 13, 14, 15]
+    );
+    assert_eq!(
+        release(&store, &g, w, &[6, 7, 14, 15]).await,
+        [6, 7, 14, 15]
+    );
+    // The live node renews a second before the others' sessions end.
+    clock.advance(secs(TTL_SECS - 1));
+    assert!(!beat(&store, &g, live).await.new_session);
+    clock.advance(secs(1));
+    let back = beat(&store, &g, w).await;
+    assert!(back.new_session && back.session != first.session);
+    let tokens_before = super::tokens(&store, &g).await;
+    let won = claim(&store, &g, w, 16).await;
+    assert_eq!(
+        nums(&won),
+        vec![2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15],
+        "every bucket but the live node's"
+    );
+    for lease in &won {
+        assert_eq!(
+            lease.token.0,
+            tokens_before[lease.bucket.0 as usize] + 1,
+            "{lease:?}"
+        );
+    }
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    for b in [0, 1, 8, 9] {
+        assert_eq!(snap.buckets[b].owner, Some(live), "bucket {b}");
+        assert_eq!(snap.buckets[b].token.0, tokens_before[b], "bucket {b}");
+    }
+}
