@@ -1,7 +1,7 @@
 //! `lease-diesel`: the Postgres backend of the lease engine, on diesel + diesel-async
 //! (tokio-postgres underneath: no libpq).
 //!
-//! [`PgLeaseStore`] implements the [`LeaseStore`] contract with one SQL statement per
+//! [`PgLeaseStore`] implements the [`LeaseStore`](lease_core::LeaseStore) contract with one SQL statement per
 //! operation: a steady-state heartbeat is one round trip that rewrites one row (the node's),
 //! whatever the node holds and however many groups it is in. The database server's clock
 //! decides expiry unless a client clock is given (tests). Wake-ups travel over `LISTEN/NOTIFY`.
@@ -169,7 +169,7 @@ impl PgLeaseStoreBuilder {
     ///
     /// `LISTEN` and [`PgLeaseStore::migrate`]'s advisory lock need a session: they use the
     /// [`direct_url`](Self::direct_url). Without one, the store offers no change feed
-    /// ([`LeaseStore::changes`] answers `None`, with a warning logged once), so workers re-plan
+    /// ([`WorkerStore::changes`] answers `None`, with a warning logged once), so workers re-plan
     /// at their renew interval, and `migrate` is refused
     /// ([`PgSetupError::DirectConnectionRequired`]).
     pub fn transaction_pooler(mut self, on: bool) -> Self {
@@ -311,7 +311,7 @@ impl PoolerTx {
     }
 }
 
-/// The Postgres [`LeaseStore`]. Cheap to clone: clones share the pool and the change feed.
+/// The Postgres [`LeaseStore`](lease_core::LeaseStore). Cheap to clone: clones share the pool and the change feed.
 #[derive(Clone)]
 pub struct PgLeaseStore {
     pool: PgPool,
@@ -388,7 +388,7 @@ impl PgLeaseStore {
         self.pooler.is_some()
     }
 
-    /// Whether it can push wake-ups ([`LeaseStore::changes`] gives feeds): false behind a
+    /// Whether it can push wake-ups ([`WorkerStore::changes`] gives feeds): false behind a
     /// transaction pooler without a [`direct_url`](PgLeaseStoreBuilder::direct_url).
     pub fn pushes_wakeups(&self) -> bool {
         self.notifier.can_listen()

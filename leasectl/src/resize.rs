@@ -101,7 +101,7 @@ pub async fn run(args: ResizeArgs) -> Result<(), Failure> {
     }
 }
 
-/// What [`LeaseStore::resize`] would answer on `snap`, without writing: `Ok` when it would
+/// What [`AdminStore::resize`] would answer on `snap`, without writing: `Ok` when it would
 /// resize or change nothing (`from == to`), else the error it would fail with (Z1).
 fn check(snap: &GroupSnapshot, from: ShardCount, to: ShardCount) -> Result<(), StoreError> {
     if snap.shard_count != from {

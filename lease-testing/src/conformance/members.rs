@@ -2,10 +2,7 @@
 //! the one control a node writes itself: an operator's eviction (L5, L6) and a node's own
 //! weight under its live session (K4).
 
-use lease_core::{
-    AdminStore, BucketState, EndReason, ErrorKind, LeaseStore, ManualClock, SessionId, Weight,
-    WorkerStore,
-};
+use lease_core::{BucketState, EndReason, ErrorKind, LeaseStore, ManualClock, SessionId, Weight};
 
 use super::{TTL_SECS, assert_kind, beat, bucket_nums, claim, group, nums, secs, setup, workers};
 

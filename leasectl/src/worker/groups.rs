@@ -129,7 +129,7 @@ pub fn group_failure(g: &GroupArg, e: &StoreError) -> Failure {
     }
 }
 
-/// What creating group `g` ([`LeaseStore::ensure_group`]) would answer, without writing: `Ok`
+/// What creating group `g` ([`WorkerStore::ensure_group`](lease::store::WorkerStore::ensure_group)) would answer, without writing: `Ok`
 /// for a group not created yet, or stored with `g`'s count or the count it was last resized
 /// from (E3); else the mismatch, naming the flag.
 pub async fn check_group(store: &dyn LeaseStore, g: &GroupArg) -> Result<(), Failure> {
