@@ -1,7 +1,7 @@
 //! `lease-memory`: the in-memory backend of the lease engine, and the executable
-//! specification of the [`LeaseStore`] contract.
+//! specification of the [`LeaseStore`](lease_core::LeaseStore) contract.
 //!
-//! Every rule of the contract written on [`LeaseStore`] is implemented here in plain Rust
+//! Every rule of the contract written on [`LeaseStore`](lease_core::LeaseStore) is implemented here in plain Rust
 //! behind one mutex, and checked by the same conformance suite the Postgres backend runs. Use
 //! it for unit tests, demos and single-process deployments; its state lives and dies with the
 //! process.
@@ -74,7 +74,7 @@ struct Inner {
     feeds: HashMap<GroupName, broadcast::Sender<Change>>,
 }
 
-/// The in-memory [`LeaseStore`]. Cheap to clone: clones share the same state.
+/// The in-memory [`LeaseStore`](lease_core::LeaseStore). Cheap to clone: clones share the same state.
 #[derive(Clone, Debug)]
 pub struct MemoryLeaseStore {
     inner: Arc<Mutex<Inner>>,
