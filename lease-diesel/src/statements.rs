@@ -796,10 +796,12 @@ pub(crate) struct ControlRow {
 }
 
 /// A node's own weight (K4): `lease.control` for node `$2`'s weight `$3` in group `$1`, only
-/// while `$4` is the node's live session (`$5` client time) and the node a member. The node
-/// row is share-locked first, and liveness judged on a clock read once it is held: a new
-/// session (which locks that row to start) cannot begin until this commits, so a weight is
-/// never written for a session that ended. `found` false: no such group; `outcome` null: not
+/// while `$4` is the node's live session (`$5` client time) and the node a member. Liveness is
+/// judged on a clock read once the node row is share-locked, and `lease.control` key-share
+/// locks the member row: a heartbeat that starts the node's next session (which locks the node
+/// row and deletes the member rows) waits until this commits, so a weight judged under a
+/// session is never written after the next one began. Either lock alone orders the two (the
+/// race test holds with the node row's lock removed). `found` false: no such group; `outcome` null: not
 /// the node's live session or not a member (nothing written); otherwise as [`CONTROL`].
 pub(crate) const SET_WEIGHT: &str = r#"
 WITH me AS (

@@ -1271,9 +1271,10 @@ async fn a_join_racing_a_new_session_does_not_survive_it() {
 }
 
 /// A node's own weight (K4) is written under its live session and ordered before any next
-/// session of the node: the write share-locks the node row, so a heartbeat that starts a new
-/// session once the old one expired waits for it (without the lock it would not wait, and a
-/// weight judged under the old session could commit after the new one began).
+/// session of the node: the write share-locks the node row and `lease.control` key-share locks
+/// the member row, so a heartbeat that starts a new session once the old one expired (locking
+/// the node row, deleting the member rows) waits for it; a weight judged under the old session
+/// never commits after the new one began.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_weight_written_under_a_session_is_ordered_before_the_next_session() {
     let db = lease_testdb::database().await;

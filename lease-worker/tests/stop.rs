@@ -126,8 +126,14 @@ impl World {
 
     /// Take every output the machine has now, and whatever falls due by now.
     fn drain(&mut self) {
+        // A deadline handled at `now` must produce output or move on: a machine that keeps
+        // answering a deadline it has passed without acting on it (the trust deadline with no
+        // fence, say) would spin here forever instead of failing.
+        let mut idle_deadlines = 0;
         loop {
+            let mut produced = false;
             while let Some(out) = self.m.poll(self.now) {
+                produced = true;
                 match out {
                     Output::Call(call) => {
                         assert!(self.call.is_none(), "two calls at once");
@@ -154,6 +160,12 @@ impl World {
             }
             match self.m.poll_timeout() {
                 Some(t) if t <= self.now && self.finished.is_none() => {
+                    idle_deadlines = if produced { 0 } else { idle_deadlines + 1 };
+                    assert!(
+                        idle_deadlines < 100,
+                        "the machine's deadline {t:?} passed at {:?} and handling it does nothing",
+                        self.now
+                    );
                     self.m.handle_timeout(self.now);
                 }
                 _ => return,
