@@ -163,6 +163,10 @@ mod leases {
             "the_walks_over_dead_sessions_take_only_their_buckets",
             StepsTheClock,
         ),
+        (
+            "a_view_that_counted_a_quarantine_is_given_again_once_it_ends",
+            StepsTheClock,
+        ),
     ];
 
     /// A case added to the suite is run here or excluded with its reason, never missed.

@@ -131,6 +131,7 @@ pub const CASES: &[&str] = &[
     "every_kind_of_new_bucket_waits_for_the_old_ones",
     "is_current_fails_on_an_old_bucket_once_its_owner_expired",
     "the_walks_over_dead_sessions_take_only_their_buckets",
+    "a_view_that_counted_a_quarantine_is_given_again_once_it_ends",
     "a_node_sets_its_own_weight_only_under_its_live_session",
     "an_eviction_releases_the_node_s_buckets_whatever_its_session",
 ];
@@ -271,6 +272,7 @@ macro_rules! conformance_suite {
             every_kind_of_new_bucket_waits_for_the_old_ones,
             is_current_fails_on_an_old_bucket_once_its_owner_expired,
             the_walks_over_dead_sessions_take_only_their_buckets,
+            a_view_that_counted_a_quarantine_is_given_again_once_it_ends,
             a_node_sets_its_own_weight_only_under_its_live_session,
             an_eviction_releases_the_node_s_buckets_whatever_its_session,
         );

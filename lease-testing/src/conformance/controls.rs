@@ -541,3 +541,44 @@ pub async fn controls_wake_the_group<S: LeaseStore>(store: S, _clock: ManualCloc
     }
     assert!(extra.is_empty(), "unexpected changes: {extra:?}");
 }
+
+/// Q3, H8: a view that counted a quarantine is not answered "unchanged" once the quarantine
+/// ends, though nothing was written since: the stamp it came with holds until that end. Before
+/// the end, with nothing changed, it is.
+pub async fn a_view_that_counted_a_quarantine_is_given_again_once_it_ends<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 4).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    store
+        .quarantine(&g, Bucket(0), quarantine_for(2))
+        .await
+        .expect("quarantine");
+    let given = super::node_beat(&store, a, &[]).await;
+    let view = given.group(&g).expect("the group's view");
+    assert_eq!(view.view.quarantined, 1, "{view:?}");
+    let seen = [lease_core::GroupStamp {
+        group: g.clone(),
+        stamp: view.stamp,
+    }];
+    clock.advance(secs(1));
+    let steady = super::node_beat(&store, a, &seen).await;
+    assert!(
+        steady.group(&g).is_none() && steady.unchanged.iter().any(|u| u.group == g),
+        "nothing changed before the quarantine's end: {steady:?}"
+    );
+    let seen = [steady
+        .unchanged
+        .iter()
+        .find(|u| u.group == g)
+        .cloned()
+        .expect("the group's stamp")];
+    clock.advance(secs(1));
+    let after = super::node_beat(&store, a, &seen).await;
+    let view = after
+        .group(&g)
+        .unwrap_or_else(|| panic!("answered unchanged after the quarantine ended: {after:?}"));
+    assert_eq!(view.view.quarantined, 0, "{view:?}");
+}
