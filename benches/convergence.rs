@@ -30,7 +30,7 @@ use lease::policy;
 use lease::store::{
     AdminStore, GroupBeat, Incarnation, ManualClock, MemberLoad, SessionId, Takeover, WorkerStore,
 };
-use lease::{GroupName, MemberMetadata, ShardCount, StoreError, Ttl, WorkerId};
+use lease::{GroupName, MemberMetadata, NodeId, ShardCount, StoreError, Ttl};
 use std::collections::BTreeSet;
 use uuid::Uuid;
 
@@ -39,9 +39,9 @@ const TTL_TICKS: u32 = 3;
 /// Ticks simulated after the event; "never" means not balanced within this many.
 const HORIZON: u32 = 200;
 
-/// A worker id that sorts by index, so runs (and our policy's tie-breaks) are repeatable.
-fn worker_id(index: usize) -> WorkerId {
-    WorkerId::from_uuid(Uuid::from_u128(index as u128 + 1))
+/// A node id that sorts by index, so runs (and our policy's tie-breaks) are repeatable.
+fn node_id(index: usize) -> NodeId {
+    NodeId::from_uuid(Uuid::from_u128(index as u128 + 1))
 }
 
 /// One policy under test, driven one worker pass at a time.
@@ -91,7 +91,7 @@ impl Ours {
 
     /// `me`'s heartbeat and its view of the group: a node not in the group yet (its first
     /// tick, or after it left) joins it first, as the runtime does.
-    async fn beat(&self, me: WorkerId) -> Result<(SessionId, GroupBeat), StoreError> {
+    async fn beat(&self, me: NodeId) -> Result<(SessionId, GroupBeat), StoreError> {
         for _ in 0..2 {
             let beat = self
                 .store
@@ -126,11 +126,11 @@ impl Policy for Ours {
         let targets = policy::targets(
             self.shards.get(),
             &(0..w)
-                .map(|i| MemberLoad::new(worker_id(i), 0))
+                .map(|i| MemberLoad::new(node_id(i), 0))
                 .collect::<Vec<_>>(),
         );
         for (i, target) in targets.iter().enumerate() {
-            let me = worker_id(i);
+            let me = node_id(i);
             self.rt
                 .block_on(async {
                     let (session, _) = self.beat(me).await?;
@@ -144,7 +144,7 @@ impl Policy for Ours {
 
     fn pass(&mut self, index: usize, t: u32) -> u32 {
         self.at(t);
-        let me = worker_id(index);
+        let me = node_id(index);
         self.rt
             .block_on(async {
                 let (session, beat) = self.beat(me).await?;
@@ -170,7 +170,7 @@ impl Policy for Ours {
     fn leave(&mut self, index: usize, t: u32) {
         self.at(t);
         self.rt
-            .block_on(self.store.evict(&self.group, worker_id(index)))
+            .block_on(self.store.evict(&self.group, node_id(index)))
             .expect("leave");
     }
 
@@ -185,7 +185,7 @@ impl Policy for Ours {
             .iter()
             .map(|&i| {
                 live.iter()
-                    .find(|m| m.worker == worker_id(i))
+                    .find(|m| m.worker == node_id(i))
                     .map_or(0, |m| m.owned)
             })
             .collect()
@@ -337,7 +337,7 @@ fn minimum_claims(n: u32, running: &[usize], loads: &[u32]) -> u32 {
     let members: Vec<MemberLoad> = running
         .iter()
         .zip(loads)
-        .map(|(&i, &owned)| MemberLoad::new(worker_id(i), owned))
+        .map(|(&i, &owned)| MemberLoad::new(node_id(i), owned))
         .collect();
     policy::targets(n, &members)
         .iter()

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use lease::etcd::{EtcdLeaseStore, EtcdUrl};
 use lease::postgres::PgLeaseStore;
 use lease::store::{GroupStamp, Incarnation, LeaseStore, SessionId, Takeover};
-use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
+use lease::{GroupName, MemberMetadata, NodeId, ShardCount, Ttl};
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -40,7 +40,7 @@ fn env(name: &str, default: u64) -> u64 {
 }
 
 struct Member {
-    node: WorkerId,
+    node: NodeId,
     incarnation: Incarnation,
     session: SessionId,
     seen: Vec<GroupStamp>,
@@ -61,7 +61,7 @@ async fn populate(store: &dyn LeaseStore, group: &GroupName, shards: u32) -> Vec
         .expect("a group");
     let mut members = Vec::new();
     for _ in 0..8 {
-        let (node, incarnation) = (WorkerId::new(), Incarnation::new());
+        let (node, incarnation) = (NodeId::new(), Incarnation::new());
         let beat = store
             .heartbeat(node, incarnation, ttl, &none, &[])
             .await
@@ -191,7 +191,7 @@ async fn cold_start(name: &str, store: Arc<dyn LeaseStore>) {
         let (store, group, short) = (store.clone(), group.clone(), short.clone());
         tasks.push(tokio::spawn(async move {
             let ttl = Ttl::from_secs(3600).expect("a ttl");
-            let node = WorkerId::new();
+            let node = NodeId::new();
             let beat = store
                 .heartbeat(node, Incarnation::new(), ttl, &MemberMetadata::empty(), &[])
                 .await

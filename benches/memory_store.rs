@@ -9,14 +9,14 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lease::memory::MemoryLeaseStore;
 use lease::store::{Incarnation, SessionId, Takeover, WorkerStore};
-use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
+use lease::{GroupName, MemberMetadata, NodeId, ShardCount, Ttl};
 
 /// `(N, W)`: a small group and a large one.
 const SIZES: [(u32, u32); 3] = [(64, 8), (1_024, 8), (10_000, 500)];
 
 /// A store with one group of `n` buckets split evenly by `w` live members (all but the last,
 /// which stays one bucket short, so it has something to claim); returns that last member.
-async fn settled(n: u32, w: u32) -> (MemoryLeaseStore, GroupName, WorkerId, SessionId) {
+async fn settled(n: u32, w: u32) -> (MemoryLeaseStore, GroupName, NodeId, SessionId) {
     let store = MemoryLeaseStore::new();
     let group = GroupName::new("bench").expect("group name");
     store
@@ -24,10 +24,10 @@ async fn settled(n: u32, w: u32) -> (MemoryLeaseStore, GroupName, WorkerId, Sess
         .await
         .expect("ensure_group");
     let ttl = Ttl::from_secs(3_600).expect("ttl");
-    let mut last = WorkerId::new();
+    let mut last = NodeId::new();
     let mut session = SessionId::new();
     for i in 0..w {
-        last = WorkerId::new();
+        last = NodeId::new();
         let beat = store
             .heartbeat(
                 last,

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use lease::postgres::PgLeaseStore;
 use lease::store::{AdminStore, BucketState, Clock, SystemClock, Timestamp};
 use lease::testing::{OwnershipLog, RecordingHandler, coverage};
-use lease::{Bucket, FencingToken, GroupName, LeaseWorker, ShardCount, WorkerHandle, WorkerId};
+use lease::{Bucket, FencingToken, GroupName, LeaseWorker, NodeId, ShardCount, WorkerHandle};
 use lease_testdb::{Cluster, ClusterOptions, Replication};
 
 const DB: &str = "failover";
@@ -55,7 +55,7 @@ impl Fleet {
             .build()
             .expect("a config");
         let handler =
-            RecordingHandler::new(config.worker_id(), self.log.clone(), Arc::new(SystemClock));
+            RecordingHandler::new(config.node_id(), self.log.clone(), Arc::new(SystemClock));
         self.workers
             .push(config.start(store, handler).await.expect("start"));
     }
@@ -66,7 +66,7 @@ impl Fleet {
             .max_connections(1)
             .build()
             .expect("an observer");
-        let ids: Vec<WorkerId> = self.workers.iter().map(WorkerHandle::worker_id).collect();
+        let ids: Vec<NodeId> = self.workers.iter().map(WorkerHandle::node_id).collect();
         let limit = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(snap) = observer.snapshot(&self.group).await {
@@ -75,9 +75,9 @@ impl Fleet {
                 for w in &self.workers {
                     let owned = w.owned().borrow().clone();
                     loads.push(owned.len());
-                    held.extend(owned.into_iter().map(|(b, t)| (b, (w.worker_id(), t))));
+                    held.extend(owned.into_iter().map(|(b, t)| (b, (w.node_id(), t))));
                 }
-                let live: BTreeMap<Bucket, (WorkerId, FencingToken)> = snap
+                let live: BTreeMap<Bucket, (NodeId, FencingToken)> = snap
                     .buckets
                     .iter()
                     .filter(|b| b.state == BucketState::Live)

@@ -34,7 +34,7 @@ use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lease::postgres::PgLeaseStore;
 use lease::store::{AdminStore, Incarnation, SessionId, Takeover, WorkerStore};
-use lease::{Bucket, GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
+use lease::{Bucket, GroupName, MemberMetadata, NodeId, ShardCount, Ttl};
 
 const OLD: u32 = 65_536;
 const NEW: u32 = 4;
@@ -59,7 +59,7 @@ fn store(url: &str) -> PgLeaseStore {
 /// A node: its id, process, session.
 #[derive(Clone, Copy)]
 struct Node {
-    id: WorkerId,
+    id: NodeId,
     process: Incarnation,
     session: SessionId,
 }
@@ -70,7 +70,7 @@ async fn holders(stores: &[PgLeaseStore], g: &GroupName, ttl: Ttl) -> Vec<Node> 
     let meta = MemberMetadata::empty();
     let mut nodes = Vec::new();
     for s in stores {
-        let (id, process) = (WorkerId::new(), Incarnation::new());
+        let (id, process) = (NodeId::new(), Incarnation::new());
         let session = s
             .heartbeat(id, process, ttl, &meta, &[])
             .await
@@ -114,7 +114,7 @@ async fn heartbeat_cost(rt_url: &str) {
     let ttl = Ttl::from_secs(600).expect("ttl");
     let stores: Vec<PgLeaseStore> = (0..3).map(|_| store(rt_url)).collect();
     let nodes = holders(&stores, &g, ttl).await;
-    let (idle, idle_process) = (WorkerId::new(), Incarnation::new());
+    let (idle, idle_process) = (NodeId::new(), Incarnation::new());
     let meta = MemberMetadata::empty();
     let session = s
         .heartbeat(idle, idle_process, ttl, &meta, &[])

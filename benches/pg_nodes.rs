@@ -43,7 +43,7 @@ use diesel_async::pooled_connection::{
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use lease::postgres::PgLeaseStore;
 use lease::store::{GroupStamp, Heartbeat, Incarnation, Takeover, ViewStamp, WorkerStore};
-use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
+use lease::{GroupName, MemberMetadata, NodeId, ShardCount, Ttl};
 
 const BUCKETS: u32 = 64;
 const MEMBERS: usize = 8;
@@ -60,7 +60,7 @@ fn ttl() -> Ttl {
     Ttl::from_secs(3_600).expect("a valid ttl")
 }
 
-fn inc(node: WorkerId) -> Incarnation {
+fn inc(node: NodeId) -> Incarnation {
     Incarnation::from_uuid(node.as_uuid())
 }
 
@@ -140,14 +140,14 @@ async fn rows_after(conn: &mut AsyncPgConnection, xid: i64) -> i64 {
 /// A node that heartbeats as the runtime does: it hands in the stamps of the views it was
 /// last given.
 struct Node {
-    id: WorkerId,
+    id: NodeId,
     stamps: BTreeMap<GroupName, GroupStamp>,
 }
 
 impl Node {
     fn new() -> Self {
         Self {
-            id: WorkerId::new(),
+            id: NodeId::new(),
             stamps: BTreeMap::new(),
         }
     }
@@ -287,7 +287,7 @@ async fn rows_and_statements(url: &str) {
 /// One heartbeat of `node` handing in `stamps` (or none, for the full views).
 async fn me_tick(
     store: &PgLeaseStore,
-    node: &WorkerId,
+    node: &NodeId,
     stamps: &BTreeMap<GroupName, GroupStamp>,
     full: bool,
 ) {

@@ -52,8 +52,8 @@ use lease::store::{
 };
 use lease::testing::{OwnershipLog, RecordingHandler};
 use lease::{
-    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, OwnershipEvent, OwnershipHandler,
-    RevokeReason, ShardCount, WorkerError, WorkerHandle, WorkerId,
+    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, NodeId, OwnershipEvent,
+    OwnershipHandler, RevokeReason, ShardCount, WorkerError, WorkerHandle,
 };
 
 const BUCKETS: u32 = 64;
@@ -160,11 +160,7 @@ impl Fleet {
             .build()
             .expect("a config");
         let handler = Counting {
-            inner: RecordingHandler::new(
-                config.worker_id(),
-                self.log.clone(),
-                Arc::new(SystemClock),
-            ),
+            inner: RecordingHandler::new(config.node_id(), self.log.clone(), Arc::new(SystemClock)),
             errors: self.errors.clone(),
         };
         self.workers
@@ -176,7 +172,7 @@ impl Fleet {
         if snap.shard_count.get() != shards || !snap.draining.is_empty() {
             return false;
         }
-        let live: BTreeMap<Bucket, (WorkerId, FencingToken)> = snap
+        let live: BTreeMap<Bucket, (NodeId, FencingToken)> = snap
             .buckets
             .iter()
             .filter(|b| b.state == BucketState::Live)
@@ -187,7 +183,7 @@ impl Fleet {
         for w in &self.workers {
             let owned = w.owned().borrow().clone();
             loads.push(owned.len());
-            held.extend(owned.into_iter().map(|(b, t)| (b, (w.worker_id(), t))));
+            held.extend(owned.into_iter().map(|(b, t)| (b, (w.node_id(), t))));
         }
         let spread = loads
             .iter()
@@ -203,7 +199,7 @@ impl Fleet {
     async fn until_settled(
         &self,
         shards: u32,
-        dead: Option<WorkerId>,
+        dead: Option<NodeId>,
         mut dead_expiry: Option<Timestamp>,
     ) -> Settled {
         let limit = Instant::now() + LIMIT;
@@ -324,7 +320,7 @@ async fn run(url: &str, scenario: Scenario, i: usize, runs: usize) -> Run {
     let mut held_back = BTreeSet::new();
     if scenario.dead {
         let victim = fleet.workers.remove(0);
-        let id = victim.worker_id();
+        let id = victim.node_id();
         let snap = fleet
             .observer
             .snapshot(&fleet.group)

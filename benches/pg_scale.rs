@@ -30,8 +30,8 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease::postgres::{PgLeaseStore, ops};
 use lease::store::{Incarnation, Takeover, WorkerStore};
 use lease::{
-    Bucket, FencingToken, GroupName, LeaseWorker, MemberMetadata, OwnershipHandler, RevokeReason,
-    ShardCount, Ttl, WorkerError, WorkerHandle, WorkerId,
+    Bucket, FencingToken, GroupName, LeaseWorker, MemberMetadata, NodeId, OwnershipHandler,
+    RevokeReason, ShardCount, Ttl, WorkerError, WorkerHandle,
 };
 
 const BUCKETS: u32 = 65_536;
@@ -47,8 +47,8 @@ fn env_or(name: &str, default: usize) -> usize {
 }
 
 /// A member that joins `group` with `ttl` and claims `share` buckets.
-async fn member(store: &PgLeaseStore, group: &GroupName, ttl: Ttl, share: u32) -> WorkerId {
-    let w = WorkerId::new();
+async fn member(store: &PgLeaseStore, group: &GroupName, ttl: Ttl, share: u32) -> NodeId {
+    let w = NodeId::new();
     let beat = store
         .heartbeat(
             w,
@@ -133,7 +133,7 @@ async fn claim_latency(reps: usize) {
     println!("| claimable | claimed | p50 ms | min ms | max ms | runs |");
     println!("|---|---:|---:|---:|---:|---:|");
     for case in &cases {
-        let me = WorkerId::new();
+        let me = NodeId::new();
         let beat = ops::heartbeat(
             &mut conn,
             None,

@@ -58,7 +58,7 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz, Uuid as Sq
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease::postgres::{PgLeaseStore, ops};
 use lease::store::{GroupBeat, GroupStamp, Incarnation, Takeover, WorkerStore};
-use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId, policy};
+use lease::{GroupName, MemberMetadata, NodeId, ShardCount, Ttl, policy};
 use uuid::Uuid;
 
 /// The seed's schema and its 100 x 64 population, as the seed's own script creates them.
@@ -265,7 +265,7 @@ struct Bench {
 /// One of our members: a node in one group, with the group's view as it last got it.
 struct Member {
     group: GroupName,
-    node: WorkerId,
+    node: NodeId,
     /// The last view given; an "unchanged" answer leaves it as it is. Locked only between
     /// awaits (a client ticks its own members only).
     last: Mutex<GroupBeat>,
@@ -301,7 +301,7 @@ impl Member {
 /// Our heartbeat of `node` on a connection, handing in `seen` (none: every view given).
 async fn node_beat(
     conn: &mut AsyncPgConnection,
-    node: WorkerId,
+    node: NodeId,
     ttl: Ttl,
     seen: &[GroupStamp],
 ) -> lease::store::Heartbeat {
@@ -319,7 +319,7 @@ async fn node_beat(
 }
 
 /// The bare one-row `UPDATE` of `node`'s row.
-async fn bare_update(conn: &mut AsyncPgConnection, node: WorkerId, ttl: Ttl) -> usize {
+async fn bare_update(conn: &mut AsyncPgConnection, node: NodeId, ttl: Ttl) -> usize {
     Prepared(
         diesel::sql_query(BARE_UPDATE)
             .bind::<SqlUuid, _>(node.as_uuid())
@@ -624,7 +624,7 @@ async fn setup(shape: Shape, pool_size: usize) -> (Arc<Bench>, AsyncPgConnection
         let group = GroupName::new(format!("sub-{g}")).expect("group name");
         store.ensure_group(&group, shards).await.expect("ensure");
         for _ in 0..WORKERS_PER_GROUP {
-            let node = WorkerId::new();
+            let node = NodeId::new();
             let session = node_beat(&mut admin, node, ttl, &[]).await.session;
             store.join(&group, node, session).await.expect("join");
             let won = store
@@ -1103,7 +1103,7 @@ async fn scale(heartbeats: usize) -> f64 {
         .await
         .expect("ensure");
     let ttl = Ttl::from_secs(3_600).expect("ttl");
-    let beat = async |w: WorkerId| {
+    let beat = async |w: NodeId| {
         store
             .heartbeat(
                 w,
@@ -1117,7 +1117,7 @@ async fn scale(heartbeats: usize) -> f64 {
     };
     let mut workers = Vec::new();
     for _ in 0..members {
-        let w = WorkerId::new();
+        let w = NodeId::new();
         let session = beat(w).await.session;
         store.join(&group, w, session).await.expect("join");
         assert_eq!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use lease::policy;
 use lease::store::{GroupView, MemberLoad};
-use lease::{Bucket, ShardCount, WorkerId};
+use lease::{Bucket, NodeId, ShardCount};
 use uuid::Uuid;
 
 /// `(N, W)` pairs: a small group, the Postgres bench's two shapes, a wide pool, the limits.
@@ -23,11 +23,11 @@ const SIZES: [(u32, u32); 5] = [
 
 /// A settled group of `w` members splitting `n` buckets (as the policy leaves it), and the
 /// middle member's id and buckets: the steady-state input of `plan`.
-fn settled(n: u32, w: u32) -> (GroupView, WorkerId, Vec<Bucket>) {
+fn settled(n: u32, w: u32) -> (GroupView, NodeId, Vec<Bucket>) {
     let members: Vec<MemberLoad> = (0..w)
         .map(|i| {
             MemberLoad::new(
-                WorkerId::from_uuid(Uuid::from_u128(u128::from(i) + 1)),
+                NodeId::from_uuid(Uuid::from_u128(u128::from(i) + 1)),
                 n / w + u32::from(i < n % w),
             )
         })
@@ -63,7 +63,7 @@ fn bench(c: &mut Criterion) {
     // A joiner's first plan: the view lists every member but it owns nothing yet.
     for (n, w) in SIZES {
         let (mut view, _, _) = settled(n, w);
-        let me = WorkerId::from_uuid(Uuid::from_u128(u128::MAX));
+        let me = NodeId::from_uuid(Uuid::from_u128(u128::MAX));
         view.members.push(MemberLoad::new(me, 0));
         group.bench_with_input(
             BenchmarkId::new("joiner", format!("N={n},W={}", w + 1)),

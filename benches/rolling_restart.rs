@@ -63,8 +63,8 @@ use lease::postgres::PgLeaseStore;
 use lease::store::{Clock, LeaseStore, SystemClock, Timestamp};
 use lease::testing::{OwnershipLog, RecordingHandler};
 use lease::{
-    Assignment, Bucket, FencingToken, GroupHandle, GroupName, LeaseNode, NodeHandle,
-    OwnershipEvent, OwnershipHandler, RevokeReason, ShardCount, WorkerError, WorkerId,
+    Assignment, Bucket, FencingToken, GroupHandle, GroupName, LeaseNode, NodeHandle, NodeId,
+    OwnershipEvent, OwnershipHandler, RevokeReason, ShardCount, WorkerError,
 };
 
 const NODES: usize = 4;
@@ -163,7 +163,7 @@ struct Pool<'a> {
 
 impl Pool<'_> {
     /// Start a node with id `id` and add the group to it.
-    async fn start(&self, id: WorkerId) -> (NodeHandle, GroupHandle) {
+    async fn start(&self, id: NodeId) -> (NodeHandle, GroupHandle) {
         let mut builder = LeaseNode::builder()
             .ttl(TTL)
             .renew_interval(RENEW)
@@ -291,7 +291,7 @@ async fn run(stores: &Stores, mode: Mode, i: usize) -> Run {
         nodes: Vec::new(),
     };
     for _ in 0..NODES {
-        let node = pool.start(WorkerId::new()).await;
+        let node = pool.start(NodeId::new()).await;
         pool.nodes.push(node);
     }
     pool.until_balanced("cold start").await;
@@ -316,7 +316,7 @@ async fn run(stores: &Stores, mode: Mode, i: usize) -> Run {
         });
         let stop = start.elapsed();
         let successor = if mode == Mode::Plain {
-            WorkerId::new()
+            NodeId::new()
         } else {
             id
         };
@@ -347,7 +347,7 @@ async fn run(stores: &Stores, mode: Mode, i: usize) -> Run {
 
     // Follow each bucket's last holder through the whole log; count within the restarts.
     let entries = log.entries();
-    let mut last: BTreeMap<Bucket, WorkerId> = BTreeMap::new();
+    let mut last: BTreeMap<Bucket, NodeId> = BTreeMap::new();
     let (mut assignments, mut revoked) = (0, BTreeMap::new());
     for e in &entries[..bounds[0]] {
         if let OwnershipEvent::Assigned(a) = e.event {

@@ -39,8 +39,8 @@ use lease::memory::MemoryLeaseStore;
 use lease::postgres::PgLeaseStore;
 use lease::store::{Incarnation, LeaseStore, Takeover};
 use lease::{
-    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, MemberMetadata, OwnershipHandler,
-    RevokeReason, ShardCount, Ttl, WorkerId,
+    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, MemberMetadata, NodeId,
+    OwnershipHandler, RevokeReason, ShardCount, Ttl,
 };
 
 const SIZES: [u32; 3] = [8_192, 32_768, 65_536];
@@ -134,7 +134,7 @@ async fn peer(
     group: GroupName,
     done: tokio_util::sync::CancellationToken,
 ) -> HashMap<Bucket, Instant> {
-    let me = WorkerId::new();
+    let me = NodeId::new();
     let incarnation = Incarnation::new();
     let ttl = Ttl::new(Duration::from_secs(3)).expect("ttl");
     let mut won = HashMap::new();

@@ -38,7 +38,7 @@ use diesel::QueryableByName;
 use diesel::sql_types::{Array, BigInt, Bool, Integer, Nullable, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease::postgres::PgLeaseStore;
-use lease::{Assignment, BucketLease, GroupName, LeaseWorker, ShardCount, WorkerId};
+use lease::{Assignment, BucketLease, GroupName, LeaseWorker, NodeId, ShardCount};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -150,7 +150,7 @@ async fn consume(url: &str) -> Result<(), Error> {
         .ttl(ttl)
         .renew_interval(renew)
         .build()?;
-    let node = config.worker_id();
+    let node = config.node_id();
     let (worker, mut leases) = config.start_leases(store).await?;
     let stop = worker.cancellation_token();
     tokio::spawn(async move {
@@ -184,12 +184,7 @@ async fn consume(url: &str) -> Result<(), Error> {
 }
 
 /// Handle bucket `lease` until it is revoked; dropping the lease acknowledges the revocation.
-async fn work(
-    url: &str,
-    group: &GroupName,
-    node: WorkerId,
-    lease: BucketLease,
-) -> Result<(), Error> {
+async fn work(url: &str, group: &GroupName, node: NodeId, lease: BucketLease) -> Result<(), Error> {
     let mut conn = AsyncPgConnection::establish(url).await?;
     let assignment = lease.assignment();
     loop {
@@ -235,7 +230,7 @@ struct EventId {
 async fn handle_batch(
     conn: &mut AsyncPgConnection,
     group: &GroupName,
-    node: WorkerId,
+    node: NodeId,
     a: Assignment,
 ) -> Result<Option<usize>, Error> {
     let (shards, bucket) = (a.shards.get() as i32, a.bucket.0 as i32);

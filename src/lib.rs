@@ -12,7 +12,7 @@
 //!   [`WorkerHandle`], [`StartError`], [`GroupError`]), the application side
 //!   ([`OwnershipHandler`] and its events, [`event_channel`], [`BucketLease`] and [`Leases`],
 //!   [`Owned`], the errors a handler hears: [`WorkerError`], [`WorkerFailed`]), the ids and
-//!   values an application names to call them ([`GroupName`], [`ShardCount`], [`WorkerId`],
+//!   values an application names to call them ([`GroupName`], [`ShardCount`], [`NodeId`],
 //!   [`Bucket`], [`FencingToken`], [`Ttl`], [`MemberMetadata`], [`Weight`]) and the errors
 //!   it handles ([`StoreError`] and its [`ErrorKind`], [`InvalidInput`]).
 //! - [`store`]: the [`LeaseStore`](store::LeaseStore) contract and everything its signatures
@@ -33,13 +33,13 @@
 //! ```
 //! use lease::memory::MemoryLeaseStore;
 //! use lease::store::{Incarnation, Takeover, WorkerStore};
-//! use lease::{GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
+//! use lease::{GroupName, MemberMetadata, ShardCount, Ttl, NodeId};
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! let store = MemoryLeaseStore::new();
 //! let group = GroupName::new("orders")?;
 //! store.ensure_group(&group, ShardCount::new(4)?).await?;
-//! let (me, ttl, none) = (WorkerId::new(), Ttl::from_secs(30)?, MemberMetadata::empty());
+//! let (me, ttl, none) = (NodeId::new(), Ttl::from_secs(30)?, MemberMetadata::empty());
 //! let session = store.heartbeat(me, Incarnation::new(), ttl, &none, &[]).await?.session;
 //! store.join(&group, me, session).await?;
 //! let won = store.claim(&group, me, session, 4, Takeover::Allowed).await?;
@@ -67,7 +67,7 @@ pub use lease_worker::{
 // The ids and values an application names: a group and its shard count, a node id, a bucket
 // and its fencing token, a ttl, a member's metadata and weight.
 pub use lease_core::{
-    Bucket, FencingToken, GroupName, MemberMetadata, ShardCount, Ttl, Weight, WorkerId,
+    Bucket, FencingToken, GroupName, MemberMetadata, NodeId, ShardCount, Ttl, Weight,
 };
 
 // The errors an application handles: the store's (with its kind, for matching) and a value's

@@ -15,7 +15,7 @@ use lease::postgres::PgLeaseStore;
 use lease::store::{SystemClock, Timestamp};
 use lease::testing::{Counters, FaultyStore, OwnershipLog, RecordingHandler};
 use lease::{
-    GroupName, LeaseWorker, OwnershipEvent, RevokeReason, ShardCount, WorkerHandle, WorkerId,
+    GroupName, LeaseWorker, NodeId, OwnershipEvent, RevokeReason, ShardCount, WorkerHandle,
 };
 use lease_testdb::{Cluster, ClusterOptions};
 
@@ -25,7 +25,7 @@ const RENEW: Duration = Duration::from_secs(2);
 
 struct Pool {
     log: Arc<Mutex<OwnershipLog<Timestamp>>>,
-    workers: BTreeMap<WorkerId, WorkerHandle>,
+    workers: BTreeMap<NodeId, WorkerHandle>,
 }
 
 impl Pool {
@@ -46,7 +46,7 @@ impl Pool {
                 .renew_interval(RENEW)
                 .build()
                 .expect("config");
-            let id = config.worker_id();
+            let id = config.node_id();
             let handler = RecordingHandler::new(id, log.clone(), Arc::new(SystemClock));
             // Without wake-ups, a holder learns that its session expired only at its next
             // renewal (as behind a pooler, or when a notification is lost): the widest window

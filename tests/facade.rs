@@ -22,9 +22,9 @@ mod names {
     use lease::{
         Assignment, Bucket, BucketLease, ConfigError, ErrorKind, EventSender, FencingToken,
         GroupError, GroupHandle, GroupName, InvalidInput, LeaseNode, LeaseNodeBuilder, LeaseWorker,
-        LeaseWorkerBuilder, Leases, MemberMetadata, NodeHandle, Owned, OwnershipEvent,
+        LeaseWorkerBuilder, Leases, MemberMetadata, NodeHandle, NodeId, Owned, OwnershipEvent,
         OwnershipHandler, RevokeReason, ShardCount, StartError, StoreError, Ttl, Weight,
-        WorkerError, WorkerFailed, WorkerHandle, WorkerId, event_channel,
+        WorkerError, WorkerFailed, WorkerHandle, event_channel,
     };
 
     // The store contract and what its signatures name.

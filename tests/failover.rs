@@ -15,8 +15,8 @@ use lease::postgres::PgLeaseStore;
 use lease::store::{AdminStore, BucketState, Clock, SystemClock, Timestamp};
 use lease::testing::{OwnershipLog, RecordingHandler, coverage};
 use lease::{
-    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, OwnershipEvent, ShardCount,
-    WorkerHandle, WorkerId,
+    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, NodeId, OwnershipEvent, ShardCount,
+    WorkerHandle,
 };
 use lease_testdb::{Cluster, ClusterOptions, Replication};
 
@@ -78,7 +78,7 @@ impl Fleet {
         }
     }
 
-    async fn start(&mut self) -> WorkerId {
+    async fn start(&mut self) -> NodeId {
         let store = PgLeaseStore::builder(self.url.clone())
             .max_connections(4)
             .timeout(Duration::from_secs(2))
@@ -89,7 +89,7 @@ impl Fleet {
             .renew_interval(RENEW)
             .build()
             .expect("a config");
-        let id = config.worker_id();
+        let id = config.node_id();
         let handler = RecordingHandler::new(id, self.log.clone(), Arc::new(SystemClock));
         self.workers
             .push(config.start(store, handler).await.expect("start"));
@@ -97,14 +97,14 @@ impl Fleet {
     }
 
     /// What the applications hold: bucket -> (worker, token), and each worker's count.
-    fn held(&self) -> (BTreeMap<Bucket, (WorkerId, FencingToken)>, Vec<usize>) {
+    fn held(&self) -> (BTreeMap<Bucket, (NodeId, FencingToken)>, Vec<usize>) {
         let mut held = BTreeMap::new();
         let mut loads = Vec::new();
         for w in &self.workers {
             let owned = w.owned().borrow().clone();
             loads.push(owned.len());
             for (bucket, token) in owned {
-                held.insert(bucket, (w.worker_id(), token));
+                held.insert(bucket, (w.node_id(), token));
             }
         }
         (held, loads)
@@ -125,12 +125,12 @@ impl Fleet {
             .timeout(Duration::from_secs(2))
             .build()
             .expect("an observer");
-        let ids: Vec<WorkerId> = self.workers.iter().map(WorkerHandle::worker_id).collect();
+        let ids: Vec<NodeId> = self.workers.iter().map(WorkerHandle::node_id).collect();
         let mut last = String::new();
         loop {
             if let Ok(snap) = observer.snapshot(&self.group).await {
                 let (held, loads) = self.held();
-                let live: BTreeMap<Bucket, (WorkerId, FencingToken)> = snap
+                let live: BTreeMap<Bucket, (NodeId, FencingToken)> = snap
                     .buckets
                     .iter()
                     .filter(|b| b.state == BucketState::Live)

@@ -14,8 +14,8 @@ use lease::store::{AdminStore, Clock, SystemClock};
 use lease::testing::runtime::balanced;
 use lease::testing::{FaultyStore, OwnershipLog, RecordingHandler};
 use lease::{
-    GroupName, LeaseWorker, OwnershipEvent, ShardCount, StoreError, WorkerFailed, WorkerHandle,
-    WorkerId,
+    GroupName, LeaseWorker, NodeId, OwnershipEvent, ShardCount, StoreError, WorkerFailed,
+    WorkerHandle,
 };
 
 /// A running worker whose group is deleted and created again with another shard count stops
@@ -43,7 +43,7 @@ async fn a_worker_stops_when_its_group_returns_with_another_shard_count() {
             .renew_interval(Duration::from_millis(500))
             .build()
             .expect("config");
-        let id = config.worker_id();
+        let id = config.node_id();
         let handler = RecordingHandler::new(id, log.clone(), Arc::new(SystemClock));
         (config, id, handler)
     };
@@ -103,7 +103,7 @@ async fn a_worker_stops_when_its_group_returns_with_another_shard_count() {
     );
     // It left the new group on its way out: only the second worker is a member.
     let snap = store.snapshot(&group).await.expect("snapshot");
-    let members: Vec<WorkerId> = snap.members.iter().map(|m| m.worker).collect();
+    let members: Vec<NodeId> = snap.members.iter().map(|m| m.worker).collect();
     assert_eq!(members, vec![second_id]);
     second.shutdown().await.expect("a clean stop");
 }
@@ -132,7 +132,7 @@ async fn frozen_server_processes_are_left_behind() {
             .renew_interval(renew)
             .build()
             .expect("config");
-        let handler = RecordingHandler::new(config.worker_id(), log.clone(), Arc::new(SystemClock));
+        let handler = RecordingHandler::new(config.node_id(), log.clone(), Arc::new(SystemClock));
         workers.push(config.start(store, handler).await.expect("start"));
     }
     let balanced = |workers: &[WorkerHandle]| {
@@ -180,7 +180,7 @@ async fn frozen_server_processes_are_left_behind() {
         .max_connections(1)
         .build()
         .expect("store");
-    let ids: Vec<WorkerId> = workers.iter().map(WorkerHandle::worker_id).collect();
+    let ids: Vec<NodeId> = workers.iter().map(WorkerHandle::node_id).collect();
     loop {
         let snap = observer.snapshot(&group).await.expect("snapshot");
         let renewed = snap

@@ -8,19 +8,19 @@ use std::task::{Context, Poll, Waker};
 
 use futures_core::Stream;
 
-use crate::ids::WorkerId;
+use crate::ids::NodeId;
 
 /// A change in a group that may call for re-planning.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[non_exhaustive]
 pub enum Change {
     /// A node joined the group.
-    Joined(WorkerId),
+    Joined(NodeId),
     /// A node left the group (or was evicted, or started a new session, which ends its
     /// memberships).
-    Left(WorkerId),
+    Left(NodeId),
     /// A worker released buckets.
-    Released(WorkerId),
+    Released(NodeId),
     /// The group's shard count was changed: owners of the old generation's buckets should
     /// revoke and release them.
     Resized,

@@ -2,7 +2,7 @@
 
 use std::error::Error as StdError;
 
-use crate::ids::{Bucket, GroupName, ShardCount, WorkerId};
+use crate::ids::{Bucket, GroupName, NodeId, ShardCount};
 use crate::invalid::InvalidInput;
 
 /// Everything a [`LeaseStore`](crate::LeaseStore) operation can fail with.
@@ -38,18 +38,18 @@ pub enum StoreError {
         /// The group.
         group: GroupName,
         /// The worker.
-        worker: WorkerId,
+        worker: NodeId,
     },
     /// Another process holds the node id's live session: two processes were given the same
-    /// [`WorkerId`]. Nothing was written. Retrying helps once that session ends (its process
+    /// [`NodeId`]. Nothing was written. Retrying helps once that session ends (its process
     /// stops gracefully or its session expires at `expires_at`); the two never share it.
     #[error(
-        "worker id {worker} is in use: another process holds its live session, which expires \
+        "node id {worker} is in use: another process holds its live session, which expires \
          at {expires_at} unless renewed"
     )]
-    WorkerIdInUse {
+    NodeIdInUse {
         /// The node id both processes use.
-        worker: WorkerId,
+        worker: NodeId,
         /// When the other process's session expires unless it renews it (store clock).
         expires_at: chrono::DateTime<chrono::Utc>,
     },
@@ -96,14 +96,14 @@ pub enum StoreError {
         draining: u32,
     },
     /// An operator's control named a node that is not a member of the group and has no
-    /// control stored there (a mistyped worker id, or a node that left before it was ever
+    /// control stored there (a mistyped node id, or a node that left before it was ever
     /// controlled). Nothing was written; retrying cannot help until the node joins.
     #[error("worker {worker} is not a member of group {group:?}; nothing was changed")]
     NotAMember {
         /// The group.
         group: GroupName,
         /// The node named.
-        worker: WorkerId,
+        worker: NodeId,
     },
     /// A value failed validation.
     #[error(transparent)]
@@ -282,14 +282,14 @@ impl StoreError {
 
     /// Whether retrying the operation later can succeed without anyone changing anything:
     /// a transient backend failure, a session that expired (the next heartbeat starts one),
-    /// a worker id another process holds (its session ends eventually), or a resize refused
+    /// a node id another process holds (its session ends eventually), or a resize refused
     /// while an earlier one drains (the drain ends once its owners release or die). Everything else
     /// (an unknown group, a shard-count mismatch, a bucket out of range, bad input, a missing
     /// schema, a refused privilege...) needs someone to act first.
     pub fn is_transient(&self) -> bool {
         match self {
             Self::SessionExpired { .. }
-            | Self::WorkerIdInUse { .. }
+            | Self::NodeIdInUse { .. }
             | Self::ResizeInProgress { .. } => true,
             Self::Backend { failure, .. } => failure.is_transient(),
             _ => false,
@@ -303,7 +303,7 @@ impl StoreError {
             Self::GroupNotFound { .. } => ErrorKind::GroupNotFound,
             Self::ShardCountMismatch { .. } => ErrorKind::ShardCountMismatch,
             Self::SessionExpired { .. } => ErrorKind::SessionExpired,
-            Self::WorkerIdInUse { .. } => ErrorKind::WorkerIdInUse,
+            Self::NodeIdInUse { .. } => ErrorKind::NodeIdInUse,
             Self::BucketOutOfRange { .. } => ErrorKind::BucketOutOfRange,
             Self::ResizeFromMismatch { .. } => ErrorKind::ResizeFromMismatch,
             Self::ResizeInProgress { .. } => ErrorKind::ResizeInProgress,
@@ -345,8 +345,8 @@ pub enum ErrorKind {
     ShardCountMismatch,
     /// See [`StoreError::SessionExpired`].
     SessionExpired,
-    /// See [`StoreError::WorkerIdInUse`].
-    WorkerIdInUse,
+    /// See [`StoreError::NodeIdInUse`].
+    NodeIdInUse,
     /// See [`StoreError::BucketOutOfRange`].
     BucketOutOfRange,
     /// See [`StoreError::ResizeFromMismatch`].

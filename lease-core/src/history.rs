@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use crate::ids::{FencingToken, WorkerId};
+use crate::ids::{FencingToken, NodeId};
 use crate::time::Timestamp;
 use crate::view::MemberMode;
 
@@ -16,7 +16,7 @@ pub const TENURES_KEPT: usize = 8;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Tenure {
     /// The node that claimed it.
-    pub owner: WorkerId,
+    pub owner: NodeId,
     /// The token the claim gave it.
     pub token: FencingToken,
     /// When the claim won it (the store's time).
@@ -102,7 +102,7 @@ pub struct Tenures(VecDeque<Tenure>);
 
 impl Tenures {
     /// T1: a claim won the bucket. The oldest tenure goes once [`TENURES_KEPT`] are kept.
-    pub fn begin(&mut self, owner: WorkerId, token: FencingToken, at: Timestamp) {
+    pub fn begin(&mut self, owner: NodeId, token: FencingToken, at: Timestamp) {
         if self.0.len() == TENURES_KEPT {
             self.0.pop_front();
         }
@@ -169,7 +169,7 @@ mod tests {
 
     #[test]
     fn tenures_keep_the_last_ones_and_end_only_an_open_one() {
-        let w = WorkerId::from_uuid(uuid::Uuid::from_u128(1));
+        let w = NodeId::from_uuid(uuid::Uuid::from_u128(1));
         let t0 = Timestamp::UNIX_EPOCH;
         let mut h = Tenures::default();
         for i in 0..(TENURES_KEPT as i64 + 3) {

@@ -157,24 +157,24 @@ impl ShardCount {
         (0..self.0).map(Bucket)
     }
 
-    /// The bucket `worker`'s claims start from: the worker id's low 32 bits
-    /// ([`WorkerId::claim_seed`]) modulo the shard count. A claim takes claimable buckets from
+    /// The bucket `worker`'s claims start from: the node id's low 32 bits
+    /// ([`NodeId::claim_seed`]) modulo the shard count. A claim takes claimable buckets from
     /// here upwards, wrapping around to 0, so that workers claiming at the same time mostly
     /// look at different buckets.
     ///
     /// ```
-    /// use lease_core::{Bucket, ShardCount, WorkerId};
-    /// let w = WorkerId::from_uuid(uuid::Uuid::from_u128(0xABCD_0000_0000_0000_0000_0000_0000_000A));
+    /// use lease_core::{Bucket, ShardCount, NodeId};
+    /// let w = NodeId::from_uuid(uuid::Uuid::from_u128(0xABCD_0000_0000_0000_0000_0000_0000_000A));
     /// assert_eq!(ShardCount::new(8)?.claim_start(w), Bucket(2));
     /// # Ok::<(), lease_core::InvalidInput>(())
     /// ```
-    pub fn claim_start(self, worker: WorkerId) -> Bucket {
+    pub fn claim_start(self, worker: NodeId) -> Bucket {
         Bucket(worker.claim_seed() % self.0)
     }
 
     /// The buckets in `worker`'s claim order: from [`claim_start`](Self::claim_start) up, then
     /// from 0.
-    pub fn claim_order(self, worker: WorkerId) -> impl Iterator<Item = Bucket> {
+    pub fn claim_order(self, worker: NodeId) -> impl Iterator<Item = Bucket> {
         let start = self.claim_start(worker).0;
         (start..self.0).chain(0..start).map(Bucket)
     }
@@ -220,9 +220,9 @@ impl From<u32> for Bucket {
 /// A worker process, minted once per process start. Two starts of the same binary are two
 /// workers, so a restarted process never inherits the leases of the one that died.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-pub struct WorkerId(Uuid);
+pub struct NodeId(Uuid);
 
-impl WorkerId {
+impl NodeId {
     /// A fresh, time-ordered id (UUID v7).
     pub fn new() -> Self {
         Self(Uuid::now_v7())
@@ -246,24 +246,24 @@ impl WorkerId {
     }
 }
 
-impl Default for WorkerId {
+impl Default for NodeId {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl fmt::Display for WorkerId {
+impl fmt::Display for NodeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.0, f)
     }
 }
 
-impl FromStr for WorkerId {
+impl FromStr for NodeId {
     type Err = InvalidInput;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Uuid::parse_str(s)
             .map(Self)
-            .map_err(|_| InvalidInput::WorkerIdNotUuid {
+            .map_err(|_| InvalidInput::NodeIdNotUuid {
                 value: s.chars().take(64).collect(),
             })
     }
@@ -305,9 +305,9 @@ impl fmt::Display for SessionId {
 
 /// One start of a worker: minted afresh each time a worker starts, and sent with every
 /// heartbeat. A session belongs to the incarnation that started it: only that incarnation can
-/// extend it, so two processes given the same [`WorkerId`] (a restarted pod whose predecessor
+/// extend it, so two processes given the same [`NodeId`] (a restarted pod whose predecessor
 /// is still terminating, a copied configuration) never share a session; the second is refused
-/// with [`StoreError::WorkerIdInUse`](crate::StoreError::WorkerIdInUse) until the first one's
+/// with [`StoreError::NodeIdInUse`](crate::StoreError::NodeIdInUse) until the first one's
 /// session ends.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct Incarnation(Uuid);
@@ -448,12 +448,12 @@ mod tests {
     }
 
     #[test]
-    fn worker_ids_parse_and_print() {
-        let w = WorkerId::new();
-        assert_eq!(w.to_string().parse::<WorkerId>().unwrap(), w);
+    fn node_ids_parse_and_print() {
+        let w = NodeId::new();
+        assert_eq!(w.to_string().parse::<NodeId>().unwrap(), w);
         assert!(matches!(
-            "not-a-uuid".parse::<WorkerId>(),
-            Err(InvalidInput::WorkerIdNotUuid { .. })
+            "not-a-uuid".parse::<NodeId>(),
+            Err(InvalidInput::NodeIdNotUuid { .. })
         ));
     }
 

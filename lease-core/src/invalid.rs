@@ -36,9 +36,9 @@ pub enum InvalidInput {
         /// The longest allowed.
         max: Duration,
     },
-    /// A worker id that is not a UUID.
-    #[error("worker id {value:?} is not a UUID")]
-    WorkerIdNotUuid {
+    /// A node id that is not a UUID.
+    #[error("node id {value:?} is not a UUID")]
+    NodeIdNotUuid {
         /// The text given (at most 64 characters of it).
         value: String,
     },

@@ -18,7 +18,7 @@
 //! ```
 //! use lease_core::{
 //!     policy, GroupName, Incarnation, MemberMetadata, ShardCount, Takeover, Ttl, WorkerStore,
-//!     WorkerId,
+//!     NodeId,
 //! };
 //! use lease_memory::MemoryLeaseStore;
 //!
@@ -27,7 +27,7 @@
 //! let group = GroupName::new("orders")?;
 //! store.ensure_group(&group, ShardCount::new(8)?).await?;
 //!
-//! let (me, process) = (WorkerId::new(), Incarnation::new());
+//! let (me, process) = (NodeId::new(), Incarnation::new());
 //! let (ttl, none) = (Ttl::from_secs(30)?, MemberMetadata::empty());
 //! let session = store.heartbeat(me, process, ttl, &none, &[]).await?.session;
 //! store.join(&group, me, session).await?;
@@ -64,7 +64,7 @@ pub use error::{BackendFailure, Chain, ErrorKind, Operation, StoreError};
 pub use event::{Assignment, OwnershipEvent, RevokeReason};
 pub use history::{EndReason, Tenure, TenureEnd, Tenures};
 pub use ids::{
-    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionId, ShardCount,
 };
 pub use invalid::InvalidInput;
 pub use policy::{Plan, plan};

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 
 use crate::event::{OwnershipEvent, RevokeReason};
-use crate::ids::{Bucket, FencingToken, ShardCount, WorkerId};
+use crate::ids::{Bucket, FencingToken, NodeId, ShardCount};
 use crate::resize;
 
 /// One recorded event.
@@ -18,7 +18,7 @@ pub struct Entry<T> {
     /// When the application heard it.
     pub at: T,
     /// Which worker's application.
-    pub worker: WorkerId,
+    pub worker: NodeId,
     /// The event.
     pub event: OwnershipEvent,
 }
@@ -27,7 +27,7 @@ pub struct Entry<T> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holding<T> {
     /// The worker.
-    pub worker: WorkerId,
+    pub worker: NodeId,
     /// The bucket.
     pub bucket: Bucket,
     /// The shard count of the bucket's generation.
@@ -61,7 +61,7 @@ pub struct Summary {
 #[derive(Clone, Debug)]
 pub struct OwnershipLog<T> {
     entries: Vec<Entry<T>>,
-    crashes: BTreeMap<WorkerId, T>,
+    crashes: BTreeMap<NodeId, T>,
 }
 
 impl<T> Default for OwnershipLog<T> {
@@ -81,12 +81,12 @@ impl<T: Ord + Copy + Debug> OwnershipLog<T> {
 
     /// Record that `worker`'s application heard `event` at `at`. Entries of one worker must be
     /// recorded in the order that worker delivered them.
-    pub fn record(&mut self, worker: WorkerId, event: OwnershipEvent, at: T) {
+    pub fn record(&mut self, worker: NodeId, event: OwnershipEvent, at: T) {
         self.entries.push(Entry { at, worker, event });
     }
 
     /// Record that `worker` crashed at `at`: whatever it held, it stopped working on then.
-    pub fn crashed(&mut self, worker: WorkerId, at: T) {
+    pub fn crashed(&mut self, worker: NodeId, at: T) {
         self.crashes.insert(worker, at);
     }
 
@@ -103,7 +103,7 @@ impl<T: Ord + Copy + Debug> OwnershipLog<T> {
     /// together (see [`Holding::shards`]): the new bucket of a number shares keys with the
     /// old bucket of that number, so they are held one after the other like one bucket.
     pub fn holdings(&self) -> Result<BTreeMap<Bucket, Vec<Holding<T>>>, String> {
-        let mut open: BTreeMap<(WorkerId, Bucket), Holding<T>> = BTreeMap::new();
+        let mut open: BTreeMap<(NodeId, Bucket), Holding<T>> = BTreeMap::new();
         let mut done: BTreeMap<Bucket, Vec<Holding<T>>> = BTreeMap::new();
         for e in &self.entries {
             match e.event {
@@ -298,8 +298,8 @@ mod tests {
     use super::*;
     use uuid::Uuid;
 
-    fn w(i: u128) -> WorkerId {
-        WorkerId::from_uuid(Uuid::from_u128(i))
+    fn w(i: u128) -> NodeId {
+        NodeId::from_uuid(Uuid::from_u128(i))
     }
 
     fn assigned(b: u32, t: i64) -> OwnershipEvent {

@@ -20,7 +20,7 @@
 //! weight 0 has no fractional part and so never gets a slot.
 //!
 //! Between equal remainders the slots go first to the members that own more than their floor
-//! right now, then to the others; within each class by worker id. Giving them to members
+//! right now, then to the others; within each class by node id. Giving them to members
 //! already above their floor keeps the number of moves minimal (a bucket only moves from a
 //! member above its target to one below, and no member above its floor is cut to its floor
 //! while a slot it could take is left). Ranking by class and id, not by exact load, keeps
@@ -43,8 +43,8 @@
 //! says how many and which.
 //!
 //! ```
-//! use lease_core::{policy, Bucket, GroupView, MemberLoad, ShardCount, WorkerId};
-//! let (a, b) = (WorkerId::new(), WorkerId::new());
+//! use lease_core::{policy, Bucket, GroupView, MemberLoad, ShardCount, NodeId};
+//! let (a, b) = (NodeId::new(), NodeId::new());
 //! let view = GroupView::new(
 //!     ShardCount::new(12)?,
 //!     vec![MemberLoad::new(a, 12), MemberLoad::new(b, 0)],
@@ -64,7 +64,7 @@
 //! # Ok::<(), lease_core::InvalidInput>(())
 //! ```
 
-use crate::ids::{Bucket, WorkerId};
+use crate::ids::{Bucket, NodeId};
 use crate::view::{GroupView, MemberLoad, MemberMode};
 
 /// What one worker should do this tick.
@@ -83,7 +83,7 @@ pub struct Plan {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Target {
     /// The member.
-    pub worker: WorkerId,
+    pub worker: NodeId,
     /// What it owns now.
     pub owned: u32,
     /// What it should own.
@@ -105,7 +105,7 @@ fn effective_weight(m: &MemberLoad) -> u64 {
     }
 }
 
-/// Every live member's target, in the order of `members` (sorted by worker id in a
+/// Every live member's target, in the order of `members` (sorted by node id in a
 /// [`GroupView`]), splitting `shareable` buckets: a view's shard count less its quarantined
 /// buckets ([`shareable`]). A cordoned member's target is what it owns, and what cordoned
 /// members own is taken out of `shareable` first; the rest is shared in proportion to the
@@ -180,7 +180,7 @@ pub fn targets(shareable: u32, members: &[MemberLoad]) -> Vec<Target> {
 ///
 /// An active `me` claims up to its target and sheds the highest-numbered excess; a cordoned
 /// one does neither (its target is what it owns); a draining one sheds everything.
-pub fn plan(view: &GroupView, me: WorkerId, mine: &[Bucket]) -> Plan {
+pub fn plan(view: &GroupView, me: NodeId, mine: &[Bucket]) -> Plan {
     let owned = u32::try_from(mine.len()).unwrap_or(u32::MAX);
     let mut myself = MemberLoad::new(me, owned);
     let mut members: Vec<MemberLoad> = Vec::with_capacity(view.members.len() + 1);
@@ -236,8 +236,8 @@ mod tests {
     use proptest::prelude::*;
     use uuid::Uuid;
 
-    fn worker(i: u32) -> WorkerId {
-        WorkerId::from_uuid(Uuid::from_u128(u128::from(i) + 1))
+    fn worker(i: u32) -> NodeId {
+        NodeId::from_uuid(Uuid::from_u128(u128::from(i) + 1))
     }
 
     fn loads(owned: &[u32]) -> Vec<MemberLoad> {
@@ -294,7 +294,7 @@ mod tests {
     }
 
     #[test]
-    fn ties_break_by_worker_id() {
+    fn ties_break_by_node_id() {
         let members = vec![MemberLoad::new(worker(9), 2), MemberLoad::new(worker(3), 2)];
         let t = targets(3, &members);
         assert_eq!((t[0].target, t[1].target), (1, 2));

@@ -15,7 +15,7 @@ pub use worker::WorkerStore;
 #[cfg(doc)]
 use crate::{
     error::StoreError,
-    ids::{Incarnation, ShardCount, WorkerId},
+    ids::{Incarnation, NodeId, ShardCount},
 };
 
 /// Which claimable buckets a [`claim`](WorkerStore::claim) may take (contract rule C7).
@@ -54,7 +54,7 @@ impl Takeover {
 
 /// Where leases live: the shared state a pool of workers agrees through.
 ///
-/// Ownership hangs on **node sessions**. A node is a process (identified by a [`WorkerId`]):
+/// Ownership hangs on **node sessions**. A node is a process (identified by a [`NodeId`]):
 /// it has at most one node row holding its session (id, expiry and the [`Incarnation`] that
 /// started it), and one member row per group it is a member of. Each bucket row records its
 /// owner node and the session it was claimed under, and a fencing token. A member is live if

@@ -1,8 +1,6 @@
 //! What stores return: leases, the heartbeat's compact view and the full snapshot.
 
-use crate::ids::{
-    Bucket, FencingToken, GroupName, MemberMetadata, SessionId, ShardCount, WorkerId,
-};
+use crate::ids::{Bucket, FencingToken, GroupName, MemberMetadata, NodeId, SessionId, ShardCount};
 use crate::resize::{self, Generation};
 use crate::time::Timestamp;
 
@@ -15,7 +13,7 @@ pub struct Lease {
     /// old count for a bucket of the draining generation.
     pub shards: ShardCount,
     /// The owner.
-    pub owner: WorkerId,
+    pub owner: NodeId,
     /// The fencing token of this ownership.
     pub token: FencingToken,
     /// When the owner's session expires unless renewed (store clock).
@@ -26,7 +24,7 @@ pub struct Lease {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct MemberLoad {
     /// The member.
-    pub worker: WorkerId,
+    pub worker: NodeId,
     /// Buckets it owns under its live session.
     pub owned: u32,
     /// Its weight: targets are proportional to weights (default 1; 0 asks for no bucket).
@@ -37,7 +35,7 @@ pub struct MemberLoad {
 
 impl MemberLoad {
     /// A member of weight 1, active, owning `owned` buckets.
-    pub fn new(worker: WorkerId, owned: u32) -> Self {
+    pub fn new(worker: NodeId, owned: u32) -> Self {
         Self {
             worker,
             owned,
@@ -92,7 +90,7 @@ impl MemberMode {
 pub struct GroupView {
     /// The group's bucket count (of the current generation).
     pub shard_count: ShardCount,
-    /// Every live member (idle ones included) with its load, sorted by worker id. `owned`
+    /// Every live member (idle ones included) with its load, sorted by node id. `owned`
     /// counts buckets of the current generation only.
     pub members: Vec<MemberLoad>,
     /// Buckets of the current generation nobody live owns: never owned, released, or held by
@@ -256,7 +254,7 @@ impl Heartbeat {
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct NodeInfo {
     /// The node.
-    pub node: WorkerId,
+    pub node: NodeId,
     /// Its current (or last) session.
     pub session: SessionId,
     /// When the session started.
@@ -312,7 +310,7 @@ pub struct BucketInfo {
     /// The bucket.
     pub bucket: Bucket,
     /// The recorded owner, live or not; `None` when unowned.
-    pub owner: Option<WorkerId>,
+    pub owner: Option<NodeId>,
     /// The recorded owner's session.
     pub session: Option<SessionId>,
     /// The current fencing token (0 if never owned).
@@ -331,7 +329,7 @@ pub struct BucketInfo {
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct MemberInfo {
     /// The node.
-    pub worker: WorkerId,
+    pub worker: NodeId,
     /// Its node's current (or last) session.
     pub session: SessionId,
     /// When the node joined the group.
@@ -361,7 +359,7 @@ pub struct GroupSnapshot {
     pub shard_count: ShardCount,
     /// The store's time of the snapshot.
     pub observed_at: Timestamp,
-    /// Every member row, live or expired, sorted by worker id.
+    /// Every member row, live or expired, sorted by node id.
     pub members: Vec<MemberInfo>,
     /// Every bucket of the current generation, in order.
     pub buckets: Vec<BucketInfo>,
@@ -375,7 +373,7 @@ pub struct GroupSnapshot {
 }
 
 impl GroupSnapshot {
-    /// The live members with their loads, sorted by worker id.
+    /// The live members with their loads, sorted by node id.
     pub fn live_members(&self) -> Vec<MemberLoad> {
         self.members
             .iter()

@@ -25,7 +25,7 @@ use std::time::Duration;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::StreamExt;
-use lease_core::{BackendFailure, Change, ChangeFeed, Operation, StoreError, WorkerId};
+use lease_core::{BackendFailure, Change, ChangeFeed, NodeId, Operation, StoreError};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_stream::wrappers::BroadcastStream;
 use uuid::Uuid;
@@ -160,7 +160,7 @@ fn stopped(detail: &str) -> StoreError {
 }
 
 fn parse(payload: &str) -> Change {
-    let worker = |rest: &str| Uuid::parse_str(rest).ok().map(WorkerId::from_uuid);
+    let worker = |rest: &str| Uuid::parse_str(rest).ok().map(NodeId::from_uuid);
     let mut chars = payload.chars();
     match (chars.next(), worker(chars.as_str())) {
         (Some('J'), Some(w)) => Change::Joined(w),
@@ -328,15 +328,12 @@ mod tests {
         let w = Uuid::from_u128(7);
         assert_eq!(
             parse(&format!("J{w}")),
-            Change::Joined(WorkerId::from_uuid(w))
+            Change::Joined(NodeId::from_uuid(w))
         );
-        assert_eq!(
-            parse(&format!("L{w}")),
-            Change::Left(WorkerId::from_uuid(w))
-        );
+        assert_eq!(parse(&format!("L{w}")), Change::Left(NodeId::from_uuid(w)));
         assert_eq!(
             parse(&format!("R{w}")),
-            Change::Released(WorkerId::from_uuid(w))
+            Change::Released(NodeId::from_uuid(w))
         );
         assert_eq!(parse("Z3"), Change::Resized);
         assert_eq!(parse(&format!("C{w}")), Change::Controlled);

@@ -24,7 +24,7 @@
 //!
 //! ```no_run
 //! use lease_core::{
-//!     GroupName, Incarnation, MemberMetadata, ShardCount, Takeover, Ttl, WorkerId, WorkerStore,
+//!     GroupName, Incarnation, MemberMetadata, ShardCount, Takeover, Ttl, NodeId, WorkerStore,
 //! };
 //! use lease_diesel::PgLeaseStore;
 //!
@@ -33,7 +33,7 @@
 //! store.migrate().await?;
 //! let group = GroupName::new("orders")?;
 //! store.ensure_group(&group, ShardCount::new(64)?).await?;
-//! let (me, process) = (WorkerId::new(), Incarnation::new());
+//! let (me, process) = (NodeId::new(), Incarnation::new());
 //! let (ttl, none) = (Ttl::from_secs(30)?, MemberMetadata::empty());
 //! let session = store.heartbeat(me, process, ttl, &none, &[]).await?.session;
 //! store.join(&group, me, session).await?;
@@ -80,8 +80,8 @@ use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, Trans
 use lease_core::{AdminStore, MemberControl, QuarantineFor, Weight};
 use lease_core::{
     BackendFailure, Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, GroupStamp,
-    Heartbeat, Incarnation, Lease, MemberMetadata, NodesSnapshot, Operation, ResizeOutcome,
-    SessionId, ShardCount, StoreError, Takeover, Ttl, WorkerId, WorkerStore, store_precision,
+    Heartbeat, Incarnation, Lease, MemberMetadata, NodeId, NodesSnapshot, Operation, ResizeOutcome,
+    SessionId, ShardCount, StoreError, Takeover, Ttl, WorkerStore, store_precision,
 };
 
 pub use error::PgSetupError;
@@ -523,7 +523,7 @@ impl PgLeaseStore {
 /// Run `op` in a transaction begun with `begin` (`BEGIN` and the statement timeout, sent as
 /// one round trip), committed unless `op` failed in the backend: such a connection is closed
 /// rather than reused (see `with_conn`), which ends the transaction without a `ROLLBACK`.
-/// Committed too after the contract's refusals (`WorkerIdInUse`, `SessionExpired`...): their
+/// Committed too after the contract's refusals (`NodeIdInUse`, `SessionExpired`...): their
 /// statement ran and wrote what it writes, as it would have in autocommit mode.
 async fn in_transaction<T>(
     conn: &mut AsyncPgConnection,
@@ -555,7 +555,7 @@ impl WorkerStore for PgLeaseStore {
 
     async fn heartbeat(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
@@ -574,7 +574,7 @@ impl WorkerStore for PgLeaseStore {
     async fn join(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<(), StoreError> {
         let at = self.at();
@@ -587,7 +587,7 @@ impl WorkerStore for PgLeaseStore {
     async fn claim(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         want: u32,
         takeover: Takeover,
@@ -602,7 +602,7 @@ impl WorkerStore for PgLeaseStore {
     async fn release(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
@@ -616,7 +616,7 @@ impl WorkerStore for PgLeaseStore {
     async fn leave(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<Vec<Bucket>, StoreError> {
         let at = self.at();
@@ -630,7 +630,7 @@ impl WorkerStore for PgLeaseStore {
         &self,
         group: &GroupName,
         bucket: Bucket,
-        worker: WorkerId,
+        worker: NodeId,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
         let at = self.at();
@@ -642,7 +642,7 @@ impl WorkerStore for PgLeaseStore {
 
     async fn hand_over(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: lease_core::Incarnation,
         keep: Ttl,
     ) -> Result<Option<lease_core::Timestamp>, StoreError> {
@@ -683,7 +683,7 @@ impl WorkerStore for PgLeaseStore {
     async fn set_weight(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
         weight: Weight,
     ) -> Result<(), StoreError> {
@@ -729,7 +729,7 @@ impl AdminStore for PgLeaseStore {
     async fn control(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         control: MemberControl,
     ) -> Result<(), StoreError> {
         self.with_conn(Operation::Control, async |c| {
@@ -764,7 +764,7 @@ impl AdminStore for PgLeaseStore {
         .await
     }
 
-    async fn evict(&self, group: &GroupName, node: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+    async fn evict(&self, group: &GroupName, node: NodeId) -> Result<Vec<Bucket>, StoreError> {
         let at = self.at();
         self.with_conn(Operation::Evict, async |c| {
             ops::evict(c, at, group, node).await

@@ -18,8 +18,8 @@ use diesel_async::{
 use lease_core::{
     Bucket, BucketInfo, BucketState, FencingToken, Generation, GroupBeat, GroupName, GroupSnapshot,
     GroupStamp, GroupView, Heartbeat, Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata,
-    MemberMode, NodeInfo, NodesSnapshot, Operation, ResizeOutcome, SessionId, ShardCount,
-    StoreError, Takeover, Timestamp, Ttl, ViewStamp, WorkerId,
+    MemberMode, NodeId, NodeInfo, NodesSnapshot, Operation, ResizeOutcome, SessionId, ShardCount,
+    StoreError, Takeover, Timestamp, Ttl, ViewStamp,
 };
 use lease_core::{EndReason, Tenure, TenureEnd};
 use lease_core::{MemberControl, QuarantineFor, Weight};
@@ -70,7 +70,7 @@ fn not_found(group: &GroupName) -> StoreError {
 
 fn leases(
     op: Operation,
-    owner: WorkerId,
+    owner: NodeId,
     shards: ShardCount,
     buckets: &[i32],
     tokens: &[i64],
@@ -153,7 +153,7 @@ pub async fn ensure_group(
 pub async fn heartbeat(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
-    node: WorkerId,
+    node: NodeId,
     incarnation: Incarnation,
     ttl: Ttl,
     metadata: &MemberMetadata,
@@ -202,7 +202,7 @@ fn group_name(op: Operation, name: String) -> Result<GroupName, StoreError> {
 pub(crate) async fn heartbeat_on_timeline(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
-    node: WorkerId,
+    node: NodeId,
     incarnation: Incarnation,
     ttl: Ttl,
     metadata: &MemberMetadata,
@@ -273,7 +273,7 @@ pub(crate) async fn heartbeat_on_timeline(
     let first =
         <[_]>::first(&rows).ok_or_else(|| corrupt(op, "the heartbeat returned no row".into()))?;
     if !first.mine {
-        return Err(StoreError::WorkerIdInUse {
+        return Err(StoreError::NodeIdInUse {
             worker: node,
             expires_at: first.expires_at,
         });
@@ -326,7 +326,7 @@ pub(crate) async fn heartbeat_on_timeline(
 async fn steady_renewal(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
-    node: WorkerId,
+    node: NodeId,
     incarnation: Incarnation,
     ttl: Ttl,
     metadata: &MemberMetadata,
@@ -369,7 +369,7 @@ async fn steady_renewal(
 /// A group's view and the node's leases in it, from a heartbeat row that gives it.
 fn group_beat(
     op: Operation,
-    node: WorkerId,
+    node: NodeId,
     expires_at: Timestamp,
     name: String,
     row: sql::HeartbeatRow,
@@ -425,7 +425,7 @@ fn group_beat(
     }];
     for (((&w, &n), &wt), m) in workers.iter().zip(&loads).zip(&weights).zip(&modes) {
         members.push(MemberLoad {
-            worker: WorkerId::from_uuid(w),
+            worker: NodeId::from_uuid(w),
             owned: count(op, n)?,
             weight: weight(op, wt)?,
             mode: mode(op, m)?,
@@ -471,7 +471,7 @@ pub async fn join(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
     group: &GroupName,
-    node: WorkerId,
+    node: NodeId,
     session: SessionId,
 ) -> Result<(), StoreError> {
     let row: Option<sql::JoinRow> = Prepared(
@@ -500,7 +500,7 @@ pub async fn claim(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
     group: &GroupName,
-    worker: WorkerId,
+    worker: NodeId,
     session: SessionId,
     want: u32,
     takeover: Takeover,
@@ -547,7 +547,7 @@ pub async fn release(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
     group: &GroupName,
-    worker: WorkerId,
+    worker: NodeId,
     session: SessionId,
     buckets: &[Bucket],
 ) -> Result<Vec<Bucket>, StoreError> {
@@ -583,7 +583,7 @@ pub async fn leave(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
     group: &GroupName,
-    node: WorkerId,
+    node: NodeId,
     session: SessionId,
 ) -> Result<Vec<Bucket>, StoreError> {
     leave_as(conn, at, group, node, Some(session), Operation::Leave).await
@@ -594,7 +594,7 @@ async fn leave_as(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
     group: &GroupName,
-    node: WorkerId,
+    node: NodeId,
     session: Option<SessionId>,
     op: Operation,
 ) -> Result<Vec<Bucket>, StoreError> {
@@ -650,7 +650,7 @@ pub async fn snapshot(
         sessions.insert((m.node_id, m.session_id), m.expires_at);
         let live = now < m.expires_at;
         members.push(MemberInfo {
-            worker: WorkerId::from_uuid(m.node_id),
+            worker: NodeId::from_uuid(m.node_id),
             session: SessionId::from_uuid(m.session_id),
             joined_at: m.joined_at,
             heartbeat_at: m.heartbeat_at,
@@ -678,7 +678,7 @@ pub async fn snapshot(
         };
         Ok(BucketInfo {
             bucket: bucket(Operation::Snapshot, b)?,
-            owner: owner.map(WorkerId::from_uuid),
+            owner: owner.map(NodeId::from_uuid),
             session: session.map(SessionId::from_uuid),
             token: FencingToken(token),
             expires_at,
@@ -823,7 +823,7 @@ pub async fn nodes(
             .collect::<Result<Vec<_>, _>>()?;
         groups.sort();
         nodes.push(NodeInfo {
-            node: WorkerId::from_uuid(node),
+            node: NodeId::from_uuid(node),
             session: SessionId::from_uuid(session),
             started_at,
             heartbeat_at,
@@ -845,7 +845,7 @@ pub async fn is_current(
     at: Option<Timestamp>,
     group: &GroupName,
     bucket: Bucket,
-    worker: WorkerId,
+    worker: NodeId,
     token: FencingToken,
 ) -> Result<bool, StoreError> {
     let row: sql::IsCurrentRow = Prepared(
@@ -868,7 +868,7 @@ pub async fn is_current(
 pub async fn control(
     conn: &mut AsyncPgConnection,
     group: &GroupName,
-    node: WorkerId,
+    node: NodeId,
     control: MemberControl,
 ) -> Result<bool, StoreError> {
     let op = Operation::Control;
@@ -914,7 +914,7 @@ pub async fn set_weight(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
     group: &GroupName,
-    node: WorkerId,
+    node: NodeId,
     session: SessionId,
     weight: Weight,
 ) -> Result<bool, StoreError> {
@@ -952,7 +952,7 @@ pub async fn evict(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
     group: &GroupName,
-    node: WorkerId,
+    node: NodeId,
 ) -> Result<Vec<Bucket>, StoreError> {
     leave_as(conn, at, group, node, None, Operation::Evict).await
 }
@@ -1052,7 +1052,7 @@ fn tenure(op: Operation, r: sql::HistoryRow) -> Result<Tenure, StoreError> {
         }
     };
     Ok(Tenure {
-        owner: WorkerId::from_uuid(owner),
+        owner: NodeId::from_uuid(owner),
         token: FencingToken(token),
         began_at,
         ended,
@@ -1065,7 +1065,7 @@ fn tenure(op: Operation, r: sql::HistoryRow) -> Result<Tenure, StoreError> {
 pub async fn hand_over(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
-    node: WorkerId,
+    node: NodeId,
     incarnation: Incarnation,
     keep: Ttl,
 ) -> Result<Option<Timestamp>, StoreError> {

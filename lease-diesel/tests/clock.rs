@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use lease_core::{
     AdminStore, Bucket, BucketState, FencingToken, GroupName, Lease, ManualClock, MemberMetadata,
-    ShardCount, Takeover, Ttl, WorkerId, WorkerStore,
+    NodeId, ShardCount, Takeover, Ttl, WorkerStore,
 };
 use lease_diesel::PgLeaseStore;
 
@@ -42,7 +42,7 @@ fn server_clock_store(url: &str) -> PgLeaseStore {
 }
 
 /// Worker A, on the server's clock, heartbeats (ttl 30 s) and claims all of the group.
-async fn a_owns_everything(store: &PgLeaseStore, a: WorkerId) -> Vec<Lease> {
+async fn a_owns_everything(store: &PgLeaseStore, a: NodeId) -> Vec<Lease> {
     let g = group();
     store
         .ensure_group(&g, ShardCount::new(SHARDS).expect("a valid shard count"))
@@ -65,8 +65,8 @@ async fn a_owns_everything(store: &PgLeaseStore, a: WorkerId) -> Vec<Lease> {
 async fn a_trusted_client_clock_an_hour_ahead_steals_live_leases() {
     let db = lease_testdb::database().await;
     let g = group();
-    let a = WorkerId::new();
-    let b = WorkerId::new();
+    let a = NodeId::new();
+    let b = NodeId::new();
     let store_a = server_clock_store(&db.url);
     let a_leases = a_owns_everything(&store_a, a).await;
 
@@ -104,7 +104,7 @@ async fn a_trusted_client_clock_an_hour_ahead_steals_live_leases() {
     // new session also removed A's member row as dead (H3, judged by B's clock), every bucket
     // is B's, and A's next heartbeat finds its session gone and starts over with nothing.
     let snap = store_a.snapshot(&g).await.expect("snapshot");
-    let members: Vec<WorkerId> = snap.members.iter().map(|m| m.worker).collect();
+    let members: Vec<NodeId> = snap.members.iter().map(|m| m.worker).collect();
     assert_eq!(members, vec![b], "A's membership was removed");
     assert!(
         snap.buckets
@@ -134,8 +134,8 @@ async fn a_trusted_client_clock_an_hour_ahead_steals_live_leases() {
 async fn on_the_server_clock_a_second_worker_cannot_take_a_live_lease() {
     let db = lease_testdb::database().await;
     let g = group();
-    let a = WorkerId::new();
-    let b = WorkerId::new();
+    let a = NodeId::new();
+    let b = NodeId::new();
     let store_a = server_clock_store(&db.url);
     let a_leases = a_owns_everything(&store_a, a).await;
 
@@ -149,7 +149,7 @@ async fn on_the_server_clock_a_second_worker_cannot_take_a_live_lease() {
         beat_b.view.claimable, 0,
         "nothing is claimable: A's leases are live"
     );
-    let a_load: Vec<(WorkerId, u32)> = beat_b
+    let a_load: Vec<(NodeId, u32)> = beat_b
         .view
         .members
         .iter()

@@ -36,7 +36,7 @@ async fn controls_and_quarantines_wake_the_group() {
 
     use lease_core::{
         AdminStore, Bucket, Change, ChangeFeed, GroupName, Incarnation, MemberControl,
-        MemberMetadata, QuarantineFor, ShardCount, Ttl, Weight, WorkerId, WorkerStore,
+        MemberMetadata, NodeId, QuarantineFor, ShardCount, Ttl, Weight, WorkerStore,
     };
 
     async fn next(feed: &mut ChangeFeed, what: &str) -> Change {
@@ -53,7 +53,7 @@ async fn controls_and_quarantines_wake_the_group() {
         .ensure_group(&g, ShardCount::new(4).expect("count"))
         .await
         .expect("ensure");
-    let node = WorkerId::new();
+    let node = NodeId::new();
     let ttl = Ttl::from_secs(30).expect("ttl");
     let beat = store
         .heartbeat(node, Incarnation::new(), ttl, &MemberMetadata::empty(), &[])

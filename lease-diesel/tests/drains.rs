@@ -19,7 +19,7 @@ use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
-    AdminStore, Bucket, GroupName, MemberMetadata, SessionId, ShardCount, Takeover, Ttl, WorkerId,
+    AdminStore, Bucket, GroupName, MemberMetadata, NodeId, SessionId, ShardCount, Takeover, Ttl,
     WorkerStore,
 };
 use lease_diesel::{PgLeaseStore, ops};
@@ -89,8 +89,8 @@ async fn a_merge_held_by_three() -> (
     String,
     PgLeaseStore,
     GroupName,
-    Vec<(WorkerId, SessionId)>,
-    (WorkerId, SessionId),
+    Vec<(NodeId, SessionId)>,
+    (NodeId, SessionId),
 ) {
     let db = lease_testdb::database().await;
     let store = PgLeaseStore::builder(db.url.clone())
@@ -106,7 +106,7 @@ async fn a_merge_held_by_three() -> (
     let meta = MemberMetadata::empty();
     let mut nodes = Vec::new();
     for _ in 0..4 {
-        let w = WorkerId::new();
+        let w = NodeId::new();
         let beat = support::beat(&store, &g, w, ttl, &meta)
             .await
             .expect("a member");
@@ -289,7 +289,7 @@ async fn a_call_its_caller_gave_up_on_stops_on_the_server() {
         .ensure_group(&g, ShardCount::new(8).expect("count"))
         .await
         .expect("ensure");
-    let w = WorkerId::new();
+    let w = NodeId::new();
     let ttl = Ttl::from_secs(600).expect("ttl");
     let beat = support::beat(&store, &g, w, ttl, &MemberMetadata::empty())
         .await

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use lease_core::{
     Bucket, Clock, ErrorKind, FencingToken, GroupName, Incarnation, ManualClock, MemberMetadata,
-    ShardCount, StoreError, SystemClock, Takeover, Ttl, WorkerId, WorkerStore,
+    NodeId, ShardCount, StoreError, SystemClock, Takeover, Ttl, WorkerStore,
 };
 use lease_diesel::PgLeaseStore;
 use lease_testdb::{Cluster, ClusterOptions, Replication};
@@ -560,7 +560,7 @@ async fn a_standby_is_refused_with_a_transient_error_and_skipped_in_a_multi_host
         .await
         .expect("a heartbeat through the multi-host URL");
     assert!(beat.new_session);
-    let _: WorkerId = w;
+    let _: NodeId = w;
 }
 
 /// The procedure docs/postgres.md gives for a history that starts again at timeline 1

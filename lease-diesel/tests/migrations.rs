@@ -21,8 +21,8 @@ use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 use lease_core::{
-    AdminStore, Bucket, BucketState, FencingToken, GroupName, MemberMetadata, ShardCount, Takeover,
-    Timestamp, Ttl, WorkerId, WorkerStore,
+    AdminStore, Bucket, BucketState, FencingToken, GroupName, MemberMetadata, NodeId, ShardCount,
+    Takeover, Timestamp, Ttl, WorkerStore,
 };
 use lease_diesel::privileges::{self, Grant, Object, RoleKind, RoleName};
 use lease_diesel::{Compatibility, ExtraMigration, MIGRATIONS, PgLeaseStore, PgSetupError, ops};
@@ -44,7 +44,7 @@ type SyncConn = AsyncConnectionWrapper<AsyncPgConnection>;
 async fn member_on(
     conn: &mut AsyncPgConnection,
     g: &GroupName,
-    w: WorkerId,
+    w: NodeId,
     ttl: Ttl,
 ) -> lease_core::Heartbeat {
     let beat = ops::heartbeat(
@@ -488,7 +488,7 @@ async fn a_deployment_of_the_earlier_first_migration_only_is_adopted() {
     let mut admin = connect(&db.url).await;
     assert!(diesel_versions(&mut admin).await.is_empty());
     // The second migration's column is there: the store runs.
-    let me = WorkerId::new();
+    let me = NodeId::new();
     let g = group("upgraded");
     store.ensure_group(&g, shards(2)).await.expect("ensure");
     support::beat(&store, &g, me, ttl_ms(5_000), &MemberMetadata::empty())
@@ -668,7 +668,7 @@ async fn a_monitor_role_on_a_read_only_connection_checks_and_reads() {
     let owner = store(&db.url);
     let g = group("watched");
     owner.ensure_group(&g, shards(4)).await.expect("ensure");
-    let me = WorkerId::new();
+    let me = NodeId::new();
     let beat = support::beat(&owner, &g, me, ttl_ms(30_000), &MemberMetadata::empty())
         .await
         .expect("heartbeat");
@@ -752,7 +752,7 @@ async fn a_worker_role_with_the_workers_privileges_runs_the_engine() {
         .ensure_group(&g, shards(4))
         .await
         .expect("ensure an existing group");
-    let (short, me) = (WorkerId::new(), WorkerId::new());
+    let (short, me) = (NodeId::new(), NodeId::new());
     let brief = support::beat(&worker, &g, short, ttl_ms(300), &MemberMetadata::empty())
         .await
         .expect("a short-lived member joins");
@@ -1162,7 +1162,7 @@ async fn is_current_needs_only_execute_and_its_lock_holds_off_a_takeover() {
 
     let g = group("fenced");
     let mut conn = connect(&db.url).await;
-    let mut ids = [WorkerId::new(), WorkerId::new()];
+    let mut ids = [NodeId::new(), NodeId::new()];
     ids.sort();
     let [a, b] = ids;
     ops::ensure_group(&mut conn, None, &g, shards(4))
@@ -1370,7 +1370,7 @@ async fn an_upgrade_keeps_worker_roles_of_the_previous_release_working() {
         .ensure_group(&g, ShardCount::new(4).expect("count"))
         .await
         .expect("ensure_group as the old worker role");
-    let me = WorkerId::new();
+    let me = NodeId::new();
     let beat = support::beat_as(
         &worker,
         &g,
@@ -1497,7 +1497,7 @@ async fn migration_8_keeps_the_rows_and_the_roles_of_the_previous_release() {
     );
 
     let worker = store(&url_as(&db.url, &worker_role));
-    let me = WorkerId::new();
+    let me = NodeId::new();
     let beat = support::beat(&worker, &g, me, ttl, &MemberMetadata::empty())
         .await
         .expect("a heartbeat as the old worker role");
@@ -1719,7 +1719,7 @@ async fn migration_9_gives_owned_buckets_their_tenure_and_keeps_the_roles() {
     // The old worker role: a new node claims what is free, releases one, leaves; the first
     // node is evicted.
     let worker = store(&url_as(&db.url, &worker_role));
-    let me = WorkerId::new();
+    let me = NodeId::new();
     let beat = support::beat(&worker, &g, me, ttl, &MemberMetadata::empty())
         .await
         .expect("a heartbeat as the old worker role");
@@ -1750,7 +1750,7 @@ async fn migration_9_gives_owned_buckets_their_tenure_and_keeps_the_roles() {
             .len(),
         2
     );
-    let ended = |h: Vec<(WorkerId, FencingToken, Timestamp, _)>| {
+    let ended = |h: Vec<(NodeId, FencingToken, Timestamp, _)>| {
         h.into_iter()
             .map(|(w, t, _, e)| (w, t, e))
             .collect::<Vec<_>>()
@@ -2052,7 +2052,7 @@ async fn the_engines_statements_survive_added_columns_on_connections_that_prepar
     let db = lease_testdb::database().await;
     let mut conn = connect(&db.url).await;
     let g = group("prepared");
-    let me = WorkerId::new();
+    let me = NodeId::new();
     let round = async |conn: &mut AsyncPgConnection| {
         // Twice: creating, then finding the group, are two statements.
         for _ in 0..2 {
@@ -2165,7 +2165,7 @@ async fn concurrent_runners_of_two_releases_and_checks() {
 async fn draining_seen_by(
     conn: &mut AsyncPgConnection,
     g: &GroupName,
-    node: WorkerId,
+    node: NodeId,
     ttl: Ttl,
 ) -> (u32, i64) {
     #[derive(QueryableByName)]

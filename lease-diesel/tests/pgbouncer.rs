@@ -30,8 +30,8 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease_core::{
-    AdminStore, BackendFailure, Bucket, Chain, GroupName, MemberMetadata, ShardCount, StoreError,
-    SystemClock, Takeover, Timestamp, Ttl, WorkerId, WorkerStore,
+    AdminStore, BackendFailure, Bucket, Chain, GroupName, MemberMetadata, NodeId, ShardCount,
+    StoreError, SystemClock, Takeover, Timestamp, Ttl, WorkerStore,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError};
 use lease_testdb::{PgBouncer, PoolMode, TestDb};
@@ -211,7 +211,7 @@ async fn heartbeat_on_another_server_connection(
         .ensure_group(&g, ShardCount::new(4).expect("n"))
         .await
         .expect("ensure_group");
-    let w = WorkerId::new();
+    let w = NodeId::new();
     let meta = MemberMetadata::empty();
     support::beat_as(store, &g, w, process(w), ttl(), &meta)
         .await
@@ -282,7 +282,7 @@ async fn the_statement_timeout_holds_in_each_transaction_and_stays_there() {
         .ensure_group(&g, ShardCount::new(4).expect("n"))
         .await
         .expect("ensure_group");
-    let w = WorkerId::new();
+    let w = NodeId::new();
     let meta = MemberMetadata::empty();
     support::beat_as(&store, &g, w, process(w), ttl(), &meta)
         .await
@@ -443,7 +443,7 @@ const SHARDS: u32 = 12;
 
 /// Three workers sharing a group of 12 buckets through one store behind the pooler.
 struct Workers {
-    workers: BTreeMap<WorkerId, WorkerHandle>,
+    workers: BTreeMap<NodeId, WorkerHandle>,
     log: Arc<Mutex<OwnershipLog<Timestamp>>>,
 }
 
@@ -457,7 +457,7 @@ impl Workers {
                 .renew_interval(renew)
                 .build()
                 .expect("config");
-            let id = config.worker_id();
+            let id = config.node_id();
             let handler = RecordingHandler::new(id, log.clone(), Arc::new(SystemClock));
             let handle = config.start(store.clone(), handler).await.expect("start");
             workers.insert(id, handle);
@@ -610,7 +610,7 @@ async fn eight_clients_share_three_server_connections() {
         .map(|store| {
             let g = g.clone();
             tokio::spawn(async move {
-                let w = WorkerId::new();
+                let w = NodeId::new();
                 let meta = MemberMetadata::empty();
                 for _ in 0..15 {
                     store.ensure_group(&g, shards).await.expect("ensure_group");
@@ -787,7 +787,7 @@ async fn round_trips_per_operation_direct_and_through_the_pooler() {
     ] {
         let g = GroupName::new(format!("rt-{mode}")).expect("name");
         let shards = ShardCount::new(8).expect("n");
-        let w = WorkerId::new();
+        let w = NodeId::new();
         let meta = MemberMetadata::empty();
         // Three times: the first two prepare what the direct store keeps prepared (the first
         // ensure_group creates the group, the second reads it).

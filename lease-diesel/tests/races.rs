@@ -11,8 +11,8 @@ use diesel::sql_types::{Bool, Integer, Timestamptz};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use lease_core::{
     Bucket, BucketState, ErrorKind, FencingToken, GroupName, GroupStamp, Heartbeat, Incarnation,
-    Lease, MemberMetadata, NodesSnapshot, SessionId, ShardCount, StoreError, Takeover, Timestamp,
-    Ttl, WorkerId,
+    Lease, MemberMetadata, NodeId, NodesSnapshot, SessionId, ShardCount, StoreError, Takeover,
+    Timestamp, Ttl,
 };
 use lease_diesel::ops;
 
@@ -97,7 +97,7 @@ async fn wait_server_past(admin: &mut AsyncPgConnection, t: Timestamp) {
 /// handing in `seen`; panics with `what` on failure.
 async fn renew(
     conn: &mut AsyncPgConnection,
-    worker: WorkerId,
+    worker: NodeId,
     ttl: Ttl,
     seen: &[GroupStamp],
     what: &str,
@@ -145,7 +145,7 @@ impl Beat {
 async fn beat(
     conn: &mut AsyncPgConnection,
     group: &GroupName,
-    worker: WorkerId,
+    worker: NodeId,
     ttl: Ttl,
     what: &str,
 ) -> Beat {
@@ -156,7 +156,7 @@ async fn beat(
 async fn member(
     conn: &mut AsyncPgConnection,
     group: &GroupName,
-    worker: WorkerId,
+    worker: NodeId,
     ttl: Ttl,
     what: &str,
 ) -> Beat {
@@ -187,8 +187,8 @@ fn stamps(beat: &Heartbeat) -> Vec<GroupStamp> {
 struct Setup {
     url: String,
     group: GroupName,
-    a: WorkerId,
-    b: WorkerId,
+    a: NodeId,
+    b: NodeId,
     /// a's leases on every bucket.
     leases: Vec<Lease>,
     first: Beat,
@@ -211,7 +211,7 @@ where
     let db = lease_testdb::database().await;
     let mut conn = connect(&db.url).await;
     let group = GroupName::new("race").expect("name");
-    let mut ids = [WorkerId::new(), WorkerId::new()];
+    let mut ids = [NodeId::new(), NodeId::new()];
     ids.sort();
     let [a, b] = ids;
     ops::ensure_group(
@@ -263,7 +263,7 @@ fn short() -> Ttl {
 }
 
 /// Exactly one worker owns every bucket, and the other's fencing tokens fail.
-async fn assert_sole_owner(s: &Setup, winner: WorkerId) {
+async fn assert_sole_owner(s: &Setup, winner: NodeId) {
     let loser = if winner == s.a { s.b } else { s.a };
     let mut conn = connect(&s.url).await;
     let snap = ops::snapshot(&mut conn, None, &s.group)
@@ -479,7 +479,7 @@ async fn a_renewal_waits_for_a_claim_that_judged_it_dead() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_never_takes_a_bucket_claimed_after_its_snapshot() {
     let s = setup(short()).await;
-    let c = WorkerId::new();
+    let c = NodeId::new();
     let mut admin = connect(&s.url).await;
     let mut gate = connect(&s.url).await;
     let mut late_claimer = connect(&s.url).await;
@@ -620,7 +620,7 @@ async fn a_claim_that_waited_past_its_expiry_claims_nothing() {
     let mut admin = connect(&db.url).await;
     let mut judge = connect(&db.url).await;
     let group = GroupName::new("race").expect("name");
-    let b = WorkerId::new();
+    let b = NodeId::new();
     ops::ensure_group(
         &mut conn,
         None,
@@ -729,13 +729,13 @@ async fn a_release_skips_buckets_a_fenced_transaction_holds() {
 /// committed row under its lock, finds a live session of another incarnation and is refused,
 /// writing nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_process_with_one_worker_id_waits_then_is_refused() {
+async fn a_second_process_with_one_node_id_waits_then_is_refused() {
     let db = lease_testdb::database().await;
     let mut first = connect(&db.url).await;
     let mut second = connect(&db.url).await;
     let mut admin = connect(&db.url).await;
     let group = GroupName::new("race").expect("name");
-    let w = WorkerId::new();
+    let w = NodeId::new();
     ops::ensure_group(
         &mut first,
         None,
@@ -761,7 +761,7 @@ async fn a_second_process_with_one_worker_id_waits_then_is_refused() {
     exec(&mut first, "COMMIT").await;
     let (result, mut second, group) = refused.await.expect("the second heartbeat");
     match result {
-        Err(StoreError::WorkerIdInUse { expires_at, .. }) => {
+        Err(StoreError::NodeIdInUse { expires_at, .. }) => {
             assert_eq!(expires_at, started.expires_at);
         }
         other => panic!("the second process was not refused: {other:?}"),
@@ -794,9 +794,9 @@ async fn a_second_process_with_one_worker_id_waits_then_is_refused() {
 }
 
 /// A worker whose claims start at bucket 0, like every worker of this test.
-fn seeded_at_zero() -> WorkerId {
-    WorkerId::from_uuid(uuid::Uuid::from_u128(
-        WorkerId::new().as_uuid().as_u128() & !0xFFFF_FFFF,
+fn seeded_at_zero() -> NodeId {
+    NodeId::from_uuid(uuid::Uuid::from_u128(
+        NodeId::new().as_uuid().as_u128() & !0xFFFF_FFFF,
     ))
 }
 
@@ -905,11 +905,11 @@ async fn row_waited_for(admin: &mut AsyncPgConnection, pid: i32) -> String {
 
 /// A fresh database with a group of `shards` buckets and two live, idle members `a` and `b`
 /// (sessions of `ttl` and a long one).
-async fn two_members(shards: u32, ttl: Ttl) -> (String, GroupName, [(WorkerId, Beat); 2]) {
+async fn two_members(shards: u32, ttl: Ttl) -> (String, GroupName, [(NodeId, Beat); 2]) {
     let db = lease_testdb::database().await;
     let mut conn = connect(&db.url).await;
     let group = GroupName::new("resize-race").expect("name");
-    let mut ids = [WorkerId::new(), WorkerId::new()];
+    let mut ids = [NodeId::new(), NodeId::new()];
     ids.sort();
     let [a, b] = ids;
     ops::ensure_group(
@@ -1229,7 +1229,7 @@ async fn a_join_racing_a_new_session_does_not_survive_it() {
     ops::ensure_group(&mut admin, None, &group, count(SHARDS))
         .await
         .expect("ensure");
-    let a = WorkerId::new();
+    let a = NodeId::new();
     let first = renew(
         &mut admin,
         a,
@@ -1285,7 +1285,7 @@ async fn a_weight_written_under_a_session_is_ordered_before_the_next_session() {
     ops::ensure_group(&mut admin, None, &group, count(SHARDS))
         .await
         .expect("ensure");
-    let a = WorkerId::new();
+    let a = NodeId::new();
     let first = renew(
         &mut admin,
         a,
@@ -1401,7 +1401,7 @@ async fn a_claim_committed_while_a_view_is_built_is_never_answered_unchanged() {
     let mut claimer = connect(&url).await;
     // d: a member whose session ends, owning nothing (a claim of its buckets would lock its
     // node row and keep the heartbeat from removing it).
-    let d = WorkerId::new();
+    let d = NodeId::new();
     let d_beat = member(&mut admin, &group, d, short(), "d joins").await;
     wait_server_past(&mut admin, d_beat.expires_at).await;
     exec(&mut claimer, "BEGIN").await;
@@ -1581,7 +1581,7 @@ async fn a_new_session_takes_its_groups_counters_in_the_heartbeats_order() {
             .await
             .expect("ensure");
     }
-    let a = WorkerId::new();
+    let a = NodeId::new();
     let short = Ttl::from_secs(2).expect("ttl");
     let first = renew(&mut admin, a, short, &[], "a starts").await;
     for g in [&second_group, &first_group] {
@@ -1632,7 +1632,7 @@ async fn a_new_session_skips_a_dead_node_row_another_transaction_holds() {
     let mut admin = connect(&db.url).await;
     let mut holder = connect(&db.url).await;
     let mut starter = connect(&db.url).await;
-    let gone = WorkerId::new();
+    let gone = NodeId::new();
     let first = renew(
         &mut admin,
         gone,
@@ -1648,7 +1648,7 @@ async fn a_new_session_skips_a_dead_node_row_another_transaction_holds() {
     )
     .await;
     exec(&mut starter, "SET lock_timeout = '5s'").await;
-    let started = renew(&mut starter, WorkerId::new(), long(), &[], "a new node").await;
+    let started = renew(&mut starter, NodeId::new(), long(), &[], "a new node").await;
     assert!(started.new_session);
     let listed = |s: &NodesSnapshot| s.nodes.iter().any(|n| n.node == gone);
     assert!(
@@ -1656,14 +1656,7 @@ async fn a_new_session_skips_a_dead_node_row_another_transaction_holds() {
         "a held row was removed"
     );
     exec(&mut holder, "COMMIT").await;
-    renew(
-        &mut starter,
-        WorkerId::new(),
-        long(),
-        &[],
-        "another new node",
-    )
-    .await;
+    renew(&mut starter, NodeId::new(), long(), &[], "another new node").await;
     assert!(
         !listed(&ops::nodes(&mut admin, None).await.expect("nodes")),
         "a dead node in no group outlived a new session"
@@ -2149,12 +2142,12 @@ async fn a_quarantine_that_ended_and_was_lifted_is_never_answered_unchanged() {
 // ---- hand-over (HO1-HO3) -----------------------------------------------------------------
 
 /// The incarnation [`renew`] heartbeats `worker` as: the process holding its session.
-fn process_of(worker: WorkerId) -> Incarnation {
+fn process_of(worker: NodeId) -> Incarnation {
     Incarnation::from_uuid(worker.as_uuid())
 }
 
 /// `node`'s row as `nodes()` lists it.
-async fn node_info(conn: &mut AsyncPgConnection, node: WorkerId) -> lease_core::NodeInfo {
+async fn node_info(conn: &mut AsyncPgConnection, node: NodeId) -> lease_core::NodeInfo {
     let listed: NodesSnapshot = ops::nodes(conn, None).await.expect("nodes");
     listed
         .nodes
@@ -2313,7 +2306,7 @@ async fn renewal_waits_for_a_hand_over(steady: bool) {
     .await;
     assert_eq!(
         second.map(|b| b.session).map_err(|e| e.kind()),
-        Err(ErrorKind::WorkerIdInUse),
+        Err(ErrorKind::NodeIdInUse),
         "another process took over a session its holder had renewed"
     );
     assert_sole_owner(&s, s.a).await;
@@ -2323,7 +2316,7 @@ async fn renewal_waits_for_a_hand_over(steady: bool) {
 /// it waits, and takes the session over with its buckets once the hand-over commits (HO3),
 /// because the slow path judges the row it locked (`FOR UPDATE`), the hand-over's. Judged on
 /// the version its snapshot saw (another incarnation's live session, not handed over) it would
-/// be refused with `WorkerIdInUse` for a session meant for it.
+/// be refused with `NodeIdInUse` for a session meant for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_successor_waiting_for_a_hand_over_takes_the_session_over() {
     let s = setup(long()).await;
@@ -2391,7 +2384,7 @@ async fn tenures(
     conn: &mut AsyncPgConnection,
     group: &GroupName,
     bucket: Bucket,
-) -> Vec<(WorkerId, i64, Option<lease_core::EndReason>)> {
+) -> Vec<(NodeId, i64, Option<lease_core::EndReason>)> {
     ops::history(conn, group, bucket)
         .await
         .expect("history")

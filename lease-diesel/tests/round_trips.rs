@@ -17,8 +17,8 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 mod support;
 
 use lease_core::{
-    AdminStore, Bucket, GroupName, GroupStamp, Heartbeat, MemberMetadata, ShardCount, Takeover,
-    Ttl, WorkerId, WorkerStore,
+    AdminStore, Bucket, GroupName, GroupStamp, Heartbeat, MemberMetadata, NodeId, ShardCount,
+    Takeover, Ttl, WorkerStore,
 };
 use lease_core::{MemberControl, QuarantineFor, Weight};
 use lease_diesel::PgLeaseStore;
@@ -123,7 +123,7 @@ async fn steady_heartbeat_in(groups: usize) {
     let names: Vec<GroupName> = (0..groups)
         .map(|i| GroupName::new(format!("orders-{i:03}")).expect("name"))
         .collect();
-    let nodes: Vec<WorkerId> = (0..4).map(|_| WorkerId::new()).collect();
+    let nodes: Vec<NodeId> = (0..4).map(|_| NodeId::new()).collect();
     let mut sessions = Vec::new();
     for &w in &nodes {
         let beat = store
@@ -303,7 +303,7 @@ async fn a_heartbeat_giving_every_view_is_one_statement_writing_one_row() {
         .await
         .expect("ensure");
     // Eight nodes split 1,024 buckets; `me` holds 128 of them.
-    let nodes: Vec<WorkerId> = (0..8).map(|_| WorkerId::new()).collect();
+    let nodes: Vec<NodeId> = (0..8).map(|_| NodeId::new()).collect();
     for &w in &nodes {
         let session = store
             .heartbeat(w, process(w), ttl, &meta, &[])
@@ -359,7 +359,7 @@ async fn every_operation_is_one_statement() {
     let group = GroupName::new("orders").expect("name");
     let ttl = Ttl::from_secs(60).expect("ttl");
     let meta = MemberMetadata::empty();
-    let me = WorkerId::new();
+    let me = NodeId::new();
     store
         .ensure_group(&group, ShardCount::new(16).expect("count"))
         .await

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    AdminStore, Bucket, BucketState, FencingToken, GroupName, MemberMetadata, ShardCount,
-    StoreError, Takeover, Ttl, WorkerId, WorkerStore,
+    AdminStore, Bucket, BucketState, FencingToken, GroupName, MemberMetadata, NodeId, ShardCount,
+    StoreError, Takeover, Ttl, WorkerStore,
 };
 use lease_diesel::PgLeaseStore;
 use support::process;
@@ -53,7 +53,7 @@ impl Rng {
 #[derive(Default)]
 struct Registry {
     /// The current owner of each bucket, with its token.
-    owners: HashMap<u32, (WorkerId, FencingToken)>,
+    owners: HashMap<u32, (NodeId, FencingToken)>,
     /// The highest token any claim of each bucket has returned.
     highest: HashMap<u32, FencingToken>,
 }
@@ -104,7 +104,7 @@ impl Shared {
 
     /// Count a store error and stop the storm: after an error the task no longer knows what it
     /// holds, and any error fails the test anyway.
-    fn error(&self, what: &str, worker: WorkerId, e: &StoreError) {
+    fn error(&self, what: &str, worker: NodeId, e: &StoreError) {
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         let mut errors = self.errors.lock().unwrap_or_else(PoisonError::into_inner);
         if errors.len() < 10 {
@@ -122,7 +122,7 @@ impl Shared {
 
 /// One worker: heartbeat, then `rounds` rounds of claim / release, then leave.
 async fn worker(shared: Arc<Shared>, index: usize, seed: u64, rounds: u32) {
-    let me = WorkerId::new();
+    let me = NodeId::new();
     let mut rng = Rng(seed ^ (index as u64).wrapping_mul(0xa076_1d64_78bd_642f));
     let ttl = Ttl::from_secs(TTL_SECS).expect("a valid ttl");
     let meta = MemberMetadata::empty();

@@ -10,7 +10,7 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Bool};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use lease_core::{
-    GroupName, Incarnation, MemberMetadata, ShardCount, Takeover, Ttl, WorkerId, WorkerStore,
+    GroupName, Incarnation, MemberMetadata, NodeId, ShardCount, Takeover, Ttl, WorkerStore,
 };
 use lease_diesel::{PgLeaseStore, PgSetupError, TlsMode, Verification};
 mod support;
@@ -223,7 +223,7 @@ async fn workers_and_the_listening_connection_use_tls() {
         .expect("a group");
     // Subscribing opens the listening connection.
     let _feed = store.changes(&group).await.expect("a change feed");
-    let me = WorkerId::new();
+    let me = NodeId::new();
     let beat = support::beat_as(
         &store,
         &group,

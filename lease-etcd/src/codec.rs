@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::DateTime;
 use lease_core::{
     Bucket, Change, EndReason, FencingToken, Generation, GroupName, Incarnation, MemberMetadata,
-    MemberMode, SessionId, ShardCount, Tenure, TenureEnd, Tenures, Timestamp, WorkerId,
+    MemberMode, NodeId, SessionId, ShardCount, Tenure, TenureEnd, Tenures, Timestamp,
 };
 use lease_rules::{BucketRow, GroupState, MemberRow, NodeRow};
 use serde::{Deserialize, Serialize};
@@ -188,7 +188,7 @@ pub fn decode_group(bytes: &[u8]) -> Result<GroupHead, DecodeError> {
         .into_iter()
         .map(|(w, joined, held, held_old)| {
             Ok((
-                WorkerId::from_uuid(w),
+                NodeId::from_uuid(w),
                 MemberRow {
                     joined_at: time(joined)?,
                     held: held.into_iter().map(Bucket).collect(),
@@ -202,7 +202,7 @@ pub fn decode_group(bytes: &[u8]) -> Result<GroupHead, DecodeError> {
         .into_iter()
         .map(|(w, weight, mode)| {
             let mode = MemberMode::from_name(&mode).ok_or_else(|| bad("a member mode", &mode))?;
-            Ok((WorkerId::from_uuid(w), (weight, mode)))
+            Ok((NodeId::from_uuid(w), (weight, mode)))
         })
         .collect::<Result<BTreeMap<_, _>, DecodeError>>()?;
     let quarantines = doc
@@ -264,7 +264,7 @@ fn encode_change(change: &Change) -> Option<String> {
 
 fn decode_change(text: &str) -> Option<Change> {
     let (kind, rest) = text.split_at_checked(1)?;
-    let worker = || rest.parse::<WorkerId>().ok();
+    let worker = || rest.parse::<NodeId>().ok();
     Some(match kind {
         "j" => Change::Joined(worker()?),
         "l" => Change::Left(worker()?),
@@ -326,7 +326,7 @@ pub fn decode_page(bytes: &[u8]) -> Result<Vec<BucketRow>, DecodeError> {
                 .into_iter()
                 .map(|(owner, token, began, ended)| {
                     Ok(Tenure {
-                        owner: WorkerId::from_uuid(owner),
+                        owner: NodeId::from_uuid(owner),
                         token: FencingToken(token),
                         began_at: time(began)?,
                         ended: ended
@@ -342,9 +342,9 @@ pub fn decode_page(bytes: &[u8]) -> Result<Vec<BucketRow>, DecodeError> {
                 })
                 .collect::<Result<Vec<_>, DecodeError>>()?;
             Ok(BucketRow {
-                owner: owner.map(|(w, s)| (WorkerId::from_uuid(w), SessionId::from_uuid(s))),
+                owner: owner.map(|(w, s)| (NodeId::from_uuid(w), SessionId::from_uuid(s))),
                 token,
-                last_node: last.map(WorkerId::from_uuid),
+                last_node: last.map(NodeId::from_uuid),
                 tenures: Tenures::from(tenures),
             })
         })
@@ -378,7 +378,7 @@ mod tests {
     }
 
     fn group() -> GroupState {
-        let w = WorkerId::new();
+        let w = NodeId::new();
         let mut buckets = vec![BucketRow::default(); 4];
         buckets[2].owner = Some((w, SessionId::new()));
         buckets[2].token = 7;

@@ -11,7 +11,7 @@
 //! another's); generations are 20 and pages 10 decimal digits, so a range read returns them
 //! in order.
 
-use lease_core::{GroupName, WorkerId};
+use lease_core::{GroupName, NodeId};
 
 /// The keys of one store (one prefix).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,12 +33,12 @@ impl Keys {
     }
 
     /// A node's record.
-    pub fn node(&self, node: WorkerId) -> String {
+    pub fn node(&self, node: NodeId) -> String {
         format!("{}{node}", self.nodes())
     }
 
     /// The node a key from [`nodes`](Self::nodes) is of.
-    pub fn node_of(&self, key: &str) -> Option<WorkerId> {
+    pub fn node_of(&self, key: &str) -> Option<NodeId> {
         key.strip_prefix(&self.nodes())?.parse().ok()
     }
 
@@ -48,12 +48,12 @@ impl Keys {
     }
 
     /// A node's liveness key.
-    pub fn live(&self, node: WorkerId) -> String {
+    pub fn live(&self, node: NodeId) -> String {
         format!("{}{node}", self.lives())
     }
 
     /// The node a key from [`lives`](Self::lives) is of.
-    pub fn live_of(&self, key: &str) -> Option<WorkerId> {
+    pub fn live_of(&self, key: &str) -> Option<NodeId> {
         key.strip_prefix(&self.lives())?.parse().ok()
     }
 
@@ -162,7 +162,7 @@ mod tests {
     #[test]
     fn nodes_and_liveness_keys_parse_back() {
         let k = Keys::new("p");
-        let w = WorkerId::new();
+        let w = NodeId::new();
         assert_eq!(k.node_of(&k.node(w)), Some(w));
         assert_eq!(k.live_of(&k.live(w)), Some(w));
         assert_eq!(k.node_of(&k.live(w)), None);

@@ -23,8 +23,9 @@ use futures_util::StreamExt;
 use lease_core::{
     AdminStore, BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName,
     GroupSnapshot, GroupStamp, Heartbeat, Incarnation, Lease, MemberControl, MemberMetadata,
-    NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionId, ShardCount, StoreError,
-    SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerId, WorkerStore, store_precision,
+    NodeId, NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionId, ShardCount,
+    StoreError, SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerStore,
+    store_precision,
 };
 use lease_rules::{BucketRow, GroupState, NodeRow, State};
 
@@ -80,7 +81,7 @@ pub struct EtcdLeaseStore {
     liveness: Liveness,
     /// The etcd lease each (node, process) last kept alive or was granted: its next heartbeat
     /// sends the keep-alive at once, alongside its read, instead of after it.
-    renewing: Arc<std::sync::Mutex<BTreeMap<(WorkerId, Incarnation), i64>>>,
+    renewing: Arc<std::sync::Mutex<BTreeMap<(NodeId, Incarnation), i64>>>,
 }
 
 impl std::fmt::Debug for EtcdLeaseStore {
@@ -103,11 +104,11 @@ impl std::fmt::Debug for EtcdLeaseStore {
 struct Loaded {
     state: State,
     /// The node records' `mod_revision`s.
-    node_revs: BTreeMap<WorkerId, i64>,
+    node_revs: BTreeMap<NodeId, i64>,
     /// What the records hold besides the rows.
-    extras: BTreeMap<WorkerId, NodeExtra>,
+    extras: BTreeMap<NodeId, NodeExtra>,
     /// Liveness keys (lease mode): the session each names, its `mod_revision` and lease.
-    lives: BTreeMap<WorkerId, (SessionId, i64, i64)>,
+    lives: BTreeMap<NodeId, (SessionId, i64, i64)>,
     /// The groups' documents' `mod_revision`s (absent: not read; 0: read and not there).
     doc_revs: BTreeMap<GroupName, i64>,
     /// Generations with pages stored, by group.
@@ -119,14 +120,14 @@ enum Scope<'a> {
     /// One group.
     Group(&'a GroupName),
     /// A node's groups (its record's index; `seen` names the groups to read at once).
-    Node(WorkerId, &'a [GroupStamp]),
+    Node(NodeId, &'a [GroupStamp]),
     /// Nothing else.
     Nodes,
 }
 
 /// The liveness keys to write with a state (lease mode): the key's new lease, and the
 /// revision it must have now (0: absent).
-type LivePuts = Vec<(WorkerId, SessionId, i64, i64)>;
+type LivePuts = Vec<(NodeId, SessionId, i64, i64)>;
 
 fn corrupt(op: Operation, detail: impl std::fmt::Display) -> StoreError {
     StoreError::backend_detail(op, BackendFailure::Corrupt, detail.to_string())
@@ -494,13 +495,13 @@ impl EtcdLeaseStore {
         op: Operation,
         before: &Loaded,
         after: &State,
-        extras: &BTreeMap<WorkerId, NodeExtra>,
+        extras: &BTreeMap<NodeId, NodeExtra>,
         lives: &LivePuts,
     ) -> Result<bool, StoreError> {
         let mut when: Vec<Compare> = Vec::new();
         let mut then: Vec<TxnOp> = Vec::new();
         let leases = self.leases();
-        let workers: BTreeSet<WorkerId> = before
+        let workers: BTreeSet<NodeId> = before
             .state
             .nodes
             .keys()
@@ -706,21 +707,21 @@ impl EtcdLeaseStore {
         Ok(answer.is_some_and(|a| a.ttl() > 0))
     }
 
-    fn renewing(&self) -> std::sync::MutexGuard<'_, BTreeMap<(WorkerId, Incarnation), i64>> {
+    fn renewing(&self) -> std::sync::MutexGuard<'_, BTreeMap<(NodeId, Incarnation), i64>> {
         self.renewing
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn renewing_lease(&self, process: (WorkerId, Incarnation)) -> Option<i64> {
+    fn renewing_lease(&self, process: (NodeId, Incarnation)) -> Option<i64> {
         self.renewing().get(&process).copied()
     }
 
-    fn remember_lease(&self, process: (WorkerId, Incarnation), lease: i64) {
+    fn remember_lease(&self, process: (NodeId, Incarnation), lease: i64) {
         self.renewing().insert(process, lease);
     }
 
-    fn forget_lease(&self, process: (WorkerId, Incarnation)) {
+    fn forget_lease(&self, process: (NodeId, Incarnation)) {
         self.renewing().remove(&process);
     }
 
@@ -756,8 +757,8 @@ impl EtcdLeaseStore {
         op: Operation,
         loaded: &Loaded,
         now: Timestamp,
-        wanted: impl Fn(WorkerId) -> bool,
-    ) -> Result<BTreeMap<WorkerId, (Timestamp, Timestamp)>, StoreError> {
+        wanted: impl Fn(NodeId) -> bool,
+    ) -> Result<BTreeMap<NodeId, (Timestamp, Timestamp)>, StoreError> {
         let asked = loaded
             .lives
             .iter()
@@ -805,7 +806,7 @@ impl EtcdLeaseStore {
     /// read and the whole read is done instead. Node records are read whole either way.
     async fn beat(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
@@ -866,14 +867,14 @@ impl EtcdLeaseStore {
             let beat = match result {
                 Ok(beat) => beat,
                 // H7: say when the other process's session ends as etcd knows it.
-                Err(StoreError::WorkerIdInUse { worker, expires_at }) => {
+                Err(StoreError::NodeIdInUse { worker, expires_at }) => {
                     // The refusal matters more than the exactness of its time.
                     let told = self
                         .lease_times(op, &loaded, now, |w| w == worker)
                         .await
                         .ok()
                         .and_then(|times| times.get(&worker).map(|t| t.1));
-                    return Err(StoreError::WorkerIdInUse {
+                    return Err(StoreError::NodeIdInUse {
                         worker,
                         expires_at: told.unwrap_or(expires_at),
                     });
@@ -957,7 +958,7 @@ impl WorkerStore for EtcdLeaseStore {
 
     async fn heartbeat(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
@@ -969,7 +970,7 @@ impl WorkerStore for EtcdLeaseStore {
     async fn join(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<(), StoreError> {
         self.run(Operation::Join, Scope::Group(group), true, |s, now| {
@@ -981,7 +982,7 @@ impl WorkerStore for EtcdLeaseStore {
     async fn claim(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         want: u32,
         takeover: Takeover,
@@ -1001,7 +1002,7 @@ impl WorkerStore for EtcdLeaseStore {
     async fn release(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
@@ -1014,7 +1015,7 @@ impl WorkerStore for EtcdLeaseStore {
     async fn leave(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<Vec<Bucket>, StoreError> {
         self.run(Operation::Leave, Scope::Group(group), true, |s, now| {
@@ -1027,7 +1028,7 @@ impl WorkerStore for EtcdLeaseStore {
         &self,
         group: &GroupName,
         bucket: Bucket,
-        worker: WorkerId,
+        worker: NodeId,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
         self.run(
@@ -1041,7 +1042,7 @@ impl WorkerStore for EtcdLeaseStore {
 
     async fn hand_over(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         keep: Ttl,
     ) -> Result<Option<Timestamp>, StoreError> {
@@ -1129,7 +1130,7 @@ impl WorkerStore for EtcdLeaseStore {
     async fn set_weight(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
         weight: Weight,
     ) -> Result<(), StoreError> {
@@ -1148,7 +1149,7 @@ impl AdminStore for EtcdLeaseStore {
         let loaded = self.load(op, &Scope::Group(group), now, true).await?;
         let mut snap = loaded.state.clone().snapshot(now, group)?;
         if self.leases() {
-            let shown: BTreeSet<WorkerId> = snap
+            let shown: BTreeSet<NodeId> = snap
                 .members
                 .iter()
                 .map(|m| m.worker)
@@ -1210,7 +1211,7 @@ impl AdminStore for EtcdLeaseStore {
     async fn control(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         control: MemberControl,
     ) -> Result<(), StoreError> {
         self.run(Operation::Control, Scope::Group(group), true, |s, _| {
@@ -1241,7 +1242,7 @@ impl AdminStore for EtcdLeaseStore {
         .await
     }
 
-    async fn evict(&self, group: &GroupName, node: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+    async fn evict(&self, group: &GroupName, node: NodeId) -> Result<Vec<Bucket>, StoreError> {
         self.run(Operation::Evict, Scope::Group(group), true, |s, now| {
             s.leave(now, group, node, None)
         })

@@ -85,7 +85,7 @@ mod leases {
             StepsTheClock,
         ),
         ("heartbeats_remove_dead_members", StepsTheClock),
-        ("a_worker_id_in_use_is_refused", StepsTheClock),
+        ("a_node_id_in_use_is_refused", StepsTheClock),
         ("heartbeat_omits_expired_members", StepsTheClock),
         ("heartbeat_counts_claimable_buckets", StepsTheClock),
         ("lost_bucket_disappears_from_heartbeat", StepsTheClock),

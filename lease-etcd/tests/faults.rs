@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use lease_core::ownership_log::OwnershipLog;
 use lease_core::{
-    Bucket, GroupName, OwnershipEvent, RevokeReason, ShardCount, SystemClock, Timestamp, WorkerId,
+    Bucket, GroupName, NodeId, OwnershipEvent, RevokeReason, ShardCount, SystemClock, Timestamp,
 };
 use lease_etcd::{EtcdLeaseStore, EtcdUrl};
 use lease_testetcd::EtcdCluster;
@@ -32,7 +32,7 @@ type Log = Arc<Mutex<OwnershipLog<Timestamp>>>;
 
 struct Pool {
     log: Log,
-    workers: BTreeMap<WorkerId, WorkerHandle>,
+    workers: BTreeMap<NodeId, WorkerHandle>,
 }
 
 impl Pool {
@@ -52,7 +52,7 @@ impl Pool {
             .renew_interval(RENEW)
             .build()
             .expect("a configuration");
-            let id = config.worker_id();
+            let id = config.node_id();
             let handler = RecordingHandler::new(id, log.clone(), Arc::new(SystemClock));
             let handle = config
                 .start(store, handler)
@@ -63,7 +63,7 @@ impl Pool {
         Self { log, workers }
     }
 
-    fn owned(&self) -> BTreeMap<WorkerId, usize> {
+    fn owned(&self) -> BTreeMap<NodeId, usize> {
         self.workers
             .iter()
             .map(|(&w, h)| (w, h.owned().borrow().len()))
@@ -71,7 +71,7 @@ impl Pool {
     }
 
     /// Each worker's buckets.
-    fn holdings(&self) -> BTreeMap<WorkerId, Vec<Bucket>> {
+    fn holdings(&self) -> BTreeMap<NodeId, Vec<Bucket>> {
         self.workers
             .iter()
             .map(|(&w, h)| (w, h.owned().borrow().keys().copied().collect()))
@@ -106,7 +106,7 @@ impl Pool {
     }
 
     /// Every event logged after `mark`: by whom, what.
-    fn events_since(&self, mark: usize) -> Vec<(WorkerId, OwnershipEvent)> {
+    fn events_since(&self, mark: usize) -> Vec<(NodeId, OwnershipEvent)> {
         let log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
         log.entries()[mark..]
             .iter()
@@ -115,7 +115,7 @@ impl Pool {
     }
 
     /// Every revocation logged after `mark`: by whom, of which bucket, why; sorted.
-    fn revoked_since(&self, mark: usize) -> Vec<(WorkerId, Bucket, RevokeReason)> {
+    fn revoked_since(&self, mark: usize) -> Vec<(NodeId, Bucket, RevokeReason)> {
         let mut revoked: Vec<_> = self
             .events_since(mark)
             .into_iter()
@@ -231,7 +231,7 @@ async fn losing_a_majority_fences_every_worker_and_it_recovers() {
     pool.check();
     // What was revoked since the kill: each bucket held then, once, by its holder, because
     // its trust ran out; nothing else.
-    let mut expected: Vec<(WorkerId, Bucket, RevokeReason)> = held
+    let mut expected: Vec<(NodeId, Bucket, RevokeReason)> = held
         .iter()
         .flat_map(|(&w, buckets)| buckets.iter().map(move |&b| (w, b, RevokeReason::Fenced)))
         .collect();

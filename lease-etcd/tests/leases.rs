@@ -10,8 +10,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    AdminStore, GroupName, GroupStamp, Incarnation, MemberMetadata, ShardCount, Takeover, Ttl,
-    WorkerId, WorkerStore,
+    AdminStore, GroupName, GroupStamp, Incarnation, MemberMetadata, NodeId, ShardCount, Takeover,
+    Ttl, WorkerStore,
 };
 use lease_etcd::EtcdUrl;
 
@@ -27,7 +27,7 @@ async fn client(url: &EtcdUrl) -> etcd_client::Client {
 }
 
 /// The etcd lease `node`'s liveness key is attached to.
-async fn live_lease(client: &mut etcd_client::Client, url: &EtcdUrl, node: WorkerId) -> i64 {
+async fn live_lease(client: &mut etcd_client::Client, url: &EtcdUrl, node: NodeId) -> i64 {
     let key = lease_etcd::keys::Keys::new(&url.prefix).live(node);
     let read = client.get(key, None).await.expect("a read");
     read.kvs()
@@ -45,7 +45,7 @@ const REVOKE_SLACK: Duration = Duration::from_secs(2);
 /// Fails once that lease should have been revoked for [`REVOKE_SLACK`].
 async fn taken_from_a_lease_of(
     store: &lease_etcd::EtcdLeaseStore,
-    (b, sb): (WorkerId, lease_core::SessionId),
+    (b, sb): (NodeId, lease_core::SessionId),
     sent: Instant,
     granted: i64,
 ) -> (Vec<lease_core::Lease>, Duration) {
@@ -85,7 +85,7 @@ async fn leaving_the_last_group_ends_the_session() {
         .ensure_group(&g(), ShardCount::new(4).expect("a count"))
         .await
         .expect("a group");
-    let (node, process) = (WorkerId::new(), Incarnation::new());
+    let (node, process) = (NodeId::new(), Incarnation::new());
     let ttl = Ttl::from_secs(30).expect("a ttl");
     let none = MemberMetadata::empty();
     let first = store
@@ -139,7 +139,7 @@ async fn a_session_ends_when_etcd_expires_its_lease() {
     // Above etcd's shortest lease (1.5 election timeouts: 1.5 s on the shared cluster), so
     // the lease is the ttl rounded up, not etcd's minimum.
     let ttl = Ttl::from_secs(3).expect("a ttl");
-    let (a, b) = (WorkerId::new(), WorkerId::new());
+    let (a, b) = (NodeId::new(), NodeId::new());
     // The lease is granted after this instant: it cannot end before `sent + ttl`.
     let sent = Instant::now();
     let sa = store
@@ -201,7 +201,7 @@ async fn a_fractional_ttl_is_a_lease_of_the_next_whole_second() {
     // Above etcd's shortest lease on the shared cluster (2 s), so truncating it would give
     // 2 s, not etcd's minimum.
     let ttl = Ttl::new(Duration::from_millis(2_500)).expect("a ttl");
-    let (a, b) = (WorkerId::new(), WorkerId::new());
+    let (a, b) = (NodeId::new(), NodeId::new());
     let sent = Instant::now();
     let sa = store
         .heartbeat(a, Incarnation::new(), ttl, &none, &[])
@@ -251,7 +251,7 @@ async fn a_session_is_live_exactly_while_its_liveness_key_is_on_a_lease() {
         .expect("a group");
     let none = MemberMetadata::empty();
     let ttl = Ttl::from_secs(2).expect("a ttl");
-    let (a, b) = (WorkerId::new(), WorkerId::new());
+    let (a, b) = (NodeId::new(), NodeId::new());
     let a_process = Incarnation::new();
     let started = Instant::now();
     let sa = store
@@ -355,7 +355,7 @@ async fn a_mass_death_is_cleaned_up_in_batches() {
     let none = MemberMetadata::empty();
     let short = Ttl::from_secs(2).expect("a ttl");
     for _ in 0..140 {
-        let node = WorkerId::new();
+        let node = NodeId::new();
         let session = store
             .heartbeat(node, Incarnation::new(), short, &none, &[])
             .await
@@ -363,7 +363,7 @@ async fn a_mass_death_is_cleaned_up_in_batches() {
             .session;
         store.join(&g(), node, session).await.expect("a join");
     }
-    let (survivor, process) = (WorkerId::new(), Incarnation::new());
+    let (survivor, process) = (NodeId::new(), Incarnation::new());
     let long = Ttl::from_secs(60).expect("a ttl");
     let session = store
         .heartbeat(survivor, process, long, &none, &[])
@@ -428,7 +428,7 @@ async fn a_successor_s_session_is_on_a_lease_of_its_own_ttl() {
         .await
         .expect("a group");
     let none = MemberMetadata::empty();
-    let node = WorkerId::new();
+    let node = NodeId::new();
     let ttl = Ttl::from_secs(30).expect("a ttl");
     let first = Incarnation::new();
     let session = store

@@ -10,7 +10,7 @@
 //! use std::time::Duration;
 //! use lease_core::{
 //!     GroupName, Incarnation, ManualClock, MemberMetadata, ShardCount, Takeover, Ttl,
-//!     WorkerId, WorkerStore,
+//!     NodeId, WorkerStore,
 //! };
 //! use lease_memory::MemoryLeaseStore;
 //!
@@ -20,7 +20,7 @@
 //! let group = GroupName::new("orders")?;
 //! store.ensure_group(&group, ShardCount::new(4)?).await?;
 //!
-//! let (a, b) = (WorkerId::new(), WorkerId::new());
+//! let (a, b) = (NodeId::new(), NodeId::new());
 //! let ttl = Ttl::from_secs(10)?;
 //! let none = MemberMetadata::empty();
 //! let sa = store.heartbeat(a, Incarnation::new(), ttl, &none, &[]).await?.session;
@@ -57,8 +57,9 @@ use futures_util::StreamExt;
 use lease_core::{
     AdminStore, BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName,
     GroupSnapshot, GroupStamp, Heartbeat, Incarnation, Lease, MemberControl, MemberMetadata,
-    NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionId, ShardCount, StoreError,
-    SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerId, WorkerStore, store_precision,
+    NodeId, NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionId, ShardCount,
+    StoreError, SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerStore,
+    store_precision,
 };
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
@@ -140,7 +141,7 @@ impl WorkerStore for MemoryLeaseStore {
 
     async fn heartbeat(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
@@ -154,7 +155,7 @@ impl WorkerStore for MemoryLeaseStore {
     async fn join(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<(), StoreError> {
         self.run(Operation::Join, |s, now| s.join(now, group, node, session))
@@ -163,7 +164,7 @@ impl WorkerStore for MemoryLeaseStore {
     async fn claim(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         want: u32,
         takeover: Takeover,
@@ -176,7 +177,7 @@ impl WorkerStore for MemoryLeaseStore {
     async fn release(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
@@ -188,7 +189,7 @@ impl WorkerStore for MemoryLeaseStore {
     async fn leave(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<Vec<Bucket>, StoreError> {
         self.run(Operation::Leave, |s, now| {
@@ -200,7 +201,7 @@ impl WorkerStore for MemoryLeaseStore {
         &self,
         group: &GroupName,
         bucket: Bucket,
-        worker: WorkerId,
+        worker: NodeId,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
         self.run(Operation::IsCurrent, |s, now| {
@@ -210,7 +211,7 @@ impl WorkerStore for MemoryLeaseStore {
 
     async fn hand_over(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         keep: Ttl,
     ) -> Result<Option<Timestamp>, StoreError> {
@@ -233,7 +234,7 @@ impl WorkerStore for MemoryLeaseStore {
     async fn set_weight(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
         weight: Weight,
     ) -> Result<(), StoreError> {
@@ -265,7 +266,7 @@ impl AdminStore for MemoryLeaseStore {
     async fn control(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         control: MemberControl,
     ) -> Result<(), StoreError> {
         self.run(Operation::Control, |s, _| s.control(group, node, control))
@@ -286,7 +287,7 @@ impl AdminStore for MemoryLeaseStore {
         self.run(Operation::History, |s, _| s.history(group, bucket))
     }
 
-    async fn evict(&self, group: &GroupName, node: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+    async fn evict(&self, group: &GroupName, node: NodeId) -> Result<Vec<Bucket>, StoreError> {
         self.run(Operation::Evict, |s, now| s.leave(now, group, node, None))
     }
 }

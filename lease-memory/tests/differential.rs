@@ -26,7 +26,7 @@ fn memory_matches_the_model() {
 /// How often the generator reaches the risky states, over many sequences of the lengths the
 /// differential tests run: the share of sequences in which each state happens at least once
 /// is printed, and held to a floor, so a change to the generator cannot quietly stop
-/// exercising takeovers, releases, fencing checks or a worker id in use.
+/// exercising takeovers, releases, fencing checks or a node id in use.
 #[test]
 fn the_generator_reaches_the_risky_states() {
     use lease_testing::differential::{Reach, ReferenceModel};

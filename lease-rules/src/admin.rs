@@ -1,8 +1,8 @@
 //! What operators read and change: snapshots, nodes, resizes, controls, quarantines, history.
 
 use lease_core::{
-    Bucket, BucketInfo, Change, GroupName, GroupSnapshot, MemberInfo, NodeInfo, NodesSnapshot,
-    ShardCount, StoreError, Timestamp, WorkerId, store_precision,
+    Bucket, BucketInfo, Change, GroupName, GroupSnapshot, MemberInfo, NodeId, NodeInfo,
+    NodesSnapshot, ShardCount, StoreError, Timestamp, store_precision,
 };
 use lease_core::{MemberControl, QuarantineFor, SessionId, Tenure, Tenures, Weight};
 use lease_core::{ResizeOutcome, resize};
@@ -159,7 +159,7 @@ impl State {
         &mut self,
 
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         control: MemberControl,
     ) -> Result<(), StoreError> {
         let state = self;
@@ -189,7 +189,7 @@ impl State {
         &mut self,
         now: Timestamp,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
         weight: Weight,
     ) -> Result<(), StoreError> {

@@ -2,8 +2,8 @@
 
 use lease_core::EndReason;
 use lease_core::{
-    Bucket, Change, FencingToken, GroupName, Lease, MemberMode, SessionId, StoreError, Takeover,
-    Timestamp, WorkerId,
+    Bucket, Change, FencingToken, GroupName, Lease, MemberMode, NodeId, SessionId, StoreError,
+    Takeover, Timestamp,
 };
 
 use crate::rows::*;
@@ -14,7 +14,7 @@ impl State {
         &mut self,
         now: Timestamp,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         want: u32,
         takeover: Takeover,
@@ -107,7 +107,7 @@ impl State {
         &mut self,
         now: Timestamp,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
@@ -162,7 +162,7 @@ impl State {
         now: Timestamp,
         group: &GroupName,
         bucket: Bucket,
-        worker: WorkerId,
+        worker: NodeId,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
         let state = self;

@@ -4,7 +4,7 @@ use lease_core::Weight;
 use lease_core::resize;
 use lease_core::{
     Bucket, BucketInfo, BucketState, FencingToken, GroupBeat, GroupName, GroupView, Lease,
-    MemberLoad, MemberMode, SessionId, Takeover, Timestamp, ViewStamp, WorkerId,
+    MemberLoad, MemberMode, NodeId, SessionId, Takeover, Timestamp, ViewStamp,
 };
 
 use crate::rows::*;
@@ -18,7 +18,7 @@ impl GroupState {
     pub(crate) fn live_member_mut(
         &mut self,
         nodes: &Nodes,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
         now: Timestamp,
     ) -> Option<&mut MemberRow> {
@@ -109,7 +109,7 @@ impl GroupState {
     }
 
     /// K1: a node's weight and mode.
-    pub(crate) fn control(&self, node: WorkerId) -> (u32, MemberMode) {
+    pub(crate) fn control(&self, node: NodeId) -> (u32, MemberMode) {
         self.controls
             .get(&node)
             .copied()
@@ -139,8 +139,8 @@ impl GroupState {
         nodes: &Nodes,
         now: Timestamp,
         budget: &mut usize,
-    ) -> Vec<WorkerId> {
-        let dead: Vec<WorkerId> = self
+    ) -> Vec<NodeId> {
+        let dead: Vec<NodeId> = self
             .members
             .keys()
             .copied()
@@ -162,7 +162,7 @@ impl GroupState {
         &self,
         nodes: &Nodes,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         draining: u32,
         expires_at: Timestamp,
         now: Timestamp,

@@ -5,19 +5,19 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use lease_core::Generation;
 use lease_core::Tenures;
 use lease_core::{
-    Bucket, Change, GroupName, Incarnation, MemberMetadata, MemberMode, SessionId, ShardCount,
-    StoreError, Timestamp, WorkerId,
+    Bucket, Change, GroupName, Incarnation, MemberMetadata, MemberMode, NodeId, SessionId,
+    ShardCount, StoreError, Timestamp,
 };
 
 /// A bucket.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BucketRow {
     /// The node and session it was last claimed under; `None` once released or left.
-    pub owner: Option<(WorkerId, SessionId)>,
+    pub owner: Option<(NodeId, SessionId)>,
     /// Its fencing token (G4).
     pub token: i64,
     /// C9: the node of the last session that held it.
-    pub last_node: Option<WorkerId>,
+    pub last_node: Option<NodeId>,
     /// T1-T3: its last tenures (the current generation's only: T4).
     pub tenures: Tenures,
 }
@@ -52,7 +52,7 @@ impl NodeRow {
 }
 
 /// The node rows, by node.
-pub type Nodes = BTreeMap<WorkerId, NodeRow>;
+pub type Nodes = BTreeMap<NodeId, NodeRow>;
 
 /// A node's membership of a group. A member row exists only under its node's current session
 /// (a new session removes them all), so its sets are of that session.
@@ -77,7 +77,7 @@ pub struct GroupState {
     /// The current generation's buckets, `0..shards`.
     pub buckets: Vec<BucketRow>,
     /// Its member rows, by node.
-    pub members: BTreeMap<WorkerId, MemberRow>,
+    pub members: BTreeMap<NodeId, MemberRow>,
     /// Its generation (Z2).
     pub generation: Generation,
     /// The count the current generation was resized from.
@@ -88,7 +88,7 @@ pub struct GroupState {
     /// The change counter of H8: moves with every change a view could show.
     pub version: u64,
     /// K1: controls set, by node (absent: weight 1, active).
-    pub controls: BTreeMap<WorkerId, (u32, MemberMode)>,
+    pub controls: BTreeMap<NodeId, (u32, MemberMode)>,
     /// Q1: buckets of the current generation under quarantine, and when it ends (past ends
     /// are ignored, and dropped by the next quarantine call).
     pub quarantines: BTreeMap<Bucket, Timestamp>,
@@ -97,7 +97,7 @@ pub struct GroupState {
 /// Whether `node`'s session is `session` and live.
 pub(crate) fn session_live(
     nodes: &Nodes,
-    node: WorkerId,
+    node: NodeId,
     session: SessionId,
     now: Timestamp,
 ) -> bool {
@@ -106,7 +106,7 @@ pub(crate) fn session_live(
         .is_some_and(|n| n.session == session && n.is_live(now))
 }
 
-pub(crate) fn node_live(nodes: &Nodes, node: WorkerId, now: Timestamp) -> bool {
+pub(crate) fn node_live(nodes: &Nodes, node: NodeId, now: Timestamp) -> bool {
     nodes.get(&node).is_some_and(|n| n.is_live(now))
 }
 
@@ -146,7 +146,7 @@ impl State {
     }
 
     /// The groups `node` is a member of, sorted by name (none for a node without a row).
-    pub fn groups_of(&self, node: WorkerId) -> Vec<GroupName> {
+    pub fn groups_of(&self, node: NodeId) -> Vec<GroupName> {
         self.nodes
             .get(&node)
             .map(|n| n.groups.iter().cloned().collect())

@@ -6,7 +6,7 @@ use lease_core::EndReason;
 use lease_core::Generation;
 use lease_core::{
     BackendFailure, Bucket, Change, GroupName, GroupStamp, Heartbeat, Incarnation, MemberMetadata,
-    Operation, SessionId, ShardCount, StoreError, Timestamp, Ttl, WorkerId,
+    NodeId, Operation, SessionId, ShardCount, StoreError, Timestamp, Ttl,
 };
 
 use crate::rows::*;
@@ -53,7 +53,7 @@ impl State {
     pub fn heartbeat(
         &mut self,
         now: Timestamp,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
@@ -65,7 +65,7 @@ impl State {
             .get(&node)
             .filter(|n| n.is_live(now) && n.incarnation != incarnation && !n.handed_over)
         {
-            return Err(StoreError::WorkerIdInUse {
+            return Err(StoreError::NodeIdInUse {
                 worker: node,
                 expires_at: other.expires_at,
             });
@@ -96,7 +96,7 @@ impl State {
                 },
             );
             // H9: dead nodes in no group go (within the budget; the others at later ones).
-            let gone: Vec<WorkerId> = state
+            let gone: Vec<NodeId> = state
                 .nodes
                 .iter()
                 .filter(|&(&w, n)| w != node && !n.is_live(now) && n.groups.is_empty())
@@ -126,7 +126,7 @@ impl State {
         };
         let mut groups = Vec::new();
         let mut unchanged = Vec::new();
-        let mut dead_nodes: BTreeSet<WorkerId> = BTreeSet::new();
+        let mut dead_nodes: BTreeSet<NodeId> = BTreeSet::new();
         for name in state.groups_of(node) {
             let (nodes, g) = state.split(&name)?;
             let dead = g.remove_dead_members(nodes, now, &mut budget);
@@ -180,7 +180,7 @@ impl State {
         &mut self,
         now: Timestamp,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<(), StoreError> {
         let state = self;
@@ -216,7 +216,7 @@ impl State {
         &mut self,
         now: Timestamp,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: Option<SessionId>,
     ) -> Result<Vec<Bucket>, StoreError> {
         let state = self;
@@ -266,7 +266,7 @@ impl State {
     pub fn hand_over(
         &mut self,
         now: Timestamp,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         keep: Ttl,
     ) -> Result<Option<Timestamp>, StoreError> {

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use lease_core::LeaseStore;
 use lease_core::{
-    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, Takeover,
-    WorkerId,
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionId, ShardCount,
+    Takeover,
 };
 use lease_core::{BucketState, GroupStamp, GroupView, Heartbeat, Lease};
 use lease_core::{Change, ChangeFeed};
@@ -70,7 +70,7 @@ pub const CASES: &[&str] = &[
     "old_session_buckets_are_claimable_by_anyone",
     "a_worker_reclaims_its_old_buckets_with_new_tokens",
     "heartbeats_remove_dead_members",
-    "a_worker_id_in_use_is_refused",
+    "a_node_id_in_use_is_refused",
     "operations_act_only_under_the_named_session",
     "heartbeat_lists_idle_members_with_zero",
     "heartbeat_omits_expired_members",
@@ -211,7 +211,7 @@ macro_rules! conformance_suite {
             old_session_buckets_are_claimable_by_anyone,
             a_worker_reclaims_its_old_buckets_with_new_tokens,
             heartbeats_remove_dead_members,
-            a_worker_id_in_use_is_refused,
+            a_node_id_in_use_is_refused,
             operations_act_only_under_the_named_session,
             heartbeat_lists_idle_members_with_zero,
             heartbeat_omits_expired_members,
@@ -346,11 +346,11 @@ fn shards(n: u32) -> ShardCount {
 /// Their claim seeds are 0, so their claims start at bucket 0 and take the lowest claimable
 /// buckets first (C3), which keeps expectations readable; `claims_follow_the_worker_s_order`
 /// checks other starting points.
-fn workers(k: usize) -> Vec<WorkerId> {
-    let mut ws: Vec<WorkerId> = (0..k)
+fn workers(k: usize) -> Vec<NodeId> {
+    let mut ws: Vec<NodeId> = (0..k)
         .map(|_| {
-            WorkerId::from_uuid(uuid::Uuid::from_u128(
-                WorkerId::new().as_uuid().as_u128() & !0xFFFF_FFFF,
+            NodeId::from_uuid(uuid::Uuid::from_u128(
+                NodeId::new().as_uuid().as_u128() & !0xFFFF_FFFF,
             ))
         })
         .collect();
@@ -381,7 +381,7 @@ async fn setup<S: LeaseStore>(store: &S, name: &str, n: u32) -> GroupName {
 
 /// The incarnation a test worker heartbeats as, unless a case says otherwise: one per worker,
 /// derived from its id, as if each worker were one process.
-fn inc(w: WorkerId) -> Incarnation {
+fn inc(w: NodeId) -> Incarnation {
     Incarnation::from_uuid(w.as_uuid())
 }
 
@@ -402,7 +402,7 @@ struct Beat {
 async fn beat_as<S: LeaseStore + ?Sized>(
     store: &S,
     g: &GroupName,
-    w: WorkerId,
+    w: NodeId,
     incarnation: Incarnation,
     ttl: Ttl,
     metadata: &MemberMetadata,
@@ -446,7 +446,7 @@ impl Beat {
     }
 }
 
-async fn beat<S: LeaseStore>(store: &S, g: &GroupName, w: WorkerId) -> Beat {
+async fn beat<S: LeaseStore>(store: &S, g: &GroupName, w: NodeId) -> Beat {
     beat_as(store, g, w, inc(w), ttl(), &MemberMetadata::empty())
         .await
         .expect("heartbeat succeeds")
@@ -454,7 +454,7 @@ async fn beat<S: LeaseStore>(store: &S, g: &GroupName, w: WorkerId) -> Beat {
 
 /// The session `w`'s member row holds (live or not), as a worker that remembers its last
 /// heartbeat knows it; a never-used id when it has no member row (or there is no such group).
-async fn session<S: LeaseStore + ?Sized>(store: &S, g: &GroupName, w: WorkerId) -> SessionId {
+async fn session<S: LeaseStore + ?Sized>(store: &S, g: &GroupName, w: NodeId) -> SessionId {
     store
         .snapshot(g)
         .await
@@ -463,7 +463,7 @@ async fn session<S: LeaseStore + ?Sized>(store: &S, g: &GroupName, w: WorkerId) 
         .map_or_else(SessionId::new, |m| m.session)
 }
 
-async fn claim<S: LeaseStore>(store: &S, g: &GroupName, w: WorkerId, want: u32) -> Vec<Lease> {
+async fn claim<S: LeaseStore>(store: &S, g: &GroupName, w: NodeId, want: u32) -> Vec<Lease> {
     let s = session(store, g, w).await;
     store
         .claim(g, w, s, want, Takeover::Allowed)
@@ -478,7 +478,7 @@ async fn tokens<S: LeaseStore>(store: &S, g: &GroupName) -> Vec<i64> {
 }
 
 /// Owner of every bucket that is live right now.
-async fn live_owners<S: LeaseStore>(store: &S, g: &GroupName) -> BTreeMap<u32, WorkerId> {
+async fn live_owners<S: LeaseStore>(store: &S, g: &GroupName) -> BTreeMap<u32, NodeId> {
     let snap = store.snapshot(g).await.expect("snapshot succeeds");
     snap.live_leases()
         .into_iter()
@@ -502,7 +502,7 @@ async fn resize<S: LeaseStore>(store: &S, g: &GroupName, from: u32, to: u32) -> 
         .expect("resize succeeds")
 }
 
-async fn release<S: LeaseStore>(store: &S, g: &GroupName, w: WorkerId, ns: &[u32]) -> Vec<u32> {
+async fn release<S: LeaseStore>(store: &S, g: &GroupName, w: NodeId, ns: &[u32]) -> Vec<u32> {
     let s = session(store, g, w).await;
     let released = store.release(g, w, s, &bs(ns)).await.expect("release");
     bucket_nums(&released)
@@ -528,7 +528,7 @@ async fn next_change(feed: &mut ChangeFeed, what: &str) -> Change {
 }
 
 /// One heartbeat of `w` (its own incarnation, the suite's ttl, no metadata) handing in `seen`.
-async fn node_beat<S: LeaseStore>(store: &S, w: WorkerId, seen: &[GroupStamp]) -> Heartbeat {
+async fn node_beat<S: LeaseStore>(store: &S, w: NodeId, seen: &[GroupStamp]) -> Heartbeat {
     store
         .heartbeat(w, inc(w), ttl(), &MemberMetadata::empty(), seen)
         .await

@@ -94,7 +94,7 @@ pub fn unowned(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lease_core::{FencingToken, OwnershipEvent, RevokeReason, WorkerId};
+    use lease_core::{FencingToken, NodeId, OwnershipEvent, RevokeReason};
 
     fn t(ms: i64) -> Timestamp {
         chrono::DateTime::UNIX_EPOCH + chrono::Duration::milliseconds(ms)
@@ -119,7 +119,7 @@ mod tests {
 
     #[test]
     fn overlaps_and_gaps_are_measured() {
-        let (a, b) = (WorkerId::new(), WorkerId::new());
+        let (a, b) = (NodeId::new(), NodeId::new());
         let mut log = OwnershipLog::new();
         log.record(a, assigned(0, 1), t(0));
         log.record(b, assigned(0, 2), t(40));

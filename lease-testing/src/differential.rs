@@ -22,8 +22,8 @@
 //! (with a generated shard count each), buckets are drawn below the shard count (now and then
 //! one past it), tokens among those already issued, and a [`Op::Tick`] (a heartbeat, then a
 //! claim under the session it returned, as the worker runtime does) is the most frequent
-//! operation. Each worker id is run by up to [`PROCESSES`] processes ([`Incarnation`]s), so a
-//! second process with the same worker id is exercised too. [`Reach`] counts how often a
+//! operation. Each node id is run by up to [`PROCESSES`] processes ([`Incarnation`]s), so a
+//! second process with the same node id is exercised too. [`Reach`] counts how often a
 //! sequence gets to each risky state; `the_generator_reaches_the_risky_states` in
 //! `lease-memory` holds it to a floor.
 //!
@@ -62,8 +62,8 @@ use futures_util::FutureExt;
 use lease_core::LeaseStore;
 use lease_core::StoreError;
 use lease_core::{
-    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, Takeover,
-    WorkerId,
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionId, ShardCount,
+    Takeover,
 };
 use lease_core::{
     BucketState, GroupBeat, GroupSnapshot, GroupStamp, Heartbeat, Lease, NodesSnapshot,
@@ -78,7 +78,7 @@ pub const GROUPS: [&str; 2] = ["orders", "it's \"odd\"; DROP TABLE lease.shards;
 /// How many workers operations pick from.
 pub const WORKERS: usize = 3;
 
-/// How many processes may run each worker id (process 0 is the usual one; process 1 is a
+/// How many processes may run each node id (process 0 is the usual one; process 1 is a
 /// second process started with the same id).
 pub const PROCESSES: usize = 2;
 
@@ -106,8 +106,8 @@ fn group_index(name: &GroupName) -> usize {
 }
 
 /// Worker `i` of the test: fixed ids, so runs are repeatable.
-pub fn worker(i: usize) -> WorkerId {
-    WorkerId::from_uuid(Uuid::from_u128(0xA000 + i as u128))
+pub fn worker(i: usize) -> NodeId {
+    NodeId::from_uuid(Uuid::from_u128(0xA000 + i as u128))
 }
 
 /// Process `p` of worker `w`: fixed ids, so runs are repeatable.
@@ -639,7 +639,7 @@ pub async fn apply_to_store(
 }
 
 /// A process to act: process 0 four times in five, so most sequences are about sessions that
-/// live and die, and a second process of one worker id shows up in many of them.
+/// live and die, and a second process of one node id shows up in many of them.
 fn process() -> impl Strategy<Value = usize> {
     prop_oneof![4 => Just(0usize), 1 => Just(1usize)]
 }
@@ -769,7 +769,7 @@ pub struct Reach {
     pub release: u32,
     /// A fencing check answered true.
     pub is_current: u32,
-    /// A heartbeat was refused because another process holds the worker id's session.
+    /// A heartbeat was refused because another process holds the node id's session.
     pub in_use: u32,
     /// A claim named a session that is not live (expired or replaced).
     pub stale_claim: u32,
@@ -806,7 +806,7 @@ impl Reach {
             ("claim takes back its own dead lease", self.reclaim),
             ("release releases something", self.release),
             ("is_current answers true", self.is_current),
-            ("heartbeat refused: worker id in use", self.in_use),
+            ("heartbeat refused: node id in use", self.in_use),
             ("claim under a dead or replaced session", self.stale_claim),
             ("eviction removes a member", self.evicted),
             ("resize with live owners to drain", self.resize),
@@ -923,7 +923,7 @@ impl Reach {
             },
             _ => None,
         };
-        if refused.is_some_and(|e| e.starts_with("WorkerIdInUse")) {
+        if refused.is_some_and(|e| e.starts_with("NodeIdInUse")) {
             self.in_use += 1;
         }
     }
@@ -1318,7 +1318,7 @@ impl Subject {
     }
 
     async fn check_snapshots(&mut self) {
-        let known: Vec<WorkerId> = (0..WORKERS).map(worker).collect();
+        let known: Vec<NodeId> = (0..WORKERS).map(worker).collect();
         for g in 0..GROUPS.len() {
             let snap = match self.store.snapshot(&group(g)).await {
                 Ok(snap) => snap,

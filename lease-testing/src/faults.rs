@@ -10,7 +10,7 @@ use lease_core::ChangeFeed;
 use lease_core::{AdminStore, Weight, WorkerStore};
 use lease_core::{BackendFailure, Operation, ResizeOutcome, StoreError, Takeover};
 use lease_core::{
-    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionId, ShardCount,
 };
 use lease_core::{Clock, ManualClock, Timestamp, Ttl, store_precision};
 use lease_core::{GroupSnapshot, GroupStamp, Heartbeat, Lease, NodesSnapshot};
@@ -134,7 +134,7 @@ impl<S: WorkerStore> WorkerStore for FaultyStore<S> {
 
     async fn heartbeat(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
@@ -150,7 +150,7 @@ impl<S: WorkerStore> WorkerStore for FaultyStore<S> {
     async fn join(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<(), StoreError> {
         self.gate(Operation::Join).await?;
@@ -160,7 +160,7 @@ impl<S: WorkerStore> WorkerStore for FaultyStore<S> {
     async fn claim(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         want: u32,
         takeover: Takeover,
@@ -174,7 +174,7 @@ impl<S: WorkerStore> WorkerStore for FaultyStore<S> {
     async fn release(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
@@ -185,7 +185,7 @@ impl<S: WorkerStore> WorkerStore for FaultyStore<S> {
     async fn leave(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<Vec<Bucket>, StoreError> {
         self.gate(Operation::Leave).await?;
@@ -196,7 +196,7 @@ impl<S: WorkerStore> WorkerStore for FaultyStore<S> {
         &self,
         group: &GroupName,
         bucket: Bucket,
-        worker: WorkerId,
+        worker: NodeId,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
         self.gate(Operation::IsCurrent).await?;
@@ -205,7 +205,7 @@ impl<S: WorkerStore> WorkerStore for FaultyStore<S> {
 
     async fn hand_over(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         keep: Ttl,
     ) -> Result<Option<Timestamp>, StoreError> {
@@ -223,7 +223,7 @@ impl<S: WorkerStore> WorkerStore for FaultyStore<S> {
     async fn set_weight(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
         weight: Weight,
     ) -> Result<(), StoreError> {
@@ -259,7 +259,7 @@ impl<S: AdminStore> AdminStore for FaultyStore<S> {
     async fn control(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         control: MemberControl,
     ) -> Result<(), StoreError> {
         self.gate(Operation::Control).await?;
@@ -281,7 +281,7 @@ impl<S: AdminStore> AdminStore for FaultyStore<S> {
         self.inner.history(group, bucket).await
     }
 
-    async fn evict(&self, group: &GroupName, node: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+    async fn evict(&self, group: &GroupName, node: NodeId) -> Result<Vec<Bucket>, StoreError> {
         self.gate(Operation::Evict).await?;
         self.inner.evict(group, node).await
     }

@@ -15,8 +15,8 @@ pub use store::ModelStore;
 use lease_core::StoreError;
 use lease_core::resize;
 use lease_core::{
-    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, Takeover,
-    WorkerId,
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionId, ShardCount,
+    Takeover,
 };
 use lease_core::{
     BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo,
@@ -28,10 +28,10 @@ use lease_core::{Timestamp, Ttl, store_precision};
 
 #[derive(Clone, Debug, Default)]
 struct ModelBucket {
-    owner: Option<(WorkerId, SessionId)>,
+    owner: Option<(NodeId, SessionId)>,
     token: i64,
     /// C9: the node of the last session that held it.
-    last_node: Option<WorkerId>,
+    last_node: Option<NodeId>,
     /// Q1: when its quarantine ends.
     quarantine: Option<Timestamp>,
     /// T1-T3: its last tenures.
@@ -57,14 +57,14 @@ struct ModelNode {
     handed_over: bool,
 }
 
-type Nodes = BTreeMap<WorkerId, ModelNode>;
+type Nodes = BTreeMap<NodeId, ModelNode>;
 
 #[derive(Clone, Debug)]
 struct ModelGroup {
     shards: ShardCount,
     buckets: Vec<ModelBucket>,
     /// Members and when they joined.
-    members: BTreeMap<WorkerId, Timestamp>,
+    members: BTreeMap<NodeId, Timestamp>,
     generation: Generation,
     /// The count the current generation was resized from.
     previous: Option<ShardCount>,
@@ -72,11 +72,11 @@ struct ModelGroup {
     /// runs while one of them is not retired (see `draining`).
     old: Vec<ModelBucket>,
     /// K1: the controls set, by node (absent: weight 1, active).
-    controls: BTreeMap<WorkerId, (u32, MemberMode)>,
+    controls: BTreeMap<NodeId, (u32, MemberMode)>,
 }
 
 /// The node's session if it is live at `now`.
-fn live_node(nodes: &Nodes, node: WorkerId, now: Timestamp) -> Option<&ModelNode> {
+fn live_node(nodes: &Nodes, node: NodeId, now: Timestamp) -> Option<&ModelNode> {
     nodes.get(&node).filter(|n| now < n.expires_at)
 }
 
@@ -85,7 +85,7 @@ impl ModelGroup {
     fn live_as<'n>(
         &self,
         nodes: &'n Nodes,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
         now: Timestamp,
     ) -> Option<&'n ModelNode> {
@@ -94,12 +94,12 @@ impl ModelGroup {
     }
 
     /// Whether bucket `b` is owned by a live member's session at `now`: its owner.
-    fn live_owner(&self, nodes: &Nodes, b: &ModelBucket, now: Timestamp) -> Option<WorkerId> {
+    fn live_owner(&self, nodes: &Nodes, b: &ModelBucket, now: Timestamp) -> Option<NodeId> {
         let (w, s) = b.owner?;
         self.live_as(nodes, w, s, now).map(|_| w)
     }
 
-    fn owned_by(&self, nodes: &Nodes, worker: WorkerId, now: Timestamp) -> Vec<Bucket> {
+    fn owned_by(&self, nodes: &Nodes, worker: NodeId, now: Timestamp) -> Vec<Bucket> {
         self.buckets
             .iter()
             .enumerate()
@@ -126,7 +126,7 @@ impl ModelGroup {
     }
 
     /// The old generation's buckets `worker` owns, while it drains.
-    fn old_owned_by(&self, nodes: &Nodes, worker: WorkerId, now: Timestamp) -> Vec<Bucket> {
+    fn old_owned_by(&self, nodes: &Nodes, worker: NodeId, now: Timestamp) -> Vec<Bucket> {
         self.old
             .iter()
             .enumerate()
@@ -146,14 +146,14 @@ impl ModelGroup {
     }
 
     /// K1: a node's weight and mode.
-    fn control(&self, node: WorkerId) -> (u32, MemberMode) {
+    fn control(&self, node: NodeId) -> (u32, MemberMode) {
         self.controls
             .get(&node)
             .copied()
             .unwrap_or((Weight::DEFAULT.get(), MemberMode::Active))
     }
 
-    fn lease(&self, nodes: &Nodes, bucket: Bucket, worker: WorkerId) -> Option<Lease> {
+    fn lease(&self, nodes: &Nodes, bucket: Bucket, worker: NodeId) -> Option<Lease> {
         let b = &self.buckets[bucket.0 as usize];
         Some(Lease {
             bucket,
@@ -164,7 +164,7 @@ impl ModelGroup {
         })
     }
 
-    fn old_lease(&self, nodes: &Nodes, bucket: Bucket, worker: WorkerId) -> Option<Lease> {
+    fn old_lease(&self, nodes: &Nodes, bucket: Bucket, worker: NodeId) -> Option<Lease> {
         let b = &self.old[bucket.0 as usize];
         Some(Lease {
             bucket,
@@ -199,7 +199,7 @@ impl ModelGroup {
     }
 
     /// H4: the group's view for `node` (the model always gives the view: H8 allows it).
-    fn beat(&self, nodes: &Nodes, group: &GroupName, node: WorkerId, now: Timestamp) -> GroupBeat {
+    fn beat(&self, nodes: &Nodes, group: &GroupName, node: NodeId, now: Timestamp) -> GroupBeat {
         let members: Vec<MemberLoad> = self
             .members
             .keys()
@@ -289,7 +289,7 @@ impl Model {
     }
 
     /// The groups `node` is a member of, by name.
-    fn groups_of(&self, node: WorkerId) -> Vec<GroupName> {
+    fn groups_of(&self, node: NodeId) -> Vec<GroupName> {
         self.groups
             .iter()
             .filter(|(_, g)| g.members.contains_key(&node))
@@ -334,7 +334,7 @@ impl Model {
     /// group's view (H8 lets a store always do so).
     pub fn heartbeat(
         &mut self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
@@ -345,7 +345,7 @@ impl Model {
         if let Some(n) = live_node(&self.nodes, node, now)
             .filter(|n| n.incarnation != incarnation && !n.handed_over)
         {
-            return Err(StoreError::WorkerIdInUse {
+            return Err(StoreError::NodeIdInUse {
                 worker: node,
                 expires_at: n.expires_at,
             });
@@ -371,7 +371,7 @@ impl Model {
                 },
             );
             // H9: dead nodes in no group go.
-            let members: std::collections::BTreeSet<WorkerId> = self
+            let members: std::collections::BTreeSet<NodeId> = self
                 .groups
                 .values()
                 .flat_map(|g| g.members.keys().copied())
@@ -424,7 +424,7 @@ impl Model {
     pub fn join(
         &mut self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
         now: Timestamp,
     ) -> Result<(), StoreError> {
@@ -445,7 +445,7 @@ impl Model {
     pub fn claim(
         &mut self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         want: u32,
         takeover: Takeover,
@@ -520,7 +520,7 @@ impl Model {
     pub fn release(
         &mut self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         buckets: &[Bucket],
         now: Timestamp,
@@ -574,7 +574,7 @@ impl Model {
     pub fn leave(
         &mut self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: Option<SessionId>,
         now: Timestamp,
     ) -> Result<Vec<Bucket>, StoreError> {
@@ -695,7 +695,7 @@ impl Model {
         &self,
         group: &GroupName,
         bucket: Bucket,
-        worker: WorkerId,
+        worker: NodeId,
         token: FencingToken,
         now: Timestamp,
     ) -> bool {
@@ -777,7 +777,7 @@ impl Model {
     /// See [`WorkerStore::hand_over`](lease_core::WorkerStore::hand_over).
     pub fn hand_over(
         &mut self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         keep: Ttl,
         now: Timestamp,
@@ -796,7 +796,7 @@ impl Model {
     pub fn control(
         &mut self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         control: MemberControl,
     ) -> Result<(), StoreError> {
         let g = self.group_mut(group)?;
@@ -820,7 +820,7 @@ impl Model {
     pub fn set_weight(
         &mut self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
         weight: Weight,
         now: Timestamp,

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use lease_core::ownership_log::OwnershipLog;
 use lease_core::{
-    Assignment, Bucket, Clock, FencingToken, OwnershipEvent, RevokeReason, Timestamp, WorkerId,
+    Assignment, Bucket, Clock, FencingToken, NodeId, OwnershipEvent, RevokeReason, Timestamp,
 };
 use lease_worker::OwnershipHandler;
 
@@ -14,7 +14,7 @@ use lease_worker::OwnershipHandler;
 /// the worker's own event list.
 #[derive(Clone, Debug)]
 pub struct RecordingHandler {
-    worker: WorkerId,
+    worker: NodeId,
     log: Arc<Mutex<OwnershipLog<Timestamp>>>,
     clock: Arc<dyn Clock>,
 }
@@ -22,7 +22,7 @@ pub struct RecordingHandler {
 impl RecordingHandler {
     /// A handler for `worker` writing to `log`.
     pub fn new(
-        worker: WorkerId,
+        worker: NodeId,
         log: Arc<Mutex<OwnershipLog<Timestamp>>>,
         clock: Arc<dyn Clock>,
     ) -> Self {

@@ -42,8 +42,8 @@ use tokio::time::Instant;
 
 use lease_core::ownership_log::{OwnershipLog, Summary};
 use lease_core::{
-    Assignment, Bucket, BucketState, Clock, ErrorKind, FencingToken, GroupName, LeaseStore,
-    Operation, OwnershipEvent, RevokeReason, ShardCount, Timestamp, WorkerId,
+    Assignment, Bucket, BucketState, Clock, ErrorKind, FencingToken, GroupName, LeaseStore, NodeId,
+    Operation, OwnershipEvent, RevokeReason, ShardCount, Timestamp,
 };
 use lease_worker::{
     GroupHandle, LeaseNode, LeaseWorker, NodeHandle, OwnershipHandler, StartError, WorkerError,
@@ -73,7 +73,7 @@ pub const CASES: &[&str] = &[
     "starting_a_running_configuration_again_is_refused",
     "slow_handlers_do_not_starve_renewals",
     "a_panicking_handler_stops_the_worker_visibly",
-    "two_processes_with_one_worker_id_never_share_a_session",
+    "two_processes_with_one_node_id_never_share_a_session",
     "a_shed_bucket_is_released_only_after_its_revoke_returns",
     "a_resize_is_followed_on_wake_ups_without_restarting",
     "a_worker_configured_before_a_resize_follows_it",
@@ -133,7 +133,7 @@ macro_rules! __runtime_cases {
             starting_a_running_configuration_again_is_refused,
             slow_handlers_do_not_starve_renewals,
             a_panicking_handler_stops_the_worker_visibly,
-            two_processes_with_one_worker_id_never_share_a_session,
+            two_processes_with_one_node_id_never_share_a_session,
             a_shed_bucket_is_released_only_after_its_revoke_returns,
             a_resize_is_followed_on_wake_ups_without_restarting,
             a_worker_configured_before_a_resize_follows_it,
@@ -351,8 +351,8 @@ struct Pool<S> {
     /// The workers' renew interval and ttl.
     renew: Duration,
     ttl: Duration,
-    workers: BTreeMap<WorkerId, (WorkerHandle, Arc<Faults>)>,
-    errors: BTreeMap<WorkerId, Reported>,
+    workers: BTreeMap<NodeId, (WorkerHandle, Arc<Faults>)>,
+    errors: BTreeMap<NodeId, Reported>,
 }
 
 impl<S: LeaseStore + Clone + 'static> Pool<S> {
@@ -383,7 +383,7 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
         }
     }
 
-    fn config(&self, id: Option<WorkerId>) -> LeaseWorker {
+    fn config(&self, id: Option<NodeId>) -> LeaseWorker {
         let mut builder = LeaseWorker::builder(
             self.group.clone(),
             ShardCount::new(self.shards).expect("a shard count"),
@@ -391,33 +391,33 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
         .ttl(self.ttl)
         .renew_interval(self.renew);
         if let Some(id) = id {
-            builder = builder.worker_id(id);
+            builder = builder.node_id(id);
         }
         builder.build().expect("a valid configuration")
     }
 
-    async fn start(&mut self) -> WorkerId {
+    async fn start(&mut self) -> NodeId {
         self.launch(None, Slow::default()).await
     }
 
     /// Start a worker with the application `slow`.
-    async fn start_slow(&mut self, slow: Slow) -> WorkerId {
+    async fn start_slow(&mut self, slow: Slow) -> NodeId {
         self.launch(None, slow).await
     }
 
-    /// Start a worker that uses the worker id `id` in the store, as a second process started
+    /// Start a worker that uses the node id `id` in the store, as a second process started
     /// with the id of another would; it is told apart in this pool (and in the ownership log)
     /// by the id returned.
-    async fn start_as(&mut self, id: WorkerId) -> WorkerId {
+    async fn start_as(&mut self, id: NodeId) -> NodeId {
         self.launch(Some(id), Slow::default()).await
     }
 
-    async fn launch(&mut self, id: Option<WorkerId>, slow: Slow) -> WorkerId {
+    async fn launch(&mut self, id: Option<NodeId>, slow: Slow) -> NodeId {
         let config = self.config(id);
         let label = if id.is_some() {
-            WorkerId::new()
+            NodeId::new()
         } else {
-            config.worker_id()
+            config.node_id()
         };
         let (handle, faults) = self
             .launch_config(config, label, slow)
@@ -431,7 +431,7 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
     async fn launch_config(
         &mut self,
         config: LeaseWorker,
-        label: WorkerId,
+        label: NodeId,
         slow: Slow,
     ) -> Result<(WorkerHandle, Arc<Faults>), StartError> {
         let store = FaultyStore::new(self.store.clone());
@@ -449,24 +449,24 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
         Ok((handle, faults))
     }
 
-    fn faults(&self, w: WorkerId) -> Arc<Faults> {
+    fn faults(&self, w: NodeId) -> Arc<Faults> {
         self.workers[&w].1.clone()
     }
 
-    async fn stop(&mut self, w: WorkerId) {
+    async fn stop(&mut self, w: NodeId) {
         let (handle, _) = self.workers.remove(&w).expect("a running worker");
         handle.shutdown().await.expect("a clean stop");
     }
 
     /// Stop `w` at once, without revoking or leaving: a crash, to the others.
-    fn crash(&mut self, w: WorkerId) {
+    fn crash(&mut self, w: NodeId) {
         let (handle, _) = self.workers.remove(&w).expect("a running worker");
         handle.abort();
         lock(&self.log).crashed(w, self.clock.now());
     }
 
     /// What each running worker's application owns.
-    fn owned(&self) -> BTreeMap<WorkerId, usize> {
+    fn owned(&self) -> BTreeMap<NodeId, usize> {
         self.workers
             .iter()
             .map(|(&w, (h, _))| (w, h.owned().borrow().len()))
@@ -483,7 +483,7 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
     }
 
     /// Wait until `w`'s application owns `n` buckets. Panics after `limit`.
-    async fn until_owns(&self, w: WorkerId, n: usize, limit: Duration) -> Duration {
+    async fn until_owns(&self, w: NodeId, n: usize, limit: Duration) -> Duration {
         let what = format!("worker {w} owning {n}");
         until(
             limit,
@@ -495,7 +495,7 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
     }
 
     /// When `w`'s application heard each revocation with `reason`.
-    fn revoked_at(&self, w: WorkerId, reason: RevokeReason) -> Vec<Timestamp> {
+    fn revoked_at(&self, w: NodeId, reason: RevokeReason) -> Vec<Timestamp> {
         self.events_of(w)
             .into_iter()
             .filter(|(_, e)| matches!(e, OwnershipEvent::Revoked { reason: r, .. } if *r == reason))
@@ -504,7 +504,7 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
     }
 
     /// When `w`'s application was assigned each bucket.
-    fn assigned_at(&self, w: WorkerId) -> Vec<Timestamp> {
+    fn assigned_at(&self, w: NodeId) -> Vec<Timestamp> {
         self.events_of(w)
             .into_iter()
             .filter(|(_, e)| matches!(e, OwnershipEvent::Assigned { .. }))
@@ -512,7 +512,7 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
             .collect()
     }
 
-    fn events_of(&self, w: WorkerId) -> Vec<(Timestamp, OwnershipEvent)> {
+    fn events_of(&self, w: NodeId) -> Vec<(Timestamp, OwnershipEvent)> {
         lock(&self.log)
             .entries()
             .iter()
@@ -522,7 +522,7 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
     }
 
     /// The expiry of `w`'s session as the store holds it now, if it holds one.
-    async fn session_expiry(&self, w: WorkerId) -> Option<Timestamp> {
+    async fn session_expiry(&self, w: NodeId) -> Option<Timestamp> {
         self.store
             .snapshot(&self.group)
             .await
@@ -539,7 +539,7 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
     /// some time after it expired, so polling sees the last one.
     async fn until_following_expiry(
         &self,
-        w: WorkerId,
+        w: NodeId,
         limit: Duration,
         what: &str,
         mut done: impl FnMut() -> bool,
@@ -564,7 +564,7 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
     }
 
     /// The kinds of the errors `w` reported, in order (`None`: a timeout).
-    fn errors_of(&self, w: WorkerId) -> Vec<Option<ErrorKind>> {
+    fn errors_of(&self, w: NodeId) -> Vec<Option<ErrorKind>> {
         lock(&self.errors[&w]).clone()
     }
 
@@ -629,7 +629,7 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
     }
 
     /// Every assignment `w`'s application heard of a bucket of `shards` buckets.
-    fn assignments_of(&self, w: WorkerId, shards: u32) -> Vec<Assignment> {
+    fn assignments_of(&self, w: NodeId, shards: u32) -> Vec<Assignment> {
         self.events_of(w)
             .into_iter()
             .filter_map(|(_, e)| match e {
@@ -641,7 +641,7 @@ impl<S: LeaseStore + Clone + 'static> Pool<S> {
 
     /// Stop every worker gracefully and check the ownership log.
     async fn shutdown(mut self) -> Summary {
-        let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
+        let ids: Vec<NodeId> = self.workers.keys().copied().collect();
         for w in ids {
             self.stop(w).await;
         }
@@ -1283,7 +1283,7 @@ pub async fn starting_a_running_configuration_again_is_refused<S: LeaseStore + C
 ) {
     let mut pool = Pool::new(&env, "orders", 4, true);
     let config = pool.config(None);
-    let id = config.worker_id();
+    let id = config.node_id();
     let (first, _) = pool
         .launch_config(config.clone(), id, Slow::default())
         .await
@@ -1401,11 +1401,11 @@ pub async fn a_panicking_handler_stops_the_worker_visibly<S: LeaseStore + Clone 
     pool.shutdown().await;
 }
 
-/// Two processes started with one worker id never share its session: the second is refused
-/// (`WorkerIdInUse`, reported at each attempt) and owns nothing while the first runs; once the
+/// Two processes started with one node id never share its session: the second is refused
+/// (`NodeIdInUse`, reported at each attempt) and owns nothing while the first runs; once the
 /// first stops gracefully the second starts a session of its own and takes every bucket, and
 /// the ownership log shows no bucket held by both.
-pub async fn two_processes_with_one_worker_id_never_share_a_session<
+pub async fn two_processes_with_one_node_id_never_share_a_session<
     S: LeaseStore + Clone + 'static,
 >(
     env: Env<S>,
@@ -1429,7 +1429,7 @@ pub async fn two_processes_with_one_worker_id_never_share_a_session<
     );
     let refused = pool.errors_of(second);
     assert!(
-        refused.iter().all(|k| *k == Some(ErrorKind::WorkerIdInUse)),
+        refused.iter().all(|k| *k == Some(ErrorKind::NodeIdInUse)),
         "the second process did not report the id in use at each attempt: {refused:?}"
     );
     let stopped_at = pool.clock.now();
@@ -1620,7 +1620,7 @@ struct Nodes<S> {
     /// Each group's shard count and ownership log.
     groups: BTreeMap<GroupName, (u32, Log)>,
     events: Arc<AtomicUsize>,
-    nodes: BTreeMap<WorkerId, NodeRun>,
+    nodes: BTreeMap<NodeId, NodeRun>,
 }
 
 impl<S: LeaseStore + Clone + 'static> Nodes<S> {
@@ -1649,7 +1649,7 @@ impl<S: LeaseStore + Clone + 'static> Nodes<S> {
     }
 
     /// Start a node in these groups (added one after another, as an application would).
-    async fn start(&mut self, groups: &[&str]) -> WorkerId {
+    async fn start(&mut self, groups: &[&str]) -> NodeId {
         self.start_with(groups, |b| b).await
     }
 
@@ -1658,7 +1658,7 @@ impl<S: LeaseStore + Clone + 'static> Nodes<S> {
         &mut self,
         groups: &[&str],
         configure: impl FnOnce(lease_worker::LeaseNodeBuilder) -> lease_worker::LeaseNodeBuilder,
-    ) -> WorkerId {
+    ) -> NodeId {
         let store = FaultyStore::new(self.store.clone());
         let faults = store.faults();
         let handle = configure(LeaseNode::builder().ttl(TTL).renew_interval(RENEW))
@@ -1682,12 +1682,12 @@ impl<S: LeaseStore + Clone + 'static> Nodes<S> {
     }
 
     /// Add group `name` to node `id`.
-    async fn add(&mut self, id: WorkerId, name: &str) {
+    async fn add(&mut self, id: NodeId, name: &str) {
         self.add_slow(id, name, Slow::default()).await;
     }
 
     /// Add group `name` to node `id`, its application as slow as `slow` says.
-    async fn add_slow(&mut self, id: WorkerId, name: &str, slow: Slow) {
+    async fn add_slow(&mut self, id: NodeId, name: &str, slow: Slow) {
         let group = Self::group(name);
         let (shards, log) = self.groups[&group].clone();
         let handler = SlowHandler {
@@ -1711,7 +1711,7 @@ impl<S: LeaseStore + Clone + 'static> Nodes<S> {
     }
 
     /// Remove group `name` from node `id`, through the node's handle, and wait for it.
-    async fn remove(&mut self, id: WorkerId, name: &str) {
+    async fn remove(&mut self, id: NodeId, name: &str) {
         let group = Self::group(name);
         let node = self.nodes.get_mut(&id).expect("a running node");
         let handle = node.groups.remove(&group).expect("a group of the node");
@@ -1725,12 +1725,12 @@ impl<S: LeaseStore + Clone + 'static> Nodes<S> {
         );
     }
 
-    fn faults(&self, id: WorkerId) -> Arc<Faults> {
+    fn faults(&self, id: NodeId) -> Arc<Faults> {
         self.nodes[&id].faults.clone()
     }
 
     /// What each node's application of group `name` owns, for the nodes in it.
-    fn owned(&self, name: &str) -> BTreeMap<WorkerId, usize> {
+    fn owned(&self, name: &str) -> BTreeMap<NodeId, usize> {
         let group = Self::group(name);
         self.nodes
             .iter()
@@ -1760,7 +1760,7 @@ impl<S: LeaseStore + Clone + 'static> Nodes<S> {
     }
 
     /// What node `id`'s application of group `name` heard, when.
-    fn events_of(&self, id: WorkerId, name: &str) -> Vec<(Timestamp, OwnershipEvent)> {
+    fn events_of(&self, id: NodeId, name: &str) -> Vec<(Timestamp, OwnershipEvent)> {
         lock(&self.groups[&Self::group(name)].1)
             .entries()
             .iter()
@@ -1770,7 +1770,7 @@ impl<S: LeaseStore + Clone + 'static> Nodes<S> {
     }
 
     /// The expiry of node `id`'s session as the store lists it now, if it lists the node live.
-    async fn session_expiry(&self, id: WorkerId) -> Option<Timestamp> {
+    async fn session_expiry(&self, id: NodeId) -> Option<Timestamp> {
         self.store
             .nodes()
             .await
@@ -1794,7 +1794,7 @@ impl<S: LeaseStore + Clone + 'static> Nodes<S> {
     }
 
     /// Stop node `id` gracefully and wait for it.
-    async fn stop(&mut self, id: WorkerId) {
+    async fn stop(&mut self, id: NodeId) {
         let node = self.nodes.remove(&id).expect("a running node");
         node.handle.shutdown().await.expect("a clean stop");
     }

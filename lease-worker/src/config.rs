@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 use lease_core::Ttl;
 
 use crate::registry::RunFlag;
-use lease_core::{GroupName, MemberMetadata, ShardCount, WorkerId};
+use lease_core::{GroupName, MemberMetadata, NodeId, ShardCount};
 
 /// A configuration the worker cannot run with. Each rule has its own variant.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,7 +92,7 @@ pub struct LeaseWorker {
     pub(crate) shards: ShardCount,
     /// The timing of the node it runs as.
     pub(crate) timing: Timing,
-    pub(crate) worker: WorkerId,
+    pub(crate) worker: NodeId,
     pub(crate) metadata: MemberMetadata,
     pub(crate) cancel: CancellationToken,
     /// Shared with clones: one of them runs at a time.
@@ -107,7 +107,7 @@ pub struct LeaseWorkerBuilder {
     ttl: Duration,
     renew_interval: Duration,
     margin: Option<Duration>,
-    worker: Option<WorkerId>,
+    worker: Option<NodeId>,
     metadata: MemberMetadata,
     wake_debounce: Duration,
     ack_limit: Option<Duration>,
@@ -149,7 +149,7 @@ impl LeaseWorker {
     }
 
     /// The worker's id.
-    pub fn worker_id(&self) -> WorkerId {
+    pub fn node_id(&self) -> NodeId {
         self.worker
     }
 
@@ -193,7 +193,7 @@ impl LeaseWorkerBuilder {
     }
 
     /// The worker's id (default: a fresh UUID v7). Use a fresh id for every process start.
-    pub fn worker_id(mut self, worker: WorkerId) -> Self {
+    pub fn node_id(mut self, worker: NodeId) -> Self {
         self.worker = Some(worker);
         self
     }
@@ -349,7 +349,7 @@ impl Timing {
 /// ```
 #[derive(Debug, Clone)]
 pub struct LeaseNode {
-    pub(crate) node: WorkerId,
+    pub(crate) node: NodeId,
     pub(crate) timing: Timing,
     pub(crate) metadata: MemberMetadata,
     pub(crate) cancel: CancellationToken,
@@ -363,7 +363,7 @@ pub struct LeaseNodeBuilder {
     ttl: Duration,
     renew_interval: Duration,
     margin: Option<Duration>,
-    node: Option<WorkerId>,
+    node: Option<NodeId>,
     metadata: MemberMetadata,
     wake_debounce: Duration,
     ack_limit: Option<Duration>,
@@ -388,7 +388,7 @@ impl LeaseNode {
     }
 
     /// The node's id.
-    pub fn node_id(&self) -> WorkerId {
+    pub fn node_id(&self) -> NodeId {
         self.node
     }
 
@@ -432,7 +432,7 @@ impl LeaseNodeBuilder {
     /// The node's id (default: a fresh UUID v7). Use a fresh id for every process start, or
     /// a stable one per process slot (a stateful-set pod's): a second process with the id of
     /// a live one is refused until that one's session ends.
-    pub fn node_id(mut self, node: WorkerId) -> Self {
+    pub fn node_id(mut self, node: NodeId) -> Self {
         self.node = Some(node);
         self
     }

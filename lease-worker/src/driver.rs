@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use futures_util::FutureExt;
 use lease_core::{
     Assignment, Bucket, Chain, Change, ChangeFeed, FencingToken, GroupName, Incarnation,
-    MemberMetadata, RevokeReason, ShardCount, StoreError, Weight, WorkerId, WorkerStore,
+    MemberMetadata, NodeId, RevokeReason, ShardCount, StoreError, Weight, WorkerStore,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -826,7 +826,7 @@ impl Driver {
 }
 
 /// The machine's rules for a node of this timing and id, and a fresh incarnation.
-fn rules(node: WorkerId, timing: Timing) -> Rules {
+fn rules(node: NodeId, timing: Timing) -> Rules {
     Rules {
         node,
         incarnation: Incarnation::new(),
@@ -906,7 +906,7 @@ struct Launch {
 }
 
 fn launch(
-    node: WorkerId,
+    node: NodeId,
     timing: Timing,
     metadata: MemberMetadata,
     store: Arc<dyn WorkerStore>,
@@ -945,7 +945,7 @@ fn launch(
 /// gracefully in the background (every group revoked and left); call
 /// [`shutdown`](Self::shutdown) to wait for that.
 pub struct NodeHandle {
-    node: WorkerId,
+    node: NodeId,
     cancel: CancellationToken,
     task: Option<JoinHandle<Result<(), WorkerFailed>>>,
     commands: mpsc::UnboundedSender<Command>,
@@ -1037,7 +1037,7 @@ pub struct GroupHandle {
     owned: watch::Receiver<Owned>,
     ended: watch::Receiver<Ended>,
     commands: mpsc::UnboundedSender<Command>,
-    node: WorkerId,
+    node: NodeId,
 }
 
 /// Wait until a group's end is published; the node ending without publishing it (it crashed,
@@ -1121,7 +1121,7 @@ impl std::fmt::Debug for GroupHandle {
 
 impl NodeHandle {
     /// The node's id.
-    pub fn node_id(&self) -> WorkerId {
+    pub fn node_id(&self) -> NodeId {
         self.node
     }
 
@@ -1307,7 +1307,7 @@ impl LeaseNode {
 /// [`shutdown`](Self::shutdown) to wait for that.
 #[derive(Debug)]
 pub struct WorkerHandle {
-    worker: WorkerId,
+    worker: NodeId,
     cancel: CancellationToken,
     task: Option<JoinHandle<Result<(), WorkerFailed>>>,
     owned: watch::Receiver<Owned>,
@@ -1315,7 +1315,7 @@ pub struct WorkerHandle {
 
 impl WorkerHandle {
     /// The worker's id.
-    pub fn worker_id(&self) -> WorkerId {
+    pub fn node_id(&self) -> NodeId {
         self.worker
     }
 
@@ -1386,22 +1386,22 @@ pub enum StartError {
     Store(#[from] StoreError),
     /// This configuration (or a clone of it) is running already: two tasks of one worker
     /// would break contract rule G8 (one caller per incarnation) and compete for its session.
-    /// (A configuration built anew with the same worker id starts, and is refused by the store
-    /// while the other's session lives: `StoreError::WorkerIdInUse`.)
+    /// (A configuration built anew with the same node id starts, and is refused by the store
+    /// while the other's session lives: `StoreError::NodeIdInUse`.)
     #[error(
         "worker {worker} of group {group:?} is running already; stop it before starting it again"
     )]
     AlreadyRunning {
         /// The group.
         group: GroupName,
-        /// The worker id.
-        worker: WorkerId,
+        /// The node id.
+        worker: NodeId,
     },
     /// This node configuration (or a clone of it) is running already, for the same reason.
     #[error("node {node} is running already; stop it before starting it again")]
     NodeAlreadyRunning {
         /// The node id.
-        node: WorkerId,
+        node: NodeId,
     },
 }
 
@@ -1418,7 +1418,7 @@ impl StartError {
 impl LeaseWorker {
     /// Create the group if needed (failing on a shard-count mismatch), subscribe to its
     /// wake-ups, and start the worker task on the current tokio runtime, delivering events
-    /// to `handler`. Refused if this process already runs this worker id in this group.
+    /// to `handler`. Refused if this process already runs this node id in this group.
     pub async fn start<S, H>(self, store: S, handler: H) -> Result<WorkerHandle, StartError>
     where
         S: WorkerStore + 'static,
@@ -1539,8 +1539,8 @@ mod tests {
     /// expectation checked when the mock drops inside the node task would only be logged.
     #[tokio::test(start_paused = true)]
     async fn a_steady_tick_is_one_heartbeat_for_every_group() {
-        let me = WorkerId::new();
-        let other = WorkerId::new();
+        let me = NodeId::new();
+        let other = NodeId::new();
         let session = SessionId::new();
         let now = ManualClock::new().now();
         let shards = ShardCount::new(8).unwrap();

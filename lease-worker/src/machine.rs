@@ -92,8 +92,8 @@ use std::time::{Duration, Instant};
 use chrono::TimeDelta;
 use lease_core::{
     Assignment, Bucket, FencingToken, Generation, GroupBeat, GroupName, GroupStamp, Heartbeat,
-    Incarnation, Lease, MemberMode, Operation, RevokeReason, SessionId, ShardCount, StoreError,
-    Takeover, Timestamp, Ttl, ViewStamp, WorkerId, policy,
+    Incarnation, Lease, MemberMode, NodeId, Operation, RevokeReason, SessionId, ShardCount,
+    StoreError, Takeover, Timestamp, Ttl, ViewStamp, policy,
 };
 
 use crate::events::{WorkerError, WorkerFailed};
@@ -128,7 +128,7 @@ pub type Owned = BTreeMap<Bucket, FencingToken>;
 #[derive(Clone, Debug)]
 pub struct Rules {
     /// The node (the process's id in the store).
-    pub node: WorkerId,
+    pub node: NodeId,
     /// This start of the node.
     pub incarnation: Incarnation,
     /// How long a session lives after a heartbeat.

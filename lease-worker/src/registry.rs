@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use lease_core::{GroupName, WorkerId};
+use lease_core::{GroupName, NodeId};
 
 use crate::driver::StartError;
 
@@ -19,7 +19,7 @@ pub(crate) struct Running(Arc<AtomicBool>);
 
 impl RunFlag {
     /// Mark the configuration running, or say it runs already.
-    pub(crate) fn claim(&self, group: &GroupName, worker: WorkerId) -> Result<Running, StartError> {
+    pub(crate) fn claim(&self, group: &GroupName, worker: NodeId) -> Result<Running, StartError> {
         if self
             .0
             .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
@@ -34,7 +34,7 @@ impl RunFlag {
     }
 
     /// Mark a node configuration running, or say it runs already.
-    pub(crate) fn claim_node(&self, node: WorkerId) -> Result<Running, StartError> {
+    pub(crate) fn claim_node(&self, node: NodeId) -> Result<Running, StartError> {
         if self
             .0
             .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)

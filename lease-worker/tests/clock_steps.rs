@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use chrono::TimeDelta;
 use lease_core::{
     Clock, GroupBeat, GroupName, GroupView, Heartbeat, Incarnation, ManualClock, MemberLoad,
-    SessionId, ShardCount, Takeover, Timestamp, Ttl, ViewStamp, WorkerId, store_precision,
+    NodeId, SessionId, ShardCount, Takeover, Timestamp, Ttl, ViewStamp, store_precision,
 };
 use lease_worker::machine::{ClockStep, Input, Machine, Output, Report, Rules, StoreCall};
 
@@ -26,7 +26,7 @@ fn group() -> GroupName {
     GroupName::new("steps").expect("name")
 }
 
-fn rules(node: WorkerId) -> Rules {
+fn rules(node: NodeId) -> Rules {
     Rules {
         node,
         incarnation: Incarnation::new(),
@@ -44,7 +44,7 @@ fn rules(node: WorkerId) -> Rules {
 /// store whose clock reads `store_at(now)`: the local time since the start plus `offset`.
 struct Run {
     m: Machine,
-    worker: WorkerId,
+    worker: NodeId,
     session: SessionId,
     start: Instant,
     now: Instant,
@@ -60,7 +60,7 @@ struct Run {
 
 impl Run {
     fn new() -> Self {
-        let worker = WorkerId::new();
+        let worker = NodeId::new();
         let now = Instant::now();
         let mut m = Machine::new(rules(worker), now);
         assert!(m.add_group(now, group(), ShardCount::new(8).expect("count")));

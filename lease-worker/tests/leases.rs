@@ -218,7 +218,7 @@ async fn a_lease_held_too_long_keeps_its_bucket_until_dropped() {
     let snap = store.snapshot(&group()).await.expect("snapshot");
     assert_eq!(
         snap.buckets[bucket.get() as usize].owner,
-        Some(a.worker_id()),
+        Some(a.node_id()),
         "the stuck bucket stays with a's session"
     );
     let dropped = Instant::now();

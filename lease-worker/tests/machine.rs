@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use lease_core::Takeover;
 use lease_core::{
     BackendFailure, Bucket, Clock, FencingToken, GroupBeat, GroupName, GroupStamp, GroupView,
-    Heartbeat, Incarnation, Lease, ManualClock, MemberLoad, Operation, RevokeReason, SessionId,
-    ShardCount, StoreError, Ttl, ViewStamp, WorkerId,
+    Heartbeat, Incarnation, Lease, ManualClock, MemberLoad, NodeId, Operation, RevokeReason,
+    SessionId, ShardCount, StoreError, Ttl, ViewStamp,
 };
 use lease_worker::machine::{Delivery, Input, Machine, Output, Report, Rules, StoreCall};
 use proptest::prelude::*;
@@ -49,12 +49,12 @@ const MARGIN: Duration = Duration::from_millis(500);
 const CALL_TIMEOUT: Duration = Duration::from_millis(1_500);
 const ACK_LIMIT: Duration = Duration::from_secs(2);
 
-fn me() -> WorkerId {
-    WorkerId::from_uuid(Uuid::from_u128(0x100))
+fn me() -> NodeId {
+    NodeId::from_uuid(Uuid::from_u128(0x100))
 }
 
-fn other(i: usize) -> WorkerId {
-    WorkerId::from_uuid(Uuid::from_u128(0x200 + i as u128))
+fn other(i: usize) -> NodeId {
+    NodeId::from_uuid(Uuid::from_u128(0x200 + i as u128))
 }
 
 fn name(g: usize) -> GroupName {

@@ -308,7 +308,7 @@ impl lease_worker::OwnershipHandler for Refused {
 
     async fn on_error(&self, error: &lease_worker::WorkerError) {
         if let lease_worker::WorkerError::Store { source, .. } = error
-            && source.kind() == lease_core::ErrorKind::WorkerIdInUse
+            && source.kind() == lease_core::ErrorKind::NodeIdInUse
         {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
@@ -322,7 +322,7 @@ impl lease_worker::OwnershipHandler for Refused {
 #[tokio::test(start_paused = true)]
 async fn a_refused_duplicate_writes_no_weight() {
     let store = MemoryLeaseStore::with_clock(TokioClock::new());
-    let id = lease_core::WorkerId::new();
+    let id = lease_core::NodeId::new();
     let config = || {
         LeaseNode::builder()
             .node_id(id)

@@ -10,19 +10,19 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use lease_core::{
     Bucket, FencingToken, GroupBeat, GroupName, GroupView, Heartbeat, Incarnation, Lease,
-    MemberLoad, SessionId, ShardCount, Ttl, ViewStamp, WorkerId,
+    MemberLoad, NodeId, SessionId, ShardCount, Ttl, ViewStamp,
 };
 use lease_worker::machine::{Delivery, Input, Machine, Output, RELEASE_BATCH, Rules, StoreCall};
 use uuid::Uuid;
 
 const BUCKETS: u32 = 12_000;
 
-fn me() -> WorkerId {
-    WorkerId::from_uuid(Uuid::from_u128(1))
+fn me() -> NodeId {
+    NodeId::from_uuid(Uuid::from_u128(1))
 }
 
-fn peer() -> WorkerId {
-    WorkerId::from_uuid(Uuid::from_u128(2))
+fn peer() -> NodeId {
+    NodeId::from_uuid(Uuid::from_u128(2))
 }
 
 fn group() -> GroupName {

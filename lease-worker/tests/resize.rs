@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use lease_core::ownership_log::OwnershipLog;
 use lease_core::{
-    AdminStore, Bucket, FencingToken, GroupName, Incarnation, ManualClock, MemberMetadata,
-    OwnershipEvent, ResizeOutcome, RevokeReason, ShardCount, StoreError, Ttl, WorkerId,
-    WorkerStore,
+    AdminStore, Bucket, FencingToken, GroupName, Incarnation, ManualClock, MemberMetadata, NodeId,
+    OwnershipEvent, ResizeOutcome, RevokeReason, ShardCount, StoreError, Ttl, WorkerStore,
 };
 use lease_memory::MemoryLeaseStore;
 use lease_worker::WorkerFailed;
@@ -29,7 +28,7 @@ fn group() -> GroupName {
     GroupName::new("resized").expect("a valid name")
 }
 
-fn rules(node: WorkerId) -> Rules {
+fn rules(node: NodeId) -> Rules {
     Rules {
         node,
         incarnation: Incarnation::new(),
@@ -46,7 +45,7 @@ fn rules(node: WorkerId) -> Rules {
 /// One worker: its machine, what its application holds, what it saw.
 struct Worker {
     m: Machine,
-    id: WorkerId,
+    id: NodeId,
     /// What the application holds: bucket -> (token, shard count).
     app: BTreeMap<Bucket, (FencingToken, ShardCount)>,
     /// Revocations the application has not acknowledged, held back by the test.
@@ -90,7 +89,7 @@ impl Pool {
     }
 
     fn add(&mut self, shards: u32) -> usize {
-        let id = WorkerId::new();
+        let id = NodeId::new();
         let mut m = Machine::new(rules(id), self.now);
         assert!(m.add_group(self.now, group(), n(shards)));
         self.workers.push(Worker {
@@ -273,7 +272,7 @@ impl Pool {
     }
 
     /// Who the application of each worker holds each bucket of `shards` with.
-    fn holders(&self, shards: ShardCount) -> BTreeMap<Bucket, WorkerId> {
+    fn holders(&self, shards: ShardCount) -> BTreeMap<Bucket, NodeId> {
         let mut holders = BTreeMap::new();
         for w in &self.workers {
             for (&b, &(_, s)) in &w.app {

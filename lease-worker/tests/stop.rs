@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use lease_core::{
     BackendFailure, Bucket, FencingToken, GroupBeat, GroupName, GroupView, Heartbeat, Incarnation,
-    Lease, MemberLoad, Operation, RevokeReason, SessionId, ShardCount, StoreError, Ttl, ViewStamp,
-    WorkerId,
+    Lease, MemberLoad, NodeId, Operation, RevokeReason, SessionId, ShardCount, StoreError, Ttl,
+    ViewStamp,
 };
 use lease_worker::machine::{Delivery, Input, Machine, Output, Report, Rules, StoreCall};
 use uuid::Uuid;
@@ -24,8 +24,8 @@ const BUCKETS: u32 = 64;
 /// ttls.
 const SLOW: Duration = Duration::from_millis(100);
 
-fn me() -> WorkerId {
-    WorkerId::from_uuid(Uuid::from_u128(1))
+fn me() -> NodeId {
+    NodeId::from_uuid(Uuid::from_u128(1))
 }
 
 fn name(g: &str) -> GroupName {
@@ -207,7 +207,7 @@ impl World {
                 let free = BUCKETS - held.len() as u32;
                 let mut members = vec![MemberLoad::new(me(), held.len() as u32)];
                 members.extend((0..self.peers).map(|i| {
-                    MemberLoad::new(WorkerId::from_uuid(Uuid::from_u128(100 + u128::from(i))), 0)
+                    MemberLoad::new(NodeId::from_uuid(Uuid::from_u128(100 + u128::from(i))), 0)
                 }));
                 members.sort_by_key(|m| m.worker);
                 GroupBeat {

@@ -6,16 +6,16 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use lease_core::{
-    Bucket, GroupBeat, GroupName, GroupView, Heartbeat, Incarnation, MemberLoad, SessionId,
-    ShardCount, Ttl, ViewStamp, WorkerId,
+    Bucket, GroupBeat, GroupName, GroupView, Heartbeat, Incarnation, MemberLoad, NodeId, SessionId,
+    ShardCount, Ttl, ViewStamp,
 };
 use lease_worker::machine::{Input, Machine, Output, Rules, StoreCall};
 use uuid::Uuid;
 
 const CALL_TIMEOUT: Duration = Duration::from_millis(1_500);
 
-fn me() -> WorkerId {
-    WorkerId::from_uuid(Uuid::from_u128(1))
+fn me() -> NodeId {
+    NodeId::from_uuid(Uuid::from_u128(1))
 }
 
 fn name(g: &str) -> GroupName {

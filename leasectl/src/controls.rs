@@ -9,7 +9,7 @@ use clap::Args;
 use lease::store::{
     GroupSnapshot, MAX_WEIGHT, MemberControl, MemberMode, NodesSnapshot, QuarantineFor,
 };
-use lease::{Bucket, GroupName, Weight, WorkerId};
+use lease::{Bucket, GroupName, NodeId, Weight};
 
 use crate::common::{DbArgs, Failure, Store, group_arg, rfc3339, store_failure};
 use crate::{duration, output};
@@ -31,9 +31,9 @@ pub struct MemberArgs {
 }
 
 impl MemberArgs {
-    async fn open(&self) -> Result<(Store, GroupName, WorkerId), Failure> {
+    async fn open(&self) -> Result<(Store, GroupName, NodeId), Failure> {
         let group = group_arg(&self.group)?;
-        let worker: WorkerId = self
+        let worker: NodeId = self
             .worker
             .parse()
             .map_err(|e| Failure::Usage(format!("--worker: {e}")))?;
@@ -109,7 +109,7 @@ fn parse_quarantine(text: &str) -> Result<QuarantineFor, String> {
 }
 
 /// What the member holds in the group's snapshot, and whether it is live.
-fn held(snap: &GroupSnapshot, worker: WorkerId) -> Option<(u32, bool)> {
+fn held(snap: &GroupSnapshot, worker: NodeId) -> Option<(u32, bool)> {
     snap.members
         .iter()
         .find(|m| m.worker == worker)
@@ -130,7 +130,7 @@ enum NodeState {
 
 impl NodeState {
     /// How `worker` runs, from the group's snapshot and the store's nodes.
-    fn of(snap: &GroupSnapshot, nodes: &NodesSnapshot, worker: WorkerId) -> Self {
+    fn of(snap: &GroupSnapshot, nodes: &NodesSnapshot, worker: NodeId) -> Self {
         let live = held(snap, worker).is_some_and(|(_, live)| live);
         let handed_over = nodes
             .nodes
@@ -154,7 +154,7 @@ impl NodeState {
 
 /// The members of the group, other than `worker`, a process runs that may claim: live, not
 /// handed over, active and of weight above 0.
-fn claimers(snap: &GroupSnapshot, nodes: &NodesSnapshot, worker: WorkerId) -> usize {
+fn claimers(snap: &GroupSnapshot, nodes: &NodesSnapshot, worker: NodeId) -> usize {
     snap.members
         .iter()
         .filter(|m| m.worker != worker && m.live && m.mode == MemberMode::Active && m.weight > 0)
@@ -167,7 +167,7 @@ fn claimers(snap: &GroupSnapshot, nodes: &NodesSnapshot, worker: WorkerId) -> us
 async fn set_mode(
     args: &MemberArgs,
     mode: MemberMode,
-) -> Result<(Store, GroupName, WorkerId), Failure> {
+) -> Result<(Store, GroupName, NodeId), Failure> {
     let (store, group, worker) = args.open().await?;
     store
         .control(&group, worker, MemberControl::Mode(mode))

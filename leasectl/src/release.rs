@@ -2,7 +2,7 @@
 //! stuck or decommissioned worker); without `--force`, only say what would happen.
 
 use clap::Args;
-use lease::WorkerId;
+use lease::NodeId;
 use lease::store::BucketState;
 
 use crate::common::{DbArgs, Failure, group_arg, store_failure};
@@ -32,7 +32,7 @@ fn shell_quote(text: &str) -> String {
 /// Release the worker's buckets, or say what that would do.
 pub async fn run(args: ReleaseArgs) -> Result<(), Failure> {
     let group = group_arg(&args.group)?;
-    let worker: WorkerId = args
+    let worker: NodeId = args
         .worker
         .parse()
         .map_err(|e| Failure::Usage(format!("--worker: {e}")))?;

@@ -484,12 +484,12 @@ mod tests {
     use lease::store::{
         Clock, Incarnation, ManualClock, MemberControl, SessionId, SystemClock, Takeover,
     };
-    use lease::{GroupName, MemberMetadata, Ttl, Weight, WorkerId};
+    use lease::{GroupName, MemberMetadata, NodeId, Ttl, Weight};
 
     fn nodes() -> NodesSnapshot {
         let now = SystemClock.now();
         let node = |groups: &[&str], live: bool| NodeInfo {
-            node: WorkerId::new(),
+            node: NodeId::new(),
             session: SessionId::new(),
             started_at: now,
             heartbeat_at: now,
@@ -509,7 +509,7 @@ mod tests {
     }
 
     /// A member of `group` in `store`, live for 10 s of its clock.
-    async fn member(store: &MemoryLeaseStore, group: &GroupName, w: WorkerId) -> SessionId {
+    async fn member(store: &MemoryLeaseStore, group: &GroupName, w: NodeId) -> SessionId {
         let ttl = Ttl::from_secs(10).expect("ttl");
         let meta = MemberMetadata::empty();
         let hb = store
@@ -528,7 +528,7 @@ mod tests {
         let group = GroupName::new("orders").expect("name");
         let count = ShardCount::new(8).expect("count");
         store.ensure_group(&group, count).await.expect("group");
-        let (a, b) = (WorkerId::new(), WorkerId::new());
+        let (a, b) = (NodeId::new(), NodeId::new());
         let control = |w, c| {
             let (store, group) = (&store, &group);
             async move { store.control(group, w, c).await.expect("control") }

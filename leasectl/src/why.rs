@@ -8,7 +8,7 @@ use lease::store::resize as keys;
 use lease::store::{
     BucketInfo, BucketState, EndReason, GroupSnapshot, MemberMode, TENURES_KEPT, Tenure, Timestamp,
 };
-use lease::{Bucket, WorkerId};
+use lease::{Bucket, NodeId};
 use serde_json::{Value, json};
 
 use crate::common::rfc3339;
@@ -282,7 +282,7 @@ fn claimers(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> Stri
     if view.members.is_empty() {
         return "no member is live, so the first worker to join claims it".to_owned();
     }
-    let room: Vec<(WorkerId, u32)> = view
+    let room: Vec<(NodeId, u32)> = view
         .members
         .iter()
         .filter(|m| Some(m.worker) != info.owner || info.state != BucketState::Live)
@@ -317,7 +317,7 @@ fn claimers(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> Stri
 
 /// What member `w` plans with, as its worker does: the buckets it holds, less the quarantined
 /// ones it is letting go anyway.
-fn planned_with(snap: &GroupSnapshot, w: WorkerId) -> Vec<Bucket> {
+fn planned_with(snap: &GroupSnapshot, w: NodeId) -> Vec<Bucket> {
     snap.buckets
         .iter()
         .filter(|b| b.state == BucketState::Live && b.owner == Some(w))
@@ -403,10 +403,10 @@ mod tests {
     }
 
     /// Workers in id order, so the policy's ties are known.
-    fn workers() -> (WorkerId, WorkerId) {
+    fn workers() -> (NodeId, NodeId) {
         (
-            WorkerId::from_uuid(uuid::Uuid::from_u128(0xA)),
-            WorkerId::from_uuid(uuid::Uuid::from_u128(0xB)),
+            NodeId::from_uuid(uuid::Uuid::from_u128(0xA)),
+            NodeId::from_uuid(uuid::Uuid::from_u128(0xB)),
         )
     }
 
@@ -422,7 +422,7 @@ mod tests {
             Self { store, clock, name }
         }
 
-        async fn beat(&self, w: WorkerId) -> SessionId {
+        async fn beat(&self, w: NodeId) -> SessionId {
             let ttl = Ttl::from_secs(10).expect("ttl");
             let inc = Incarnation::from_uuid(w.as_uuid());
             let meta = MemberMetadata::empty();
@@ -440,7 +440,7 @@ mod tests {
             hb.session
         }
 
-        async fn claim(&self, w: WorkerId, want: u32) {
+        async fn claim(&self, w: NodeId, want: u32) {
             let s = self.beat(w).await;
             self.store
                 .claim(&self.name, w, s, want, Takeover::Allowed)
@@ -448,7 +448,7 @@ mod tests {
                 .expect("claim");
         }
 
-        async fn release(&self, w: WorkerId, buckets: &[u32]) {
+        async fn release(&self, w: NodeId, buckets: &[u32]) {
             let s = self.beat(w).await;
             let bs: Vec<Bucket> = buckets.iter().copied().map(Bucket).collect();
             self.store
@@ -457,7 +457,7 @@ mod tests {
                 .expect("release");
         }
 
-        async fn weight(&self, w: WorkerId, n: u32) {
+        async fn weight(&self, w: NodeId, n: u32) {
             self.store
                 .control(
                     &self.name,
@@ -468,7 +468,7 @@ mod tests {
                 .expect("weight");
         }
 
-        async fn mode(&self, w: WorkerId, m: MemberMode) {
+        async fn mode(&self, w: NodeId, m: MemberMode) {
             self.store
                 .control(&self.name, w, MemberControl::Mode(m))
                 .await

@@ -11,8 +11,7 @@ use clap::Args;
 use lease::store::Chain;
 use lease::{
     Assignment, Bucket, ConfigError, FencingToken, GroupError, InvalidInput, LeaseNode,
-    MemberMetadata, OwnershipHandler, RevokeReason, StoreError, WorkerError, WorkerFailed,
-    WorkerId,
+    MemberMetadata, NodeId, OwnershipHandler, RevokeReason, StoreError, WorkerError, WorkerFailed,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -37,12 +36,12 @@ pub struct WorkerArgs {
     /// group if it exists.
     #[arg(long)]
     shards: Option<u32>,
-    /// A stable worker id (a UUID), e.g. a stateful-set pod's, instead of a fresh one per
+    /// A stable node id (a UUID), e.g. a stateful-set pod's, instead of a fresh one per
     /// start: the process's id in every group. While another process holds this id's live
     /// session, this one waits for that session to end (printing an error each time it is
     /// refused) and never shares it.
-    #[arg(long, value_name = "UUID")]
-    worker_id: Option<String>,
+    #[arg(long, value_name = "UUID", alias = "worker-id")]
+    node_id: Option<String>,
     /// How long the worker's session lives after a heartbeat (e.g. 500ms, 3s, 1m).
     #[arg(long, default_value = "30s", value_parser = duration::parse)]
     ttl: Duration,
@@ -67,8 +66,8 @@ pub struct WorkerArgs {
     weight: Option<lease::Weight>,
     /// On SIGTERM/SIGINT/SIGHUP, revoke everything in the application (reason shutdown), then hand
     /// the session over for this long instead of leaving (e.g. 15s): a process started with
-    /// the same --worker-id within it takes over the session and its buckets with their
-    /// tokens, and nobody else claims them meanwhile. For rolling restarts; needs --worker-id.
+    /// the same --node-id within it takes over the session and its buckets with their
+    /// tokens, and nobody else claims them meanwhile. For rolling restarts; needs --node-id.
     #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
     keep_on_stop: Option<Duration>,
 }
@@ -79,7 +78,7 @@ pub struct WorkerArgs {
 struct Printer {
     json: bool,
     group: String,
-    worker: WorkerId,
+    worker: NodeId,
     out: SharedOutput,
 }
 
@@ -177,7 +176,7 @@ fn config_failure(e: ConfigError, args: &WorkerArgs) -> Failure {
             show(limit)
         ),
         ConfigError::MarginZero => "--margin must be positive".to_owned(),
-        ConfigError::KeepOnStopNeedsNodeId => "--keep-on-stop needs --worker-id: the next \
+        ConfigError::KeepOnStopNeedsNodeId => "--keep-on-stop needs --node-id: the next \
              process with that id takes the session over"
             .to_owned(),
         ConfigError::KeepOnStop(InvalidInput::TtlOutOfRange { min, max, .. }) => format!(
@@ -220,10 +219,10 @@ fn node_config(args: &WorkerArgs, cancel: CancellationToken) -> Result<LeaseNode
     if let Some(margin) = args.margin {
         builder = builder.safety_margin(margin);
     }
-    if let Some(id) = &args.worker_id {
-        let id: WorkerId = id
+    if let Some(id) = &args.node_id {
+        let id: NodeId = id
             .parse()
-            .map_err(|e| Failure::Usage(format!("--worker-id: {e}")))?;
+            .map_err(|e| Failure::Usage(format!("--node-id: {e}")))?;
         builder = builder.node_id(id);
     }
     if let Some(keep) = args.keep_on_stop {
@@ -337,7 +336,7 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
                     .to_owned(),
                 Some(keep) => format!(
                     "leasectl: stopping: revoking every bucket, then handing the session over \
-                     for {} to the next process with this --worker-id (send SIGTERM, SIGINT \
+                     for {} to the next process with this --node-id (send SIGTERM, SIGINT \
                      or SIGHUP again to stop at once)",
                     duration::show(keep)
                 ),
@@ -486,7 +485,7 @@ mod tests {
     fn a_duration_out_of_range_names_the_flag_and_the_range() {
         let id = "6f1c1b39-2e3c-4a4e-9d59-0c3f0c1b7a11";
         assert_eq!(
-            refused(&["--keep-on-stop", "0s", "--worker-id", id]),
+            refused(&["--keep-on-stop", "0s", "--node-id", id]),
             "--keep-on-stop 0s is out of range: the session is handed over for 1ms to 24h"
         );
         assert_eq!(

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
-use lease::WorkerId;
+use lease::NodeId;
 use support::pool::{LONG, Pool};
 use support::{Event, WorkerProcess};
 
@@ -100,7 +100,7 @@ impl Failover {
 async fn failover(
     pool: &Pool,
     name: &str,
-    id: WorkerId,
+    id: NodeId,
     buckets: &BTreeSet<u32>,
     since: DateTime<Utc>,
 ) -> Failover {

@@ -51,10 +51,10 @@ async fn bad_input_exits_2_and_names_the_flag() {
                 "g",
                 "--shards",
                 "4",
-                "--worker-id",
+                "--node-id",
                 "not-a-uuid",
             ],
-            "--worker-id",
+            "--node-id",
         ),
     ];
     for (args, flag) in cases {
@@ -427,15 +427,15 @@ fn the_demo_tells_its_story_and_finds_no_overlap() {
     assert!(err.contains("--workers"), "{err}");
 }
 
-/// Two `leasectl worker` processes given one `--worker-id` (a stateful-set pod restarted while
+/// Two `leasectl worker` processes given one `--node-id` (a stateful-set pod restarted while
 /// the old one still terminates): the second is refused while the first runs, with an error
 /// event saying the id is in use, and owns nothing; once the first stops it takes every bucket.
 /// The merged event log, each process under a label of its own, shows no bucket held by both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_workers_given_one_worker_id_never_share_its_session() {
+async fn two_workers_given_one_node_id_never_share_its_session() {
     let db = lease_testdb::database().await;
-    let id = lease::WorkerId::new().to_string();
-    let flags = ["--worker-id", id.as_str()];
+    let id = lease::NodeId::new().to_string();
+    let flags = ["--node-id", id.as_str()];
     let mut first = WorkerProcess::spawn_with("first", &db.url, "orders", 4, "3s", "1s", &flags);
     wait_for(
         "the first worker's buckets",
@@ -476,11 +476,11 @@ async fn two_workers_given_one_worker_id_never_share_its_session() {
     second.signal("TERM");
     assert!(second.wait(Duration::from_secs(10)).success());
     let mut log = lease::audit::OwnershipLog::new();
-    support::record(&mut log, lease::WorkerId::new(), &first.events());
-    support::record(&mut log, lease::WorkerId::new(), &second.events());
+    support::record(&mut log, lease::NodeId::new(), &first.events());
+    support::record(&mut log, lease::NodeId::new(), &second.events());
     let summary = log
         .check()
-        .unwrap_or_else(|e| panic!("two processes with one worker id overlapped: {e}"));
+        .unwrap_or_else(|e| panic!("two processes with one node id overlapped: {e}"));
     assert_eq!(summary.handoffs, 4);
     assert!(first.bad_lines().is_empty() && second.bad_lines().is_empty());
 }
@@ -686,7 +686,7 @@ async fn a_closed_stdout_ends_quietly_and_a_full_one_fails() {
         .ensure_group(&group, lease::ShardCount::new(4).expect("n"))
         .await
         .expect("the group");
-    let stranger = lease::WorkerId::new().to_string();
+    let stranger = lease::NodeId::new().to_string();
     let cases: &[&[&str]] = &[
         &["migrate"],
         &["status", "--group", "orders"],

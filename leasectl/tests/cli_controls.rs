@@ -254,8 +254,8 @@ async fn drain_warns_when_nobody_is_left_and_names_a_hand_over() {
     let db = lease_testdb::database().await;
     let url = db.url.as_str();
     let groups = [("orders", 4)];
-    let ida = lease::WorkerId::new().to_string();
-    let handing_over = ["--worker-id", ida.as_str(), "--keep-on-stop", "30s"];
+    let ida = lease::NodeId::new().to_string();
+    let handing_over = ["--node-id", ida.as_str(), "--keep-on-stop", "30s"];
     let mut a = WorkerProcess::spawn_groups("a", url, &groups, "3s", "1s", &handing_over);
     let limit = Duration::from_secs(30);
     wait_for("a's four buckets", limit, || owned(&a) == 4);

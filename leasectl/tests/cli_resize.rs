@@ -13,7 +13,7 @@ use std::time::Duration;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use lease::postgres::PgLeaseStore;
 use lease::store::{AdminStore, Incarnation, SessionId, Takeover, WorkerStore};
-use lease::{Bucket, GroupName, MemberMetadata, ShardCount, Ttl, WorkerId};
+use lease::{Bucket, GroupName, MemberMetadata, NodeId, ShardCount, Ttl};
 use serde_json::{Value, json};
 use support::leasectl;
 
@@ -100,7 +100,7 @@ fn n(count: u32) -> ShardCount {
 struct Holder {
     store: PgLeaseStore,
     group: GroupName,
-    worker: WorkerId,
+    worker: NodeId,
     session: SessionId,
 }
 
@@ -113,7 +113,7 @@ impl Holder {
             .ensure_group(&group, n(shards))
             .await
             .expect("ensure_group");
-        let worker = WorkerId::new();
+        let worker = NodeId::new();
         let beat = store
             .heartbeat(
                 worker,

@@ -1,5 +1,5 @@
 //! `leasectl worker --weight` as a user runs it, on Postgres: the weight is written under the
-//! process's own session, and a process refused its `--worker-id` writes nothing.
+//! process's own session, and a process refused its `--node-id` writes nothing.
 
 mod support;
 
@@ -10,7 +10,7 @@ use lease::store::LeaseStore;
 use support::{WorkerProcess, wait_for};
 
 /// The weight the store has for `worker` in `group`.
-async fn weight_of(store: &dyn LeaseStore, group: &str, worker: lease::WorkerId) -> Option<u32> {
+async fn weight_of(store: &dyn LeaseStore, group: &str, worker: lease::NodeId) -> Option<u32> {
     let group = GroupName::new(group).expect("a group name");
     let snap = store.snapshot(&group).await.expect("a snapshot");
     snap.members
@@ -19,7 +19,7 @@ async fn weight_of(store: &dyn LeaseStore, group: &str, worker: lease::WorkerId)
         .map(|m| m.weight)
 }
 
-/// A second `leasectl worker` given a live worker's `--worker-id` and `--weight 0` is refused
+/// A second `leasectl worker` given a live worker's `--node-id` and `--weight 0` is refused
 /// (an error event says the id is in use) and changes nothing: the live worker keeps weight 1
 /// and all its buckets while the second is refused again and again. Once the first stops, the
 /// second gets a session of its own, joins, and its weight is written then.
@@ -29,7 +29,7 @@ async fn a_refused_worker_writes_no_weight() {
     let store = lease::postgres::PgLeaseStore::builder(db.url.clone())
         .build()
         .expect("a store");
-    let id = lease::WorkerId::new();
+    let id = lease::NodeId::new();
     let id_text = id.to_string();
     let mut first = WorkerProcess::spawn_with(
         "first",
@@ -38,7 +38,7 @@ async fn a_refused_worker_writes_no_weight() {
         4,
         "3s",
         "1s",
-        &["--worker-id", &id_text],
+        &["--node-id", &id_text],
     );
     wait_for(
         "the first worker's buckets",
@@ -53,7 +53,7 @@ async fn a_refused_worker_writes_no_weight() {
         4,
         "3s",
         "1s",
-        &["--worker-id", &id_text, "--weight", "0"],
+        &["--node-id", &id_text, "--weight", "0"],
     );
     let refusals = |w: &WorkerProcess| {
         w.events()

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use crate::control::{MemberControl, QuarantineFor};
 use crate::error::StoreError;
 use crate::history::Tenure;
-use crate::ids::{Bucket, GroupName, ShardCount, WorkerId};
+use crate::ids::{Bucket, GroupName, NodeId, ShardCount};
 use crate::resize::ResizeOutcome;
 use crate::view::{GroupSnapshot, NodesSnapshot};
 
@@ -63,7 +63,7 @@ pub trait AdminStore: Send + Sync {
     async fn control(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         control: MemberControl,
     ) -> Result<(), StoreError>;
 
@@ -168,7 +168,7 @@ pub trait AdminStore: Send + Sync {
     ///   runs, hears at its next heartbeat that it is no member any more, revokes what it
     ///   held as lost, and joins again.
     /// - **L6** Evicting a node that is no member of the group succeeds and changes nothing.
-    async fn evict(&self, group: &GroupName, node: WorkerId) -> Result<Vec<Bucket>, StoreError>;
+    async fn evict(&self, group: &GroupName, node: NodeId) -> Result<Vec<Bucket>, StoreError>;
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -185,7 +185,7 @@ impl<S: AdminStore + ?Sized> AdminStore for Arc<S> {
     async fn control(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         control: MemberControl,
     ) -> Result<(), StoreError> {
         (**self).control(group, node, control).await
@@ -213,7 +213,7 @@ impl<S: AdminStore + ?Sized> AdminStore for Arc<S> {
         (**self).resize(group, from, to).await
     }
 
-    async fn evict(&self, group: &GroupName, node: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+    async fn evict(&self, group: &GroupName, node: NodeId) -> Result<Vec<Bucket>, StoreError> {
         (**self).evict(group, node).await
     }
 }

@@ -11,7 +11,7 @@ use crate::control::MemberControl;
 use crate::control::Weight;
 use crate::error::StoreError;
 use crate::ids::{
-    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, SessionId, ShardCount, WorkerId,
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionId, ShardCount,
 };
 use crate::time::Ttl;
 use crate::view::{GroupStamp, Heartbeat, Lease};
@@ -56,7 +56,7 @@ pub trait WorkerStore: Send + Sync {
     ///   joined, or after it left), so they do not linger in [`nodes`](crate::AdminStore::nodes). (A store
     ///   may leave one that another transaction holds for a later heartbeat.)
     /// - **H7** If the node has a live session started by another incarnation (a second
-    ///   process with the same node id), the call fails with [`StoreError::WorkerIdInUse`]
+    ///   process with the same node id), the call fails with [`StoreError::NodeIdInUse`]
     ///   naming when that session expires, and writes nothing: the session is never shared
     ///   (but see HO3: a session handed over is taken over).
     /// - **H3** In every group whose view it gives, the heartbeat removes the member rows of
@@ -85,7 +85,7 @@ pub trait WorkerStore: Send + Sync {
     /// - After a failover of the store, see V1 (the trait's "Failover").
     async fn heartbeat(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
@@ -105,7 +105,7 @@ pub trait WorkerStore: Send + Sync {
     async fn join(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<(), StoreError>;
 
@@ -120,7 +120,7 @@ pub trait WorkerStore: Send + Sync {
     /// - **C3** At most `want` claimable buckets are taken (none for 0): the first ones in the
     ///   worker's claim order, which starts at
     ///   [`ShardCount::claim_start`](crate::ShardCount::claim_start) and goes up, wrapping
-    ///   around to bucket 0. (Starting where the worker id says spreads workers that claim at
+    ///   around to bucket 0. (Starting where the node id says spreads workers that claim at
     ///   once over the group, instead of all of them contending for the lowest buckets.)
     ///   Buckets being claimed concurrently by others are skipped, not waited for.
     /// - **C4** Each claimed bucket's token becomes its previous token plus one; its lease
@@ -149,7 +149,7 @@ pub trait WorkerStore: Send + Sync {
     async fn claim(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         want: u32,
         takeover: Takeover,
@@ -175,7 +175,7 @@ pub trait WorkerStore: Send + Sync {
     async fn release(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError>;
@@ -202,7 +202,7 @@ pub trait WorkerStore: Send + Sync {
     async fn leave(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<Vec<Bucket>, StoreError>;
 
@@ -228,7 +228,7 @@ pub trait WorkerStore: Send + Sync {
     ///   passes from one process to another, and only after the first stopped.
     async fn hand_over(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         keep: Ttl,
     ) -> Result<Option<crate::Timestamp>, StoreError>;
@@ -247,7 +247,7 @@ pub trait WorkerStore: Send + Sync {
         &self,
         group: &GroupName,
         bucket: Bucket,
-        worker: WorkerId,
+        worker: NodeId,
         token: FencingToken,
     ) -> Result<bool, StoreError>;
 
@@ -267,7 +267,7 @@ pub trait WorkerStore: Send + Sync {
     async fn set_weight(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
         weight: Weight,
     ) -> Result<(), StoreError>;
@@ -298,7 +298,7 @@ impl<S: WorkerStore + ?Sized> WorkerStore for Arc<S> {
 
     async fn heartbeat(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
@@ -312,7 +312,7 @@ impl<S: WorkerStore + ?Sized> WorkerStore for Arc<S> {
     async fn join(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<(), StoreError> {
         (**self).join(group, node, session).await
@@ -321,7 +321,7 @@ impl<S: WorkerStore + ?Sized> WorkerStore for Arc<S> {
     async fn claim(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         want: u32,
         takeover: Takeover,
@@ -332,7 +332,7 @@ impl<S: WorkerStore + ?Sized> WorkerStore for Arc<S> {
     async fn release(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
@@ -342,7 +342,7 @@ impl<S: WorkerStore + ?Sized> WorkerStore for Arc<S> {
     async fn leave(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<Vec<Bucket>, StoreError> {
         (**self).leave(group, node, session).await
@@ -350,7 +350,7 @@ impl<S: WorkerStore + ?Sized> WorkerStore for Arc<S> {
 
     async fn hand_over(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         keep: Ttl,
     ) -> Result<Option<crate::Timestamp>, StoreError> {
@@ -361,7 +361,7 @@ impl<S: WorkerStore + ?Sized> WorkerStore for Arc<S> {
         &self,
         group: &GroupName,
         bucket: Bucket,
-        worker: WorkerId,
+        worker: NodeId,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
         (**self).is_current(group, bucket, worker, token).await
@@ -374,7 +374,7 @@ impl<S: WorkerStore + ?Sized> WorkerStore for Arc<S> {
     async fn set_weight(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
         weight: Weight,
     ) -> Result<(), StoreError> {

@@ -5,20 +5,20 @@
 use std::fmt::Debug;
 
 use lease_core::{
-    ErrorKind, GroupName, GroupView, Incarnation, Lease, LeaseStore, MemberMetadata, SessionId,
-    StoreError, Timestamp, Ttl, WorkerId,
+    ErrorKind, GroupName, GroupView, Incarnation, Lease, LeaseStore, MemberMetadata, NodeId,
+    SessionId, StoreError, Timestamp, Ttl,
 };
 
 /// A fresh worker whose claims start at bucket 0 (its claim seed is 0), so it claims the
 /// lowest claimable buckets first and expectations can name them.
-pub fn worker() -> WorkerId {
-    WorkerId::from_uuid(uuid::Uuid::from_u128(
-        WorkerId::new().as_uuid().as_u128() & !0xFFFF_FFFF,
+pub fn worker() -> NodeId {
+    NodeId::from_uuid(uuid::Uuid::from_u128(
+        NodeId::new().as_uuid().as_u128() & !0xFFFF_FFFF,
     ))
 }
 
 /// The incarnation worker `w` heartbeats as: one process per worker, derived from its id.
-pub fn process(w: WorkerId) -> Incarnation {
+pub fn process(w: NodeId) -> Incarnation {
     Incarnation::from_uuid(w.as_uuid())
 }
 
@@ -67,7 +67,7 @@ pub struct Beat {
 pub async fn beat<S: LeaseStore + ?Sized>(
     store: &S,
     group: &GroupName,
-    w: WorkerId,
+    w: NodeId,
     ttl: Ttl,
     meta: &MemberMetadata,
 ) -> Result<Beat, StoreError> {
@@ -80,7 +80,7 @@ pub async fn beat<S: LeaseStore + ?Sized>(
 pub async fn beat_as<S: LeaseStore + ?Sized>(
     store: &S,
     group: &GroupName,
-    w: WorkerId,
+    w: NodeId,
     incarnation: Incarnation,
     ttl: Ttl,
     meta: &MemberMetadata,

@@ -48,7 +48,7 @@ fn ttl() -> Ttl {
 }
 
 /// `node`, started by `process`, in the group: its session.
-async fn member(store: &EtcdLeaseStore, node: WorkerId, process: Incarnation) -> SessionId {
+async fn member(store: &EtcdLeaseStore, node: NodeId, process: Incarnation) -> SessionId {
     let none = MemberMetadata::empty();
     let session = store
         .heartbeat(node, process, ttl(), &none, &[])
@@ -65,9 +65,9 @@ struct Duel {
     url: EtcdUrl,
     clock: ManualClock,
     store: EtcdLeaseStore,
-    owner: WorkerId,
+    owner: NodeId,
     owner_process: Incarnation,
-    taker: WorkerId,
+    taker: NodeId,
     taker_session: SessionId,
 }
 
@@ -79,7 +79,7 @@ async fn duel() -> Duel {
         .ensure_group(&g(), ShardCount::new(2).expect("a count"))
         .await
         .expect("a group");
-    let (owner, taker) = (WorkerId::new(), WorkerId::new());
+    let (owner, taker) = (NodeId::new(), NodeId::new());
     let (owner_process, taker_process) = (Incarnation::new(), Incarnation::new());
     let none = MemberMetadata::empty();
     let so = member(&store, owner, owner_process).await;
@@ -114,7 +114,7 @@ async fn a_claim_decided_before_another_claim_is_not_written() {
         .ensure_group(&g(), ShardCount::new(4).expect("a count"))
         .await
         .expect("a group");
-    let (a, b) = (WorkerId::new(), WorkerId::new());
+    let (a, b) = (NodeId::new(), NodeId::new());
     let sa = member(&store, a, Incarnation::new()).await;
     let sb = member(&store, b, Incarnation::new()).await;
 
@@ -251,7 +251,7 @@ async fn a_renewal_decided_before_a_takeover_is_not_written_after_it() {
 async fn two_first_heartbeats_of_one_node_id_never_both_start_a_session() {
     let clock = ManualClock::new();
     let store = on(&url(), &clock).await;
-    let node = WorkerId::new();
+    let node = NodeId::new();
     let none = MemberMetadata::empty();
     let now = store.now();
     let scope = Scope::Node(node, &[]);
@@ -301,7 +301,7 @@ async fn a_leave_decided_before_a_join_of_the_node_is_not_written() {
             .await
             .expect("a group");
     }
-    let node = WorkerId::new();
+    let node = NodeId::new();
     let none = MemberMetadata::empty();
     let session = store
         .heartbeat(node, Incarnation::new(), ttl(), &none, &[])
@@ -341,7 +341,7 @@ async fn a_leave_decided_before_a_join_of_the_node_is_not_written() {
 async fn a_dead_node_removed_on_a_read_before_it_restarted_is_not_removed() {
     let clock = ManualClock::new();
     let store = on(&url(), &clock).await;
-    let (dead, newcomer) = (WorkerId::new(), WorkerId::new());
+    let (dead, newcomer) = (NodeId::new(), NodeId::new());
     let none = MemberMetadata::empty();
     store
         .heartbeat(dead, Incarnation::new(), ttl(), &none, &[])
@@ -395,7 +395,7 @@ async fn a_take_over_decided_before_the_keep_lease_ended_is_not_written() {
         .ensure_group(&g(), ShardCount::new(2).expect("a count"))
         .await
         .expect("a group");
-    let (node, other) = (WorkerId::new(), WorkerId::new());
+    let (node, other) = (NodeId::new(), NodeId::new());
     let first = Incarnation::new();
     let session = member(&store, node, first).await;
     let held = store

@@ -68,8 +68,8 @@ pub async fn claims_follow_the_worker_s_order<S: LeaseStore>(store: S, _clock: M
     let g = setup(&store, "orders", 8).await;
     let [a] = workers(1)[..] else { unreachable!() };
     // b starts at bucket 13 % 8 = 5.
-    let b = WorkerId::from_uuid(uuid::Uuid::from_u128(
-        WorkerId::new().as_uuid().as_u128() & !0xFFFF_FFFF | 13,
+    let b = NodeId::from_uuid(uuid::Uuid::from_u128(
+        NodeId::new().as_uuid().as_u128() & !0xFFFF_FFFF | 13,
     ));
     assert_eq!(shards(8).claim_start(b), Bucket(5));
     beat(&store, &g, a).await;
@@ -229,7 +229,7 @@ pub async fn concurrent_claims_never_overlap<S: LeaseStore + 'static>(
                 )
             });
         }
-        let mut seen: BTreeMap<u32, WorkerId> = BTreeMap::new();
+        let mut seen: BTreeMap<u32, NodeId> = BTreeMap::new();
         while let Some(joined) = tasks.join_next().await {
             let (w, result) = joined.expect("claim task did not panic");
             for lease in result.expect("claim succeeds") {

@@ -2,7 +2,7 @@
 //! (Q1-Q4, C10) and sticky claims (C9).
 
 use lease_core::{Bucket, MemberControl, MemberMode, QuarantineFor, Weight};
-use lease_core::{BucketState, Clock, ErrorKind, LeaseStore, ManualClock, WorkerId};
+use lease_core::{BucketState, Clock, ErrorKind, LeaseStore, ManualClock, NodeId};
 
 use super::{
     TTL_SECS, assert_kind, beat, bs, claim, nums, release, resize, secs, session, setup, workers,
@@ -42,7 +42,7 @@ pub async fn controls_show_in_views_and_snapshots<S: LeaseStore>(store: S, _cloc
         .await
         .expect("cordon");
     let view = beat(&store, &g, b).await.view;
-    let of = |w: WorkerId| {
+    let of = |w: NodeId| {
         view.members
             .iter()
             .find(|m| m.worker == w)
@@ -51,7 +51,7 @@ pub async fn controls_show_in_views_and_snapshots<S: LeaseStore>(store: S, _cloc
     assert_eq!(of(a), Some((3, MemberMode::Cordoned)), "{view:?}");
     assert_eq!(of(b), Some((1, MemberMode::Active)), "{view:?}");
     let snap = store.snapshot(&g).await.expect("snapshot");
-    let info = |w: WorkerId| {
+    let info = |w: NodeId| {
         snap.members
             .iter()
             .find(|m| m.worker == w)
@@ -393,7 +393,7 @@ pub async fn a_handed_over_session_is_taken_over_with_its_buckets<S: LeaseStore>
                 &[],
             )
             .await,
-        ErrorKind::WorkerIdInUse,
+        ErrorKind::NodeIdInUse,
         "the process that handed the session over",
     );
 }

@@ -64,7 +64,7 @@ pub async fn is_current_rejects_stale_tokens_and_other_owners<S: LeaseStore>(
         .expect("release");
     let second = claim(&store, &g, b, 1).await[0];
     assert_eq!(second.bucket, first.bucket);
-    let check = |w: WorkerId, t: i64| {
+    let check = |w: NodeId, t: i64| {
         let store = &store;
         let g = &g;
         async move {

@@ -3,7 +3,7 @@
 use lease_core::history::TENURES_KEPT;
 use lease_core::{Bucket, Clock, EndReason, ErrorKind, FencingToken, LeaseStore, ManualClock};
 use lease_core::{GroupName, MemberControl, MemberMode, QuarantineFor, Tenure, Timestamp};
-use lease_core::{WorkerId, store_precision};
+use lease_core::{NodeId, store_precision};
 
 use super::{
     TTL_SECS, assert_kind, beat, bs, claim, group, nums, release, resize, secs, session, setup,
@@ -15,7 +15,7 @@ async fn history<S: LeaseStore>(store: &S, g: &GroupName, b: u32) -> Vec<Tenure>
 }
 
 /// Each tenure as (owner, token, began, (ended, reason)), to compare whole histories at once.
-type Row = (WorkerId, i64, Timestamp, Option<(Timestamp, EndReason)>);
+type Row = (NodeId, i64, Timestamp, Option<(Timestamp, EndReason)>);
 
 fn rows(h: &[Tenure]) -> Vec<Row> {
     h.iter()

@@ -14,7 +14,7 @@ fn w(n: u32) -> Weight {
 async fn weight_of<S: LeaseStore>(
     store: &S,
     g: &lease_core::GroupName,
-    node: lease_core::WorkerId,
+    node: lease_core::NodeId,
 ) -> Option<u32> {
     let snap = store.snapshot(g).await.expect("snapshot");
     snap.members

@@ -3,7 +3,7 @@
 use super::*;
 
 /// Every lease live now in either generation, as `(shard count, bucket, owner)`.
-async fn live_in_both<S: LeaseStore>(store: &S, g: &GroupName) -> Vec<(u32, u32, WorkerId)> {
+async fn live_in_both<S: LeaseStore>(store: &S, g: &GroupName) -> Vec<(u32, u32, NodeId)> {
     let snap = store.snapshot(g).await.expect("snapshot");
     snap.live_leases()
         .into_iter()

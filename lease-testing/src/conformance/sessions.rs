@@ -177,10 +177,10 @@ pub async fn heartbeats_remove_dead_members<S: LeaseStore>(store: S, clock: Manu
     assert_eq!(nums(&claim(&store, &g, c, 4).await), vec![0, 1, 2, 3]);
 }
 
-/// H7: a second incarnation of a worker id is refused while the first one's session lives,
+/// H7: a second incarnation of a node id is refused while the first one's session lives,
 /// without writing anything; once that session ends it starts a session of its own, and the
 /// first incarnation is refused in turn and can no longer act under its old session.
-pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: ManualClock) {
+pub async fn a_node_id_in_use_is_refused<S: LeaseStore>(store: S, clock: ManualClock) {
     let g = setup(&store, "orders", 4).await;
     let [a] = workers(1)[..] else { unreachable!() };
     let (first, second) = (Incarnation::new(), Incarnation::new());
@@ -205,7 +205,7 @@ pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: Manua
         )
         .await;
     match refused {
-        Err(StoreError::WorkerIdInUse { worker, expires_at }) => {
+        Err(StoreError::NodeIdInUse { worker, expires_at }) => {
             assert_eq!(worker, a);
             assert_eq!(expires_at, hb.expires_at, "the live session's expiry");
         }
@@ -236,7 +236,7 @@ pub async fn a_worker_id_in_use_is_refused<S: LeaseStore>(store: S, clock: Manua
     // The first incarnation is refused now, and its old session is void everywhere.
     assert_kind(
         store.heartbeat(a, first, ttl(), &meta, &[]).await,
-        ErrorKind::WorkerIdInUse,
+        ErrorKind::NodeIdInUse,
         "the first incarnation after the second took over",
     );
     assert_kind(
@@ -327,7 +327,7 @@ pub async fn operations_act_only_under_the_named_session<S: LeaseStore>(
     assert!(next.new_session);
 }
 
-/// H4: idle members are listed with zero buckets, sorted by worker id.
+/// H4: idle members are listed with zero buckets, sorted by node id.
 pub async fn heartbeat_lists_idle_members_with_zero<S: LeaseStore>(store: S, _clock: ManualClock) {
     let g = setup(&store, "orders", 6).await;
     let ws = workers(3);
@@ -336,7 +336,7 @@ pub async fn heartbeat_lists_idle_members_with_zero<S: LeaseStore>(store: S, _cl
     }
     claim(&store, &g, ws[1], 4).await;
     let hb = beat(&store, &g, ws[2]).await;
-    let loads: Vec<(WorkerId, u32)> = hb
+    let loads: Vec<(NodeId, u32)> = hb
         .view
         .members
         .iter()

@@ -368,7 +368,7 @@ pub async fn unchanged_is_answered_only_when_nothing_changed<S: LeaseStore>(
     // Judge one heartbeat of a's: unchanged only if the view would be the same.
     async fn judge<S: LeaseStore>(
         store: &S,
-        a: WorkerId,
+        a: NodeId,
         last: &mut lease_core::GroupBeat,
         changed: bool,
         what: &str,

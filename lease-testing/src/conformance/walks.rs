@@ -12,14 +12,14 @@
 //! workers starting mid-group and put a bucket of every kind, above and below the start, under
 //! each rule, so that a store that forgets a rule in one place takes a bucket it must not.
 
-use lease_core::{Bucket, Clock, LeaseStore, ManualClock, QuarantineFor, Takeover, WorkerId};
+use lease_core::{Bucket, Clock, LeaseStore, ManualClock, NodeId, QuarantineFor, Takeover};
 
 use super::{TTL_SECS, beat, claim, nums, release, resize, secs, session, setup, workers};
 
 /// A fresh worker whose claims start at bucket `seed % N` (C3: its id's low 32 bits).
-fn worker_starting_at(seed: u32) -> WorkerId {
+fn worker_starting_at(seed: u32) -> NodeId {
     let base = workers(1)[0].as_uuid().as_u128() & !0xFFFF_FFFF;
-    WorkerId::from_uuid(uuid::Uuid::from_u128(base | u128::from(seed)))
+    NodeId::from_uuid(uuid::Uuid::from_u128(base | u128::from(seed)))
 }
 
 /// C3, C9, C10, C2: a claim of a worker starting at bucket 8 of 16, with a bucket of each kind

@@ -1,6 +1,6 @@
 //! Runs of the differential test that show what they covered.
 //!
-//! A random run that never took a dead session's bucket, never saw a worker id in use or
+//! A random run that never took a dead session's bucket, never saw a node id in use or
 //! never claimed during a drain proves nothing about those rules, and with tens of sequences
 //! (what a Postgres or etcd run can afford) the rarer risky states are missed about half the
 //! time. So a backend's run has two parts: sequences drawn from [`REACH_SEED`], chosen so that

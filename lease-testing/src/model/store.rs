@@ -10,8 +10,8 @@ use std::sync::{Mutex, PoisonError};
 use async_trait::async_trait;
 use lease_core::{
     AdminStore, Bucket, FencingToken, GroupName, GroupSnapshot, GroupStamp, Heartbeat, Incarnation,
-    Lease, MemberControl, MemberMetadata, NodesSnapshot, QuarantineFor, ResizeOutcome, SessionId,
-    ShardCount, StoreError, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerId, WorkerStore,
+    Lease, MemberControl, MemberMetadata, NodeId, NodesSnapshot, QuarantineFor, ResizeOutcome,
+    SessionId, ShardCount, StoreError, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerStore,
 };
 use lease_core::{Clock, ManualClock};
 
@@ -71,7 +71,7 @@ impl WorkerStore for ModelStore {
     /// not read.
     async fn heartbeat(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
@@ -83,7 +83,7 @@ impl WorkerStore for ModelStore {
     async fn join(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<(), StoreError> {
         self.with(|m, now| m.join(group, node, session, now))
@@ -92,7 +92,7 @@ impl WorkerStore for ModelStore {
     async fn claim(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         want: u32,
         takeover: Takeover,
@@ -103,7 +103,7 @@ impl WorkerStore for ModelStore {
     async fn release(
         &self,
         group: &GroupName,
-        worker: WorkerId,
+        worker: NodeId,
         session: SessionId,
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
@@ -113,7 +113,7 @@ impl WorkerStore for ModelStore {
     async fn leave(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
     ) -> Result<Vec<Bucket>, StoreError> {
         self.with(|m, now| m.leave(group, node, Some(session), now))
@@ -123,7 +123,7 @@ impl WorkerStore for ModelStore {
         &self,
         group: &GroupName,
         bucket: Bucket,
-        worker: WorkerId,
+        worker: NodeId,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
         Ok(self.with(|m, now| m.is_current(group, bucket, worker, token, now)))
@@ -131,7 +131,7 @@ impl WorkerStore for ModelStore {
 
     async fn hand_over(
         &self,
-        node: WorkerId,
+        node: NodeId,
         incarnation: Incarnation,
         keep: Ttl,
     ) -> Result<Option<Timestamp>, StoreError> {
@@ -141,7 +141,7 @@ impl WorkerStore for ModelStore {
     async fn set_weight(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         session: SessionId,
         weight: Weight,
     ) -> Result<(), StoreError> {
@@ -171,7 +171,7 @@ impl AdminStore for ModelStore {
     async fn control(
         &self,
         group: &GroupName,
-        node: WorkerId,
+        node: NodeId,
         control: MemberControl,
     ) -> Result<(), StoreError> {
         self.with(|m, _| m.control(group, node, control))
@@ -190,7 +190,7 @@ impl AdminStore for ModelStore {
         self.with(|m, _| m.history(group, bucket))
     }
 
-    async fn evict(&self, group: &GroupName, node: WorkerId) -> Result<Vec<Bucket>, StoreError> {
+    async fn evict(&self, group: &GroupName, node: NodeId) -> Result<Vec<Bucket>, StoreError> {
         self.with(|m, now| m.leave(group, node, None, now))
     }
 }

@@ -5,21 +5,21 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use lease_core::{Bucket, LeaseStore, MemberControl, MemberMode, QuarantineFor, RevokeReason};
-use lease_core::{Weight, WorkerId};
+use lease_core::{NodeId, Weight};
 
 use super::{Env, Nodes, Pool, RENEW, until};
 
 /// Wait until the workers' applications own exactly `want`; how long it took.
 async fn until_loads<S: LeaseStore + Clone + 'static>(
     pool: &Pool<S>,
-    want: &BTreeMap<WorkerId, usize>,
+    want: &BTreeMap<NodeId, usize>,
     limit: Duration,
     what: &str,
 ) -> Duration {
     until(limit, what, || &pool.owned() == want, || pool.owned()).await
 }
 
-async fn control<S: LeaseStore + Clone + 'static>(pool: &Pool<S>, w: WorkerId, c: MemberControl) {
+async fn control<S: LeaseStore + Clone + 'static>(pool: &Pool<S>, w: NodeId, c: MemberControl) {
     pool.store
         .control(&pool.group, w, c)
         .await
@@ -171,7 +171,7 @@ pub async fn a_rolling_restart_with_hand_over_moves_nothing<S: LeaseStore + Clon
 ) {
     const KEEP: Duration = Duration::from_secs(10);
     let mut nodes = Nodes::new(&env, &[("orders", 16)]);
-    let ids = [WorkerId::new(), WorkerId::new()];
+    let ids = [NodeId::new(), NodeId::new()];
     for id in ids {
         nodes
             .start_with(&["orders"], |b| b.node_id(id).keep_on_stop(KEEP))
@@ -181,7 +181,7 @@ pub async fn a_rolling_restart_with_hand_over_moves_nothing<S: LeaseStore + Clon
         .until_balanced(&["orders"], 5 * RENEW, "cold start")
         .await;
     let group = lease_core::GroupName::new("orders").expect("a group name");
-    let tokens = |snap: &lease_core::GroupSnapshot| -> Vec<(u32, i64, Option<WorkerId>)> {
+    let tokens = |snap: &lease_core::GroupSnapshot| -> Vec<(u32, i64, Option<NodeId>)> {
         snap.buckets
             .iter()
             .map(|b| (b.bucket.0, b.token.0, b.owner))
@@ -230,8 +230,8 @@ async fn start_slow_keeper<S: LeaseStore + Clone + 'static>(
     env: &Env<S>,
     ack_limit: Duration,
     revoke: Duration,
-) -> WorkerId {
-    let id = WorkerId::new();
+) -> NodeId {
+    let id = NodeId::new();
     nodes
         .start_with(&[], |b| {
             b.node_id(id)
@@ -306,7 +306,7 @@ pub async fn a_failed_hand_over_ends_the_node_with_its_error<S: LeaseStore + Clo
     env: Env<S>,
 ) {
     let mut nodes = Nodes::new(&env, &[("orders", 4)]);
-    let id = WorkerId::new();
+    let id = NodeId::new();
     nodes
         .start_with(&["orders"], |b| {
             b.node_id(id).keep_on_stop(Duration::from_secs(10))
@@ -349,7 +349,7 @@ pub async fn a_successor_leaves_the_groups_it_does_not_run<S: LeaseStore + Clone
 ) {
     const KEEP: Duration = Duration::from_secs(10);
     let mut nodes = Nodes::new(&env, &[("orders", 4), ("audit", 4)]);
-    let id = WorkerId::new();
+    let id = NodeId::new();
     nodes
         .start_with(&["orders", "audit"], |b| b.node_id(id).keep_on_stop(KEEP))
         .await;

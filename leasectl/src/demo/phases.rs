@@ -66,7 +66,7 @@ pub async fn crash(story: &mut Story, end: Duration) -> Result<Crash, Failure> {
         .snapshot(&story.group)
         .await
         .map_err(|e| Failure::Runtime(Chain(&e).to_string()))?;
-    let victim = story.workers[&letter].worker_id();
+    let victim = story.workers[&letter].node_id();
     let expiry = super::summary::session_expiry(&snap, victim)?;
     let buckets: Vec<Bucket> = snap
         .buckets

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
-use lease::WorkerId;
+use lease::NodeId;
 use lease::store::{AdminStore, BucketState, GroupSnapshot};
 use tokio::task::JoinHandle;
 
@@ -22,7 +22,7 @@ pub struct Screen {
     /// The phase being played.
     pub phase: String,
     /// Each worker's letter.
-    pub letters: HashMap<WorkerId, char>,
+    pub letters: HashMap<NodeId, char>,
     /// Running workers by letter, with what each one's application owns.
     pub owned: BTreeMap<char, usize>,
     /// Workers crashed, by letter.

@@ -10,8 +10,8 @@ use lease::audit::OwnershipLog;
 use lease::memory::MemoryLeaseStore;
 use lease::store::{Chain, Clock, SystemClock, Timestamp};
 use lease::{
-    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, OwnershipEvent, OwnershipHandler,
-    RevokeReason, ShardCount, WorkerHandle, WorkerId,
+    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, NodeId, OwnershipEvent,
+    OwnershipHandler, RevokeReason, ShardCount, WorkerHandle,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -30,7 +30,7 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Records every event in the ownership log and on the screen.
 struct DemoHandler {
-    worker: WorkerId,
+    worker: NodeId,
     letter: char,
     log: Shared<OwnershipLog<Timestamp>>,
     screen: Shared<Screen>,
@@ -123,7 +123,7 @@ impl Story {
             .renew_interval(RENEW)
             .build()
             .map_err(|e| Failure::Runtime(format!("demo worker config: {e}")))?;
-        let worker = config.worker_id();
+        let worker = config.node_id();
         lock(&self.screen).letters.insert(worker, letter);
         let handler = DemoHandler {
             worker,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lease::audit::OwnershipLog;
 use lease::store::{GroupSnapshot, Timestamp};
-use lease::{Bucket, WorkerId};
+use lease::{Bucket, NodeId};
 
 use super::TTL;
 use super::phases::{Crash, Took};
@@ -30,7 +30,7 @@ pub struct Outcome {
 
 /// When the victim's session expires, as the store's snapshot taken before the crash says;
 /// without it, whether its buckets moved early cannot be judged, which is a failure, not a 0.
-pub fn session_expiry(snap: &GroupSnapshot, victim: WorkerId) -> Result<Timestamp, Failure> {
+pub fn session_expiry(snap: &GroupSnapshot, victim: NodeId) -> Result<Timestamp, Failure> {
     snap.members
         .iter()
         .find(|m| m.worker == victim)
@@ -154,7 +154,7 @@ mod tests {
 
     use super::*;
 
-    fn snapshot_with(members: &[WorkerId]) -> GroupSnapshot {
+    fn snapshot_with(members: &[NodeId]) -> GroupSnapshot {
         let now = SystemClock.now();
         GroupSnapshot {
             group: GroupName::new("demo").expect("name"),
@@ -184,8 +184,8 @@ mod tests {
 
     #[test]
     fn a_crashed_worker_without_an_expiry_is_an_error_not_zero_early() {
-        let victim = WorkerId::new();
-        let snap = snapshot_with(&[WorkerId::new()]);
+        let victim = NodeId::new();
+        let snap = snapshot_with(&[NodeId::new()]);
         assert!(matches!(
             session_expiry(&snap, victim),
             Err(Failure::Runtime(message)) if message.contains("no member row")

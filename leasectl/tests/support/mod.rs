@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use lease::audit::OwnershipLog;
-use lease::{Assignment, Bucket, FencingToken, OwnershipEvent, RevokeReason, ShardCount, WorkerId};
+use lease::{Assignment, Bucket, FencingToken, NodeId, OwnershipEvent, RevokeReason, ShardCount};
 use serde_json::Value;
 
 /// A process that is killed if the test fails before it exited: a failed test must not leave
@@ -68,7 +68,7 @@ pub fn run(args: &[&str], url: Option<&str>) -> (i32, String, String) {
 pub struct Event {
     pub event: String,
     pub group: String,
-    pub worker: WorkerId,
+    pub worker: NodeId,
     pub bucket: Option<u32>,
     pub token: Option<i64>,
     /// An assignment's bucket's shard count.
@@ -105,7 +105,7 @@ pub fn parse_event(line: &str) -> Result<Event, String> {
     let at = DateTime::parse_from_rfc3339(&at_text)
         .map_err(|e| format!("bad time ({e}): {line}"))?
         .with_timezone(&Utc);
-    let worker: WorkerId = text("worker")?
+    let worker: NodeId = text("worker")?
         .parse()
         .map_err(|e| format!("bad worker ({e}): {line}"))?;
     let expected: &[&str] = match event.as_str() {
@@ -314,8 +314,8 @@ impl WorkerProcess {
         lock(&self.stream).stderr.clone()
     }
 
-    /// The worker id, once the process announced itself.
-    pub fn worker(&self) -> Option<WorkerId> {
+    /// The node id, once the process announced itself.
+    pub fn worker(&self) -> Option<NodeId> {
         lock(&self.stream)
             .events
             .iter()
@@ -323,8 +323,8 @@ impl WorkerProcess {
             .map(|e| e.worker)
     }
 
-    /// The worker id, waiting at most `limit` for the process to announce itself.
-    pub fn worker_within(&self, limit: Duration) -> WorkerId {
+    /// The node id, waiting at most `limit` for the process to announce itself.
+    pub fn worker_within(&self, limit: Duration) -> NodeId {
         wait_for(&format!("{} to start", self.name), limit, || {
             self.worker().is_some()
         });
@@ -419,7 +419,7 @@ pub fn events_of(events: &[Event], group: &str) -> Vec<Event> {
 /// One node as `leasectl status --json` (without `--group`) lists it.
 #[derive(Clone, Debug)]
 pub struct NodeStatus {
-    pub node: WorkerId,
+    pub node: NodeId,
     pub session: String,
     pub expires_at: DateTime<Utc>,
     pub live: bool,
@@ -529,8 +529,8 @@ pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> 
 }
 
 /// Record a process's `assigned` and `revoked` events in `log` under `label` (a process's own
-/// label, so that two processes given one worker id stay apart).
-pub fn record(log: &mut OwnershipLog<DateTime<Utc>>, label: WorkerId, events: &[Event]) {
+/// label, so that two processes given one node id stay apart).
+pub fn record(log: &mut OwnershipLog<DateTime<Utc>>, label: NodeId, events: &[Event]) {
     for e in events {
         let (Some(bucket), Some(token)) = (e.bucket, e.token) else {
             continue;
