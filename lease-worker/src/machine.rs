@@ -91,9 +91,10 @@ use std::time::{Duration, Instant};
 
 use chrono::TimeDelta;
 use lease_core::{
-    Assignment, Bucket, FencingToken, Generation, GroupBeat, GroupName, GroupStamp, Heartbeat,
-    Incarnation, Lease, MemberMode, NodeId, Operation, RevokeReason, SessionId, ShardCount,
-    StoreError, Takeover, Timestamp, Ttl, ViewStamp, policy,
+    Assignment, BackendFailure, Bucket, ChangeFeed, FencingToken, Generation, GroupBeat, GroupName,
+    GroupStamp, Heartbeat, Incarnation, Lease, MemberMetadata, MemberMode, NodeId, Operation,
+    RevokeReason, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, ViewStamp, Weight,
+    WorkerStore, policy,
 };
 
 use crate::events::{WorkerError, WorkerFailed};
@@ -131,6 +132,8 @@ pub struct Rules {
     pub node: NodeId,
     /// This start of the node.
     pub incarnation: Incarnation,
+    /// What the node tells the other members about itself, with every heartbeat.
+    pub metadata: MemberMetadata,
     /// How long a session lives after a heartbeat.
     pub ttl: Ttl,
     /// How often to heartbeat.
@@ -152,6 +155,17 @@ pub struct Rules {
 /// What happened, for the machine to handle.
 #[derive(Debug)]
 pub enum Input {
+    /// The answer to [`StoreCall::EnsureGroup`] of the group.
+    Ensured(GroupName, Result<(), StoreError>),
+    /// The answer to [`StoreCall::Subscribe`] of the group: whether the store gave a change
+    /// feed is the driver's business (it keeps the feed); an error only means the group
+    /// re-plans on the renew interval alone.
+    Subscribed(GroupName, Result<(), StoreError>),
+    /// The application set the node's weight in the group (see
+    /// [`GroupHandle::set_weight`](crate::GroupHandle::set_weight)).
+    SetWeight(GroupName, Weight),
+    /// The answer to [`StoreCall::SetWeight`] of the group.
+    WeightSet(GroupName, Result<(), StoreError>),
     /// The answer to [`StoreCall::Heartbeat`].
     Heartbeat(Result<Heartbeat, StoreError>),
     /// The answer to [`StoreCall::Join`] of the group.
@@ -194,12 +208,36 @@ pub enum Output {
     Finished(Result<(), WorkerFailed>),
 }
 
-/// A store call the machine needs made, for its node.
+/// A store call the machine needs made, with every argument the store method takes: a driver
+/// makes it as it is and hands the answer back as the matching [`Input`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreCall {
-    /// [`WorkerStore::heartbeat`](lease_core::WorkerStore::heartbeat) with the node's
-    /// incarnation, ttl and metadata.
+    /// [`WorkerStore::ensure_group`](lease_core::WorkerStore::ensure_group): a group added to
+    /// the node is created if needed, and refused on a shard-count mismatch, before it is
+    /// joined.
+    EnsureGroup {
+        /// The group.
+        group: GroupName,
+        /// The shard count the node was given for it.
+        shards: ShardCount,
+    },
+    /// [`WorkerStore::changes`](lease_core::WorkerStore::changes): the group's wake-ups, once
+    /// it is ensured. The driver keeps the feed and hands the machine its wake-ups
+    /// ([`Input::Wake`]).
+    Subscribe {
+        /// The group.
+        group: GroupName,
+    },
+    /// [`WorkerStore::heartbeat`](lease_core::WorkerStore::heartbeat).
     Heartbeat {
+        /// The node.
+        node: NodeId,
+        /// This start of the node.
+        incarnation: Incarnation,
+        /// How long the session lives after this heartbeat.
+        ttl: Ttl,
+        /// What the node tells the other members about itself.
+        metadata: MemberMetadata,
         /// The stamp of the last view of each group the node was given, for the store to
         /// answer "unchanged" if nothing changed since.
         seen: Vec<GroupStamp>,
@@ -207,6 +245,10 @@ pub enum StoreCall {
     /// [`WorkerStore::hand_over`](lease_core::WorkerStore::hand_over) of the node's session,
     /// as a graceful stop's last call.
     HandOver {
+        /// The node.
+        node: NodeId,
+        /// This start of the node.
+        incarnation: Incarnation,
         /// How long the session is kept for a successor.
         keep: Ttl,
     },
@@ -214,13 +256,30 @@ pub enum StoreCall {
     Join {
         /// The group.
         group: GroupName,
+        /// The node.
+        node: NodeId,
         /// The node's session.
         session: SessionId,
+    },
+    /// [`WorkerStore::set_weight`](lease_core::WorkerStore::set_weight): the weight the
+    /// application set, written under the node's session once it is a member, and again
+    /// after every join.
+    SetWeight {
+        /// The group.
+        group: GroupName,
+        /// The node.
+        node: NodeId,
+        /// The node's session.
+        session: SessionId,
+        /// The weight.
+        weight: Weight,
     },
     /// [`WorkerStore::claim`](lease_core::WorkerStore::claim).
     Claim {
         /// The group.
         group: GroupName,
+        /// The node.
+        node: NodeId,
         /// The session to claim under.
         session: SessionId,
         /// How many.
@@ -233,6 +292,8 @@ pub enum StoreCall {
     Release {
         /// The group.
         group: GroupName,
+        /// The node.
+        node: NodeId,
         /// The session the buckets are held under.
         session: SessionId,
         /// The buckets.
@@ -242,6 +303,8 @@ pub enum StoreCall {
     Leave {
         /// The group.
         group: GroupName,
+        /// The node.
+        node: NodeId,
         /// The session.
         session: SessionId,
     },
@@ -251,24 +314,144 @@ impl StoreCall {
     /// The operation this call is.
     pub fn operation(&self) -> Operation {
         match self {
+            Self::EnsureGroup { .. } => Operation::EnsureGroup,
+            Self::Subscribe { .. } => Operation::Changes,
             Self::Heartbeat { .. } => Operation::Heartbeat,
             Self::HandOver { .. } => Operation::HandOver,
             Self::Join { .. } => Operation::Join,
+            Self::SetWeight { .. } => Operation::SetWeight,
             Self::Claim { .. } => Operation::Claim,
             Self::Release { .. } => Operation::Release,
             Self::Leave { .. } => Operation::Leave,
         }
     }
 
-    /// The group the call is for; `None` for the heartbeat, which is the node's.
+    /// The group the call is for; `None` for the heartbeat and the hand-over, which are the
+    /// node's.
     pub fn group(&self) -> Option<&GroupName> {
         match self {
             Self::Heartbeat { .. } | Self::HandOver { .. } => None,
-            Self::Join { group, .. }
+            Self::EnsureGroup { group, .. }
+            | Self::Subscribe { group }
+            | Self::Join { group, .. }
+            | Self::SetWeight { group, .. }
             | Self::Claim { group, .. }
             | Self::Release { group, .. }
             | Self::Leave { group, .. } => Some(group),
         }
+    }
+
+    /// The answer a call gets when it failed without a word from the store (its task
+    /// panicked, or was cancelled): a failure of the operation like any other.
+    pub fn failed(&self, error: StoreError) -> Input {
+        match self.clone() {
+            Self::EnsureGroup { group, .. } => Input::Ensured(group, Err(error)),
+            Self::Subscribe { group } => Input::Subscribed(group, Err(error)),
+            Self::Heartbeat { .. } => Input::Heartbeat(Err(error)),
+            Self::HandOver { .. } => Input::HandedOver(Err(error)),
+            Self::Join { group, .. } => Input::Joined(group, Err(error)),
+            Self::SetWeight { group, .. } => Input::WeightSet(group, Err(error)),
+            Self::Claim { group, .. } => Input::Claimed(group, Err(error)),
+            Self::Release { group, .. } => Input::Released(group, Err(error)),
+            Self::Leave { group, .. } => Input::Left(group, Err(error)),
+        }
+    }
+}
+
+/// What a store call answered: the machine's input, and for a subscription the store's change
+/// feed, which the driver keeps (the machine hears only its wake-ups, as [`Input::Wake`]).
+#[derive(Debug)]
+pub struct Answered {
+    /// The answer, for [`Machine::handle`].
+    pub input: Input,
+    /// The group's change feed, from [`StoreCall::Subscribe`] on a store that has one.
+    pub feed: Option<ChangeFeed>,
+}
+
+impl StoreCall {
+    /// Make the call on `store`, as it is: the whole of a driver's part in a store call. It
+    /// reads no clock and spawns nothing; a driver that gives up on a call (the machine's
+    /// call timeout) drops the future.
+    pub async fn execute(self, store: &dyn WorkerStore) -> Answered {
+        let input = match self {
+            Self::EnsureGroup { group, shards } => {
+                let result = store.ensure_group(&group, shards).await;
+                Input::Ensured(group, result)
+            }
+            Self::Subscribe { group } => {
+                return match store.changes(&group).await {
+                    Ok(feed) => Answered {
+                        input: Input::Subscribed(group, Ok(())),
+                        feed,
+                    },
+                    Err(e) => Answered {
+                        input: Input::Subscribed(group, Err(e)),
+                        feed: None,
+                    },
+                };
+            }
+            Self::Heartbeat {
+                node,
+                incarnation,
+                ttl,
+                metadata,
+                seen,
+            } => Input::Heartbeat(
+                store
+                    .heartbeat(node, incarnation, ttl, &metadata, &seen)
+                    .await,
+            ),
+            Self::HandOver {
+                node,
+                incarnation,
+                keep,
+            } => Input::HandedOver(store.hand_over(node, incarnation, keep).await),
+            Self::Join {
+                group,
+                node,
+                session,
+            } => {
+                let result = store.join(&group, node, session).await;
+                Input::Joined(group, result)
+            }
+            Self::SetWeight {
+                group,
+                node,
+                session,
+                weight,
+            } => {
+                let result = store.set_weight(&group, node, session, weight).await;
+                Input::WeightSet(group, result)
+            }
+            Self::Claim {
+                group,
+                node,
+                session,
+                want,
+                takeover,
+            } => {
+                let result = store.claim(&group, node, session, want, takeover).await;
+                Input::Claimed(group, result)
+            }
+            Self::Release {
+                group,
+                node,
+                session,
+                buckets,
+            } => {
+                let result = store.release(&group, node, session, &buckets).await;
+                Input::Released(group, result)
+            }
+            Self::Leave {
+                group,
+                node,
+                session,
+            } => {
+                let result = store.leave(&group, node, session).await;
+                Input::Left(group, result)
+            }
+        };
+        Answered { input, feed: None }
     }
 }
 
@@ -684,6 +867,29 @@ pub struct Machine {
     finished: bool,
     /// Where the search for the next group call starts, so that groups take turns.
     cursor: usize,
+    /// Groups added and not yet ensured and subscribed, in the order they were added: they
+    /// make those calls first, then become the node's groups and are joined.
+    admitting: Vec<Admitting>,
+    /// Groups that ended before they were admitted (refused by the store, or removed
+    /// meanwhile), to hand out as [`Output::GroupFinished`].
+    ended_early: VecDeque<(GroupName, Result<(), WorkerFailed>)>,
+    /// The weight the application set per group, written after every join.
+    weights: BTreeMap<GroupName, Weight>,
+    /// Groups whose weight is still to be written under the node's session, once it is a
+    /// member there.
+    weight_unsent: BTreeSet<GroupName>,
+}
+
+/// A group on its way into the node: ensured in the store, then subscribed to.
+#[derive(Debug)]
+struct Admitting {
+    name: GroupName,
+    shards: ShardCount,
+    /// Ensured already: subscribing is next.
+    ensured: bool,
+    /// Removed (or the node stopped) while its call was in flight: it ends when the call
+    /// answers.
+    cancelled: bool,
 }
 
 impl Machine {
@@ -715,6 +921,10 @@ impl Machine {
             stopping: None,
             finished: false,
             cursor: 0,
+            admitting: Vec::new(),
+            ended_early: VecDeque::new(),
+            weights: BTreeMap::new(),
+            weight_unsent: BTreeSet::new(),
         }
     }
 
@@ -723,14 +933,85 @@ impl Machine {
         &self.rules
     }
 
-    /// Add `group`, split into `shards` buckets, at `now`: it is joined at once (or at the
-    /// next tick, due at once, when the node has no session yet) and shared from the
-    /// heartbeat after. False (nothing changes) if the node has the group
-    /// already (being removed included) or is stopping.
-    pub fn add_group(&mut self, now: Instant, group: GroupName, shards: ShardCount) -> bool {
-        if self.finished || self.stopping.is_some() || self.index(&group).is_some() {
+    /// Add `group`, split into `shards` buckets: it is created in the store if needed
+    /// ([`StoreCall::EnsureGroup`]; a refusal, such as another shard count, ends it with
+    /// [`Output::GroupFinished`]), subscribed to ([`StoreCall::Subscribe`]), then joined (at
+    /// once, or at the next tick, due at once, when the node has no session yet) and shared
+    /// from the heartbeat after. False (nothing changes) if the node has the group already
+    /// (being added or removed included) or is stopping.
+    pub fn add_group(&mut self, group: GroupName, shards: ShardCount) -> bool {
+        if self.finished
+            || self.stopping.is_some()
+            || self.index(&group).is_some()
+            || self.admitting_index(&group).is_some()
+        {
             return false;
         }
+        self.admitting.push(Admitting {
+            name: group,
+            shards,
+            ensured: false,
+            cancelled: false,
+        });
+        true
+    }
+
+    fn admitting_index(&self, group: &GroupName) -> Option<usize> {
+        self.admitting.iter().position(|a| &a.name == group)
+    }
+
+    /// The next call of a group being admitted; the caller checked that no call is in flight.
+    fn admission_call(&mut self, now: Instant) -> Option<Output> {
+        let a = self.admitting.iter().find(|a| !a.cancelled)?;
+        let group = a.name.clone();
+        let call = if a.ensured {
+            StoreCall::Subscribe { group }
+        } else {
+            StoreCall::EnsureGroup {
+                group,
+                shards: a.shards,
+            }
+        };
+        Some(self.call(now, call))
+    }
+
+    fn on_ensured(&mut self, group: &GroupName, result: Result<(), StoreError>) {
+        let Some(k) = self.admitting_index(group) else {
+            return;
+        };
+        match result {
+            Ok(()) if !self.admitting[k].cancelled => self.admitting[k].ensured = true,
+            Ok(()) => {
+                let a = self.admitting.remove(k);
+                self.ended_early.push_back((a.name, Ok(())));
+            }
+            Err(e) => {
+                // Refused (another shard count) or not answered: the caller of the add hears
+                // why; nothing was joined, so nothing is to be left.
+                let a = self.admitting.remove(k);
+                self.ended_early
+                    .push_back((a.name, Err(WorkerFailed::Store(e))));
+            }
+        }
+    }
+
+    /// The group's subscription answered: a feed only speeds re-plans up, so whatever the
+    /// answer, the group is the node's now.
+    fn on_subscribed(&mut self, now: Instant, group: &GroupName) {
+        let Some(k) = self.admitting_index(group) else {
+            return;
+        };
+        let a = self.admitting.remove(k);
+        if a.cancelled || self.stopping.is_some() {
+            self.ended_early.push_back((a.name, Ok(())));
+        } else {
+            self.join_group(now, a.name, a.shards);
+        }
+    }
+
+    /// An admitted group becomes the node's: joined at once if the node has a session, at
+    /// the next tick (due at once) otherwise.
+    fn join_group(&mut self, now: Instant, group: GroupName, shards: ShardCount) {
         let mut added = Group::new(group, shards);
         if self.session.is_some() {
             // The node has a session: join at once; the next heartbeat, at once after,
@@ -749,13 +1030,71 @@ impl Machine {
                 self.again = true;
             }
         }
-        true
+    }
+
+    /// Stop admitting the group at `k`: at once, or when its call in flight answers.
+    fn cancel_admission(&mut self, k: usize) {
+        let in_flight = self
+            .in_flight
+            .as_ref()
+            .and_then(|f| f.call.group())
+            .is_some_and(|g| g == &self.admitting[k].name);
+        if in_flight {
+            self.admitting[k].cancelled = true;
+        } else {
+            let a = self.admitting.remove(k);
+            self.ended_early.push_back((a.name, Ok(())));
+        }
+    }
+
+    /// The next weight to write: a group's whose weight the application set and the store
+    /// has not been told under the node's session, once the node is a member there.
+    fn weight_call(&mut self, now: Instant) -> Option<Output> {
+        if self.stopping.is_some() {
+            return None;
+        }
+        let session = self.session?;
+        let group = self
+            .weight_unsent
+            .iter()
+            .find(|name| {
+                self.group(name)
+                    .is_some_and(|g| g.member && g.removing.is_none())
+            })?
+            .clone();
+        self.weight_unsent.remove(&group);
+        let weight = *self.weights.get(&group)?;
+        let node = self.rules.node;
+        Some(self.call(
+            now,
+            StoreCall::SetWeight {
+                group,
+                node,
+                session,
+                weight,
+            },
+        ))
+    }
+
+    /// Whether a weight set for `group` is still to be written under the node's current
+    /// membership (it is written at the next call the node makes).
+    pub fn weight_pending(&self, group: &GroupName) -> bool {
+        self.weight_unsent.contains(group)
+            && self.session.is_some()
+            && self.group(group).is_some_and(|g| g.member)
     }
 
     /// Remove `group`: revoke everything its application holds (shutdown), wait for the
     /// acknowledgements, leave it, then [`Output::GroupFinished`]. False if the node has no
     /// such group, or is removing it already.
     pub fn remove_group(&mut self, group: &GroupName) -> bool {
+        if let Some(k) = self.admitting_index(group) {
+            if self.admitting[k].cancelled {
+                return false;
+            }
+            self.cancel_admission(k);
+            return true;
+        }
         match self.index(group) {
             Some(i) if self.groups[i].removing.is_none() => {
                 self.groups[i].begin_removal(Ok(()), RevokeReason::Shutdown);
@@ -1012,6 +1351,41 @@ impl Machine {
             return;
         }
         match input {
+            Input::Ensured(group, result) => {
+                if self
+                    .take_call(Operation::EnsureGroup, Some(&group))
+                    .is_some()
+                {
+                    self.on_ensured(&group, result);
+                }
+            }
+            Input::Subscribed(group, _) => {
+                // Without a feed the group re-plans on the renew interval alone; the driver,
+                // which holds the feed, says so.
+                if self.take_call(Operation::Changes, Some(&group)).is_some() {
+                    self.on_subscribed(now, &group);
+                }
+            }
+            Input::SetWeight(group, weight) => {
+                self.weights.insert(group.clone(), weight);
+                self.weight_unsent.insert(group);
+            }
+            Input::WeightSet(group, result) => {
+                if self.take_call(Operation::SetWeight, Some(&group)).is_some() {
+                    match result {
+                        // The membership or the session ended meanwhile: the next join
+                        // writes it.
+                        Ok(()) | Err(StoreError::SessionExpired { .. }) => {}
+                        Err(source) => self.reports.push_back(Report::Error {
+                            group: Some(group),
+                            error: WorkerError::Store {
+                                operation: Operation::SetWeight,
+                                source,
+                            },
+                        }),
+                    }
+                }
+            }
             Input::Heartbeat(result) => {
                 if let Some(sent) = self.take_call(Operation::Heartbeat, None) {
                     self.on_heartbeat(now, sent, result);
@@ -1117,8 +1491,22 @@ impl Machine {
             let (operation, after) = (f.call.operation(), self.rules.call_timeout);
             let group = f.call.group().and_then(|g| self.index(g));
             let unrun = f.unrun.then(|| f.call.group().cloned()).flatten();
+            let admitting = matches!(operation, Operation::EnsureGroup | Operation::Changes)
+                .then(|| f.call.group().cloned())
+                .flatten();
             self.in_flight = None;
-            if let Some(group) = unrun {
+            if let Some(group) = admitting {
+                // A group being added: an ensure that does not answer refuses it (the caller
+                // of the add hears why); a subscription that does not answer leaves it
+                // without wake-ups.
+                if operation == Operation::EnsureGroup {
+                    let detail = format!("no answer within {after:?}");
+                    let e = StoreError::backend_detail(operation, BackendFailure::Other, detail);
+                    self.on_ensured(&group, Err(e));
+                } else {
+                    self.on_subscribed(now, &group);
+                }
+            } else if let Some(group) = unrun {
                 // Not the node's failure: the next heartbeat lists the group again.
                 self.reports.push_back(Report::LeftUnrun {
                     group,
@@ -1169,6 +1557,9 @@ impl Machine {
         if let Some(report) = self.reports.pop_front() {
             return Some(Output::Report(report));
         }
+        if let Some((group, ended)) = self.ended_early.pop_front() {
+            return Some(Output::GroupFinished(group, ended));
+        }
         if self.finished {
             return None;
         }
@@ -1190,6 +1581,13 @@ impl Machine {
             {
                 return Some(self.heartbeat_call(now));
             }
+            // Groups being added, then weights to write: each one call, between ticks' calls.
+            if let Some(out) = self.admission_call(now) {
+                return Some(out);
+            }
+            if let Some(out) = self.weight_call(now) {
+                return Some(out);
+            }
             // A group of the session the node does not run: leave it first (checked again
             // now, as it may have been added since the heartbeat), also on a stop, unless the
             // session is handed over (the successor decides).
@@ -1197,8 +1595,16 @@ impl Machine {
                 && !matches!(self.handing_over, HandingOver::Due(_) | HandingOver::Sent)
                 && let Some(group) = self.unrun.pop()
             {
-                if self.index(&group).is_none() {
-                    let out = self.call(now, StoreCall::Leave { group, session });
+                if self.index(&group).is_none() && self.admitting_index(&group).is_none() {
+                    let node = self.rules.node;
+                    let out = self.call(
+                        now,
+                        StoreCall::Leave {
+                            group,
+                            node,
+                            session,
+                        },
+                    );
                     if let Some(f) = &mut self.in_flight {
                         f.unrun = true;
                     }
@@ -1242,6 +1648,7 @@ impl Machine {
         }
         if self.stopping.is_some()
             && self.groups.is_empty()
+            && self.admitting.is_empty()
             && self.in_flight.is_none()
             && let HandingOver::Due(keep) = self.handing_over
         {
@@ -1250,11 +1657,17 @@ impl Machine {
                 self.handing_over = HandingOver::No;
             } else {
                 self.handing_over = HandingOver::Sent;
-                return Some(self.call(now, StoreCall::HandOver { keep }));
+                let call = StoreCall::HandOver {
+                    node: self.rules.node,
+                    incarnation: self.rules.incarnation,
+                    keep,
+                };
+                return Some(self.call(now, call));
             }
         }
         if self.stopping.is_some()
             && self.groups.is_empty()
+            && self.admitting.is_empty()
             && self.in_flight.is_none()
             && self.handing_over != HandingOver::Sent
         {
@@ -1330,8 +1743,13 @@ impl Machine {
         let step = self.groups[i].steps.pop_front()?;
         let group = self.groups[i].name.clone();
         let session = self.session?;
+        let node = self.rules.node;
         let call = match step {
-            Step::Join => StoreCall::Join { group, session },
+            Step::Join => StoreCall::Join {
+                group,
+                node,
+                session,
+            },
             Step::Release => {
                 let g = &mut self.groups[i];
                 if g.unreleased.is_empty() {
@@ -1342,6 +1760,7 @@ impl Machine {
                 g.release_upto = buckets.last().copied();
                 StoreCall::Release {
                     group,
+                    node,
                     session,
                     buckets,
                 }
@@ -1370,6 +1789,7 @@ impl Machine {
                 g.deferred_short = (takeover == Takeover::Deferred).then_some(batch);
                 StoreCall::Claim {
                     group,
+                    node,
                     session,
                     want: batch,
                     takeover,
@@ -1385,9 +1805,17 @@ impl Machine {
                     // A stuck bucket: no hand-over; every group leaves (the decision waited
                     // until no revocation was outstanding in any group, see `poll`).
                     self.handing_over = HandingOver::No;
-                    StoreCall::Leave { group, session }
+                    StoreCall::Leave {
+                        group,
+                        node,
+                        session,
+                    }
                 }
-                _ => StoreCall::Leave { group, session },
+                _ => StoreCall::Leave {
+                    group,
+                    node,
+                    session,
+                },
             },
             _ => return None,
         };
@@ -1412,7 +1840,14 @@ impl Machine {
                 })
             })
             .collect();
-        self.call(now, StoreCall::Heartbeat { seen })
+        let call = StoreCall::Heartbeat {
+            node: self.rules.node,
+            incarnation: self.rules.incarnation,
+            ttl: self.rules.ttl,
+            metadata: self.rules.metadata.clone(),
+            seen,
+        };
+        self.call(now, call)
     }
 
     /// Emit a delivery of group `i` at `now` if it still applies; `None` when it was dropped.
@@ -1654,7 +2089,7 @@ impl Machine {
             .iter()
             .map(|g| &g.group)
             .chain(beat.unchanged.iter().map(|u| &u.group))
-            .filter(|&name| self.index(name).is_none())
+            .filter(|&name| self.index(name).is_none() && self.admitting_index(name).is_none())
             .cloned()
             .collect();
         for i in 0..self.groups.len() {
@@ -1892,6 +2327,11 @@ impl Machine {
                 g.member = true;
                 g.last = None;
                 g.stamp = None;
+                // A weight the application set is written under every new membership (over
+                // an operator's `leasectl weight` meanwhile).
+                if self.weights.contains_key(&g.name) {
+                    self.weight_unsent.insert(g.name.clone());
+                }
                 // The next heartbeat gives the group's view: tick again at once.
                 self.again = true;
             }
@@ -2112,6 +2552,11 @@ impl Machine {
         self.heartbeat_wanted = false;
         // Renewals go on during the stop, the first when due (at once after failures).
         self.failures = 0;
+        for k in (0..self.admitting.len()).rev() {
+            if !self.admitting[k].cancelled {
+                self.cancel_admission(k);
+            }
+        }
         for g in &mut self.groups {
             if g.removing.is_none() {
                 let group_ended = if failed {

@@ -4,6 +4,9 @@
 //! was seen (their holders may still trust them); a backward step is reported; a steady clock
 //! opens takeovers a ttl after the first answer and never reports a step.
 
+mod admission;
+use admission::admit;
+
 use std::time::{Duration, Instant};
 
 use chrono::TimeDelta;
@@ -30,6 +33,7 @@ fn rules(node: NodeId) -> Rules {
     Rules {
         node,
         incarnation: Incarnation::new(),
+        metadata: lease_core::MemberMetadata::default(),
         ttl: Ttl::new(TTL).expect("ttl"),
         renew_interval: RENEW,
         safety_margin: MARGIN,
@@ -63,7 +67,7 @@ impl Run {
         let worker = NodeId::new();
         let now = Instant::now();
         let mut m = Machine::new(rules(worker), now);
-        assert!(m.add_group(now, group(), ShardCount::new(8).expect("count")));
+        admit(&mut m, now, group(), ShardCount::new(8).expect("count"));
         Self {
             m,
             worker,

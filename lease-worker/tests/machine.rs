@@ -28,6 +28,9 @@
 //!
 //! `PROPTEST_CASES` raises the case count (default 256).
 
+mod admission;
+use admission::admit;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -80,6 +83,7 @@ fn rules() -> Rules {
     Rules {
         node: me(),
         incarnation: Incarnation::new(),
+        metadata: lease_core::MemberMetadata::default(),
         ttl: Ttl::new(TTL).expect("ttl"),
         renew_interval: RENEW,
         safety_margin: MARGIN,
@@ -224,7 +228,7 @@ impl World {
         let mut m = Machine::new(rules(), now);
         let mut groups = Vec::new();
         for g in 0..GROUPS.len() {
-            assert!(m.add_group(now, name(g), count(g)));
+            admit(&mut m, now, name(g), count(g));
             groups.push(AppGroup {
                 running: true,
                 ..AppGroup::default()
@@ -296,7 +300,7 @@ impl World {
     /// Apply the call in flight to the store; the answer the machine would get.
     fn apply(&mut self, call: &StoreCall) -> Input {
         match call {
-            StoreCall::Heartbeat { seen } => {
+            StoreCall::Heartbeat { seen, .. } => {
                 let new_session = self.session.is_none();
                 if new_session {
                     self.end_session();
@@ -351,7 +355,7 @@ impl World {
                     unchanged,
                 }))
             }
-            StoreCall::Join { group, session } => {
+            StoreCall::Join { group, session, .. } => {
                 let g = index(group);
                 if self.session != Some(*session) {
                     return Input::Joined(group.clone(), Err(Self::expired(g)));
@@ -395,6 +399,7 @@ impl World {
                 group,
                 session,
                 buckets,
+                ..
             } => {
                 let g = index(group);
                 let mut released = Vec::new();
@@ -409,7 +414,7 @@ impl World {
                 }
                 Input::Released(group.clone(), Ok(released))
             }
-            StoreCall::Leave { group, session } => {
+            StoreCall::Leave { group, session, .. } => {
                 let g = index(group);
                 let mut released = Vec::new();
                 if self.session == Some(*session) && self.store[g].member {
@@ -425,6 +430,9 @@ impl World {
                 }
                 Input::Left(group.clone(), Ok(released))
             }
+            StoreCall::EnsureGroup { group, .. } => Input::Ensured(group.clone(), Ok(())),
+            StoreCall::Subscribe { group } => Input::Subscribed(group.clone(), Ok(())),
+            StoreCall::SetWeight { .. } => unreachable!("no weight is set here"),
             StoreCall::HandOver { .. } => unreachable!("no node here hands over"),
         }
     }
@@ -567,7 +575,7 @@ impl World {
             }
             Action::Add(g) => {
                 let group = &mut self.groups[*g];
-                if !group.running && self.m.add_group(self.now, name(*g), count(*g)) {
+                if !group.running && self.m.add_group(name(*g), count(*g)) {
                     *group = AppGroup {
                         running: true,
                         fresh: true,
@@ -700,6 +708,8 @@ impl World {
                     "{group} left while its application works on {held:?}"
                 );
             }
+            StoreCall::EnsureGroup { .. } | StoreCall::Subscribe { .. } => {}
+            StoreCall::SetWeight { .. } => unreachable!("no weight is set here"),
             StoreCall::HandOver { .. } => unreachable!("no node here hands over"),
         }
     }

@@ -4,6 +4,9 @@
 //! acknowledged bucket is released. One call for all of them could outlast the call timeout
 //! on a real store, where an abandoned call is cancelled and would never finish.
 
+mod admission;
+use admission::admit;
+
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -54,6 +57,7 @@ impl World {
         let rules = Rules {
             node: me(),
             incarnation: Incarnation::new(),
+            metadata: lease_core::MemberMetadata::default(),
             ttl: Ttl::new(Duration::from_secs(30)).expect("ttl"),
             renew_interval: Duration::from_secs(10),
             safety_margin: Duration::from_secs(2),
@@ -63,7 +67,7 @@ impl World {
             keep_on_stop: None,
         };
         let mut m = Machine::new(rules, now);
-        assert!(m.add_group(now, group(), count()));
+        admit(&mut m, now, group(), count());
         Self {
             m,
             now,

@@ -4,13 +4,16 @@
 //! unless a test holds a revocation back. Every run's events are judged by the ownership log,
 //! per bucket and per key across the two generations.
 
+mod admission;
+use admission::admit;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use lease_core::ownership_log::OwnershipLog;
 use lease_core::{
-    AdminStore, Bucket, FencingToken, GroupName, Incarnation, ManualClock, MemberMetadata, NodeId,
-    OwnershipEvent, ResizeOutcome, RevokeReason, ShardCount, StoreError, Ttl, WorkerStore,
+    AdminStore, Bucket, FencingToken, GroupName, Incarnation, ManualClock, NodeId, OwnershipEvent,
+    ResizeOutcome, RevokeReason, ShardCount, StoreError, Ttl, WorkerStore,
 };
 use lease_memory::MemoryLeaseStore;
 use lease_worker::WorkerFailed;
@@ -32,6 +35,7 @@ fn rules(node: NodeId) -> Rules {
     Rules {
         node,
         incarnation: Incarnation::new(),
+        metadata: lease_core::MemberMetadata::default(),
         ttl: Ttl::new(TTL).expect("ttl"),
         renew_interval: RENEW,
         safety_margin: Duration::from_millis(500),
@@ -91,7 +95,7 @@ impl Pool {
     fn add(&mut self, shards: u32) -> usize {
         let id = NodeId::new();
         let mut m = Machine::new(rules(id), self.now);
-        assert!(m.add_group(self.now, group(), n(shards)));
+        admit(&mut m, self.now, group(), n(shards));
         self.workers.push(Worker {
             m,
             id,
@@ -112,54 +116,17 @@ impl Pool {
         }
     }
 
-    fn call(&self, w: &Worker, call: StoreCall) -> (Input, bool) {
-        let id = w.id;
-        let rules = w.m.rules();
-        self.rt.block_on(async {
-            match call {
-                StoreCall::Heartbeat { seen } => {
-                    let r = self
-                        .store
-                        .heartbeat(
-                            id,
-                            rules.incarnation,
-                            rules.ttl,
-                            &MemberMetadata::empty(),
-                            &seen,
-                        )
-                        .await;
-                    (Input::Heartbeat(r), false)
-                }
-                StoreCall::Join { group, session } => {
-                    let r = self.store.join(&group, id, session).await;
-                    let joined = r.is_ok();
-                    (Input::Joined(group, r), joined)
-                }
-                StoreCall::Claim {
-                    group,
-                    session,
-                    want,
-                    takeover,
-                } => {
-                    let r = self.store.claim(&group, id, session, want, takeover).await;
-                    (Input::Claimed(group, r), false)
-                }
-                StoreCall::Release {
-                    group,
-                    session,
-                    buckets,
-                } => {
-                    let r = self.store.release(&group, id, session, &buckets).await;
-                    let changed = r.as_ref().is_ok_and(|b| !b.is_empty());
-                    (Input::Released(group, r), changed)
-                }
-                StoreCall::Leave { group, session } => {
-                    let r = self.store.leave(&group, id, session).await;
-                    (Input::Left(group, r), true)
-                }
-                StoreCall::HandOver { .. } => unreachable!("no node here hands over"),
-            }
-        })
+    /// Make the call on the shared store; whether it changed what the others see (a wake-up
+    /// for them).
+    fn call(&self, call: StoreCall) -> (Input, bool) {
+        let input = self.rt.block_on(call.execute(&self.store)).input;
+        let woke = match &input {
+            Input::Joined(_, r) => r.is_ok(),
+            Input::Released(_, r) => r.as_ref().is_ok_and(|b| !b.is_empty()),
+            Input::Left(..) => true,
+            _ => false,
+        };
+        (input, woke)
     }
 
     /// Let every machine do all it can at the current instant.
@@ -174,7 +141,7 @@ impl Pool {
                     progressed = true;
                     match out {
                         Output::Call(call) => {
-                            let (input, woke) = self.call(&self.workers[i], call);
+                            let (input, woke) = self.call(call);
                             changed |= woke;
                             self.workers[i].m.handle(now, input);
                         }

@@ -3,6 +3,9 @@
 //! revocations, nothing is delivered past the trust deadline as if the bucket were still held,
 //! and a stop that cannot hand its session over (a stuck bucket) leaves every group.
 
+mod admission;
+use admission::admit;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -40,6 +43,7 @@ fn rules(ack_limit: Option<Duration>, keep_on_stop: Option<Duration>) -> Rules {
     Rules {
         node: me(),
         incarnation: Incarnation::new(),
+        metadata: lease_core::MemberMetadata::default(),
         ttl: Ttl::new(TTL).expect("ttl"),
         renew_interval: RENEW,
         safety_margin: MARGIN,
@@ -93,7 +97,7 @@ impl World {
         let now = Instant::now();
         let mut m = Machine::new(rules, now);
         for g in groups {
-            assert!(m.add_group(now, name(g), count()));
+            admit(&mut m, now, name(g), count());
         }
         Self {
             m,
@@ -293,6 +297,9 @@ impl World {
                 let left = std::mem::take(self.held.get_mut(&group).expect("a group"));
                 Input::Left(group, Ok(left.into_iter().collect()))
             }
+            StoreCall::EnsureGroup { group, .. } => Input::Ensured(group, Ok(())),
+            StoreCall::Subscribe { group } => Input::Subscribed(group, Ok(())),
+            StoreCall::SetWeight { .. } => unreachable!("no weight is set here"),
             StoreCall::HandOver { .. } => Input::HandedOver(Ok(Some(self.timestamp()))),
         };
         self.m.handle(self.now, input);

@@ -2,6 +2,9 @@
 //! run: the machine leaves each of them (`Report::LeftUnrun`), also on a stop, with its answer
 //! never taken for a group added meanwhile nor its timeout for the node's failure.
 
+mod admission;
+use admission::admit;
+
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -30,6 +33,7 @@ fn rules() -> Rules {
     Rules {
         node: me(),
         incarnation: Incarnation::new(),
+        metadata: lease_core::MemberMetadata::default(),
         ttl: Ttl::new(Duration::from_secs(3)).expect("ttl"),
         renew_interval: Duration::from_secs(1),
         safety_margin: Duration::from_millis(500),
@@ -81,7 +85,7 @@ fn next(m: &mut Machine, now: Instant, reports: &mut Vec<String>) -> Option<Stor
 /// of `audit`: its next call leaves `audit`.
 fn started(now: Instant) -> (Machine, SessionId) {
     let mut m = Machine::new(rules(), now);
-    assert!(m.add_group(now, name("orders"), four()));
+    admit(&mut m, now, name("orders"), four());
     m.handle_timeout(now);
     let mut reports = Vec::new();
     let call = next(&mut m, now, &mut reports);
@@ -99,6 +103,7 @@ fn started(now: Instant) -> (Machine, SessionId) {
         call,
         Some(StoreCall::Leave {
             group: name("audit"),
+            node: me(),
             session: s
         }),
         "{reports:?}"
@@ -111,7 +116,7 @@ fn an_unrun_group_is_left_and_its_answer_is_not_a_group_added_meanwhile() {
     let t0 = Instant::now();
     let (mut m, s) = started(t0);
     // The application adds the group while the leave is in flight.
-    assert!(m.add_group(t0, name("audit"), four()));
+    assert!(m.add_group(name("audit"), four()));
     m.handle(
         t0,
         Input::Left(name("audit"), Ok(vec![Bucket(0), Bucket(2)])),
@@ -128,11 +133,28 @@ fn an_unrun_group_is_left_and_its_answer_is_not_a_group_added_meanwhile() {
         !reports.iter().any(|r| r.starts_with("GroupFinished")),
         "the added group took the unrun leave's answer: {reports:?}"
     );
-    // The added group joins as any new group does.
+    // The added group is ensured, subscribed to and joined as any new group is.
+    assert_eq!(
+        call,
+        Some(StoreCall::EnsureGroup {
+            group: name("audit"),
+            shards: four()
+        })
+    );
+    m.handle(t0, Input::Ensured(name("audit"), Ok(())));
+    assert_eq!(
+        next(&mut m, t0, &mut reports),
+        Some(StoreCall::Subscribe {
+            group: name("audit")
+        })
+    );
+    m.handle(t0, Input::Subscribed(name("audit"), Ok(())));
+    let call = next(&mut m, t0, &mut reports);
     assert_eq!(
         call,
         Some(StoreCall::Join {
             group: name("audit"),
+            node: me(),
             session: s
         })
     );
@@ -174,6 +196,7 @@ fn an_unrun_leave_that_times_out_is_retried_not_the_node_s_failure() {
         next(&mut m, late, &mut reports),
         Some(StoreCall::Leave {
             group: name("audit"),
+            node: me(),
             session: s
         })
     );
@@ -183,7 +206,7 @@ fn an_unrun_leave_that_times_out_is_retried_not_the_node_s_failure() {
 fn a_stop_leaves_the_unrun_groups_too() {
     let t0 = Instant::now();
     let mut m = Machine::new(rules(), t0);
-    assert!(m.add_group(t0, name("orders"), four()));
+    admit(&mut m, t0, name("orders"), four());
     m.handle_timeout(t0);
     let mut reports = Vec::new();
     let call = next(&mut m, t0, &mut reports);
