@@ -7,11 +7,11 @@ use lease_core::{Clock, LeaseStore, OwnershipEvent, RevokeReason};
 
 use super::{Env, Pool, RENEW, WAKE_UP_BOUND, lock, ms};
 
-/// Eight workers starting together on 64 buckets own 8 each within three ticks, with and
-/// without wake-ups: by their third tick, 2 renew intervals after they start. On the paused
-/// clock that is exact (balanced at 2.005 s without wake-ups, bound 2.05 s); on real time the
-/// bound counts from before the first worker starts and adds [`REAL_SLACK`](super::REAL_SLACK) for the eight
-/// starts and the round trips, still short of a fourth tick.
+/// Eight workers starting together on 64 buckets own 8 each within three ticks, with and without
+/// wake-ups: by their third tick, 2 renew intervals after they start. On the paused clock that is
+/// exact (balanced at 2.005 s without wake-ups, bound 2.05 s); on real time the bound counts from
+/// before the first worker starts and adds [`REAL_SLACK`](super::REAL_SLACK) for the eight starts
+/// and the round trips, still short of a fourth tick.
 pub async fn cold_start_of_eight_workers_balances_within_three_ticks<
     S: LeaseStore + Clone + 'static,
 >(
@@ -34,13 +34,13 @@ pub async fn cold_start_of_eight_workers_balances_within_three_ticks<
     }
 }
 
-/// A fourth worker joining three on 64 buckets gets its 16 within two ticks (its own first
-/// and the next: one renew interval), or within 250 ms with wake-ups, and only those 16 move
-/// (each shed exactly once, from the others' excess). Without wake-ups (renew 1 s) the
-/// two-tick bound is exact on the paused clock (1.000 s, bound 1.05 s) and a renew interval
-/// plus [`REAL_SLACK`](super::REAL_SLACK) on real time, still short of a third tick. With wake-ups the workers
-/// renew every 5 s ([`SLOW_RENEW`](super::SLOW_RENEW)), so only wake-ups can serve the joiner within 250 ms, the
-/// same bound on both clocks.
+/// A fourth worker joining three on 64 buckets gets its 16 within two ticks (its own first and the
+/// next: one renew interval), or within 250 ms with wake-ups, and only those 16 move (each shed
+/// exactly once, from the others' excess). Without wake-ups (renew 1 s) the two-tick bound is exact
+/// on the paused clock (1.000 s, bound 1.05 s) and a renew interval plus
+/// [`REAL_SLACK`](super::REAL_SLACK) on real time, still short of a third tick. With wake-ups the
+/// workers renew every 5 s ([`SLOW_RENEW`](super::SLOW_RENEW)), so only wake-ups can serve the
+/// joiner within 250 ms, the same bound on both clocks.
 pub async fn a_joiner_gets_its_share_within_two_ticks<S: LeaseStore + Clone + 'static>(
     env: Env<S>,
 ) {

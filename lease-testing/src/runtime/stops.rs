@@ -8,11 +8,11 @@ use lease_core::{Clock, LeaseStore, RevokeReason, Timestamp};
 
 use super::{Env, Pool, RENEW, Slow, TTL, WAKE_UP_BOUND, ms};
 
-/// One of three workers stopping gracefully has its 4 buckets revoked (shutdown), and the
-/// others own them within two ticks (a renew interval), or within 250 ms with wake-ups, with
-/// no overlap. As for a join, the two-tick bound (renew 1 s) is exact on the paused clock
-/// (1.05 s) and a renew interval plus [`REAL_SLACK`](super::REAL_SLACK) on real time; with wake-ups the workers
-/// renew every 5 s ([`SLOW_RENEW`](super::SLOW_RENEW)) and the 250 ms bound is the same on both clocks.
+/// One of three workers stopping gracefully has its 4 buckets revoked (shutdown), and the others
+/// own them within two ticks (a renew interval), or within 250 ms with wake-ups, with no overlap.
+/// As for a join, the two-tick bound (renew 1 s) is exact on the paused clock (1.05 s) and a renew
+/// interval plus [`REAL_SLACK`](super::REAL_SLACK) on real time; with wake-ups the workers renew
+/// every 5 s ([`SLOW_RENEW`](super::SLOW_RENEW)) and the 250 ms bound is the same on both clocks.
 pub async fn a_graceful_stop_hands_over_without_overlap<S: LeaseStore + Clone + 'static>(
     env: Env<S>,
 ) {
@@ -113,11 +113,11 @@ pub async fn a_slow_graceful_stop_renews_until_it_leaves<S: LeaseStore + Clone +
     assert!(summary.handoffs >= 4);
 }
 
-/// Revoke before release, the rule a graceful handoff rests on: a worker shedding 4 buckets to
-/// a joiner releases each one only after its application acknowledged the revocation (the
-/// handler returned, 200 ms each here), so the joiner, woken by the release, is assigned it
-/// only after that, as the ownership log shows (a revocation is recorded when the handler
-/// returns). The workers renew every 5 s ([`SLOW_RENEW`](super::SLOW_RENEW)): only wake-ups can complete the
+/// Revoke before release, the rule a graceful handoff rests on: a worker shedding 4 buckets to a
+/// joiner releases each one only after its application acknowledged the revocation (the handler
+/// returned, 200 ms each here), so the joiner, woken by the release, is assigned it only after
+/// that, as the ownership log shows (a revocation is recorded when the handler returns). The
+/// workers renew every 5 s ([`SLOW_RENEW`](super::SLOW_RENEW)): only wake-ups can complete the
 /// handoff within the four revocations plus [`WAKE_UP_BOUND`] (and the slack).
 pub async fn a_shed_bucket_is_released_only_after_its_revoke_returns<
     S: LeaseStore + Clone + 'static,
