@@ -6,8 +6,9 @@ use tokio_util::sync::CancellationToken;
 
 use lease_core::Ttl;
 
+use crate::machine::Rules;
 use crate::registry::RunFlag;
-use lease_core::{GroupName, MemberMetadata, NodeId, ShardCount};
+use lease_core::{GroupName, Incarnation, MemberMetadata, NodeId, ShardCount};
 
 /// A configuration the worker cannot run with. Each rule has its own variant.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -90,51 +91,33 @@ pub enum ConfigError {
 pub struct LeaseWorker {
     pub(crate) group: GroupName,
     pub(crate) shards: ShardCount,
-    /// The timing of the node it runs as.
-    pub(crate) timing: Timing,
-    pub(crate) worker: NodeId,
-    pub(crate) metadata: MemberMetadata,
-    pub(crate) cancel: CancellationToken,
-    /// Shared with clones: one of them runs at a time.
-    pub(crate) running: RunFlag,
+    /// The node it runs as.
+    pub(crate) node: LeaseNode,
 }
 
-/// Builds a [`LeaseWorker`].
+/// Builds a [`LeaseWorker`]: a [`LeaseNodeBuilder`] and the group. Every setting is the
+/// node's (see there); only the group and its count are the worker's own.
 #[derive(Debug, Clone)]
 pub struct LeaseWorkerBuilder {
     group: GroupName,
     shards: ShardCount,
-    ttl: Duration,
-    renew_interval: Duration,
-    margin: Option<Duration>,
-    worker: Option<NodeId>,
-    metadata: MemberMetadata,
-    wake_debounce: Duration,
-    ack_limit: Option<Duration>,
-    cancel: Option<CancellationToken>,
+    node: LeaseNodeBuilder,
 }
 
 impl LeaseWorker {
     /// Default ttl: 30 s.
-    pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+    pub const DEFAULT_TTL: Duration = LeaseNode::DEFAULT_TTL;
     /// Default renew interval: 10 s.
-    pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(10);
+    pub const DEFAULT_RENEW_INTERVAL: Duration = LeaseNode::DEFAULT_RENEW_INTERVAL;
     /// Default pause after a wake-up before re-planning, to fold bursts together: 10 ms.
-    pub const DEFAULT_WAKE_DEBOUNCE: Duration = Duration::from_millis(10);
+    pub const DEFAULT_WAKE_DEBOUNCE: Duration = LeaseNode::DEFAULT_WAKE_DEBOUNCE;
 
     /// A builder for a worker of `group`, split into `shards` buckets.
     pub fn builder(group: GroupName, shards: ShardCount) -> LeaseWorkerBuilder {
         LeaseWorkerBuilder {
             group,
             shards,
-            ttl: Self::DEFAULT_TTL,
-            renew_interval: Self::DEFAULT_RENEW_INTERVAL,
-            margin: None,
-            worker: None,
-            metadata: MemberMetadata::empty(),
-            wake_debounce: Self::DEFAULT_WAKE_DEBOUNCE,
-            ack_limit: None,
-            cancel: None,
+            node: LeaseNode::builder(),
         }
     }
 
@@ -148,165 +131,136 @@ impl LeaseWorker {
         self.shards
     }
 
+    /// The node the worker runs as.
+    pub fn node(&self) -> &LeaseNode {
+        &self.node
+    }
+
     /// The worker's id.
     pub fn node_id(&self) -> NodeId {
-        self.worker
+        self.node.node_id()
     }
 
     /// The session ttl.
     pub fn ttl(&self) -> Ttl {
-        self.timing.ttl
+        self.node.ttl()
     }
 
     /// The renew interval.
     pub fn renew_interval(&self) -> Duration {
-        self.timing.renew_interval
+        self.node.renew_interval()
     }
 
     /// The safety margin of self-fencing.
     pub fn safety_margin(&self) -> Duration {
-        self.timing.margin
+        self.node.safety_margin()
     }
 }
 
 impl LeaseWorkerBuilder {
-    /// How long the session lives after a heartbeat (default 30 s).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
+    /// See [`LeaseNodeBuilder::ttl`].
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.with(|n| n.ttl(ttl))
     }
 
-    /// How often to heartbeat and re-plan (default 10 s).
-    pub fn renew_interval(mut self, interval: Duration) -> Self {
-        self.renew_interval = interval;
-        self
+    /// See [`LeaseNodeBuilder::renew_interval`].
+    pub fn renew_interval(self, interval: Duration) -> Self {
+        self.with(|n| n.renew_interval(interval))
     }
 
-    /// How long before the store could expire a lease the worker stops trusting it: a lease
-    /// is trusted until `sent + ttl - margin`, `sent` being when the last successful heartbeat
-    /// was sent (default: a sixth of the ttl, at most half of `ttl - 1.5 x renew_interval`).
-    /// It absorbs clock-rate drift between this host and the store, scheduling delays and
-    /// handler time; it must be positive and below `ttl - 1.5 x renew_interval`.
-    pub fn safety_margin(mut self, margin: Duration) -> Self {
-        self.margin = Some(margin);
-        self
+    /// See [`LeaseNodeBuilder::safety_margin`].
+    pub fn safety_margin(self, margin: Duration) -> Self {
+        self.with(|n| n.safety_margin(margin))
     }
 
-    /// The worker's id (default: a fresh UUID v7). Use a fresh id for every process start.
-    pub fn node_id(mut self, worker: NodeId) -> Self {
-        self.worker = Some(worker);
-        self
+    /// See [`LeaseNodeBuilder::node_id`].
+    pub fn node_id(self, node: NodeId) -> Self {
+        self.with(|n| n.node_id(node))
     }
 
-    /// What to show about this worker in `leasectl status` (host, pid, version...).
-    pub fn metadata(mut self, metadata: MemberMetadata) -> Self {
-        self.metadata = metadata;
-        self
+    /// See [`LeaseNodeBuilder::metadata`].
+    pub fn metadata(self, metadata: MemberMetadata) -> Self {
+        self.with(|n| n.metadata(metadata))
     }
 
-    /// Pause after a wake-up before re-planning, so a burst of changes costs one tick
-    /// (default 10 ms).
-    pub fn wake_debounce(mut self, debounce: Duration) -> Self {
-        self.wake_debounce = debounce;
-        self
+    /// See [`LeaseNodeBuilder::wake_debounce`].
+    pub fn wake_debounce(self, debounce: Duration) -> Self {
+        self.with(|n| n.wake_debounce(debounce))
     }
 
-    /// How long the application may take to stop working on a revoked bucket (to drop its
-    /// [`BucketLease`](crate::BucketLease)) before the worker reports the bucket stuck and keeps
-    /// it, never released, out of the store's hands until its session ends (default: the
-    /// ttl). A handler's revocation is acknowledged when `on_revoked` returns, which the worker
-    /// awaits whatever this says.
-    pub fn revoke_ack_limit(mut self, limit: Duration) -> Self {
-        self.ack_limit = Some(limit);
-        self
+    /// See [`LeaseNodeBuilder::revoke_ack_limit`].
+    pub fn revoke_ack_limit(self, limit: Duration) -> Self {
+        self.with(|n| n.revoke_ack_limit(limit))
     }
 
-    /// Stop gracefully when `token` is cancelled (default: a token of the worker's own). Each
-    /// run of the configuration stops on a child token of its own
-    /// ([`WorkerHandle::cancellation_token`](crate::WorkerHandle::cancellation_token)), so
-    /// stopping one run leaves the configuration free to start again.
-    pub fn cancellation_token(mut self, token: CancellationToken) -> Self {
-        self.cancel = Some(token);
+    /// See [`LeaseNodeBuilder::cancellation_token`]; each run stops on a child token of its
+    /// own ([`WorkerHandle::cancellation_token`](crate::WorkerHandle::cancellation_token)).
+    pub fn cancellation_token(self, token: CancellationToken) -> Self {
+        self.with(|n| n.cancellation_token(token))
+    }
+
+    fn with(mut self, set: impl FnOnce(LeaseNodeBuilder) -> LeaseNodeBuilder) -> Self {
+        self.node = set(self.node);
         self
     }
 
     /// Validate and build.
     pub fn build(self) -> Result<LeaseWorker, ConfigError> {
-        let timing = Timing::validate(
-            self.ttl,
-            self.renew_interval,
-            self.margin,
-            self.wake_debounce,
-            self.ack_limit,
-        )?;
         Ok(LeaseWorker {
             group: self.group,
             shards: self.shards,
-            timing,
-            worker: self.worker.unwrap_or_default(),
-            metadata: self.metadata,
-            cancel: self.cancel.unwrap_or_default(),
-            running: RunFlag::default(),
+            node: self.node.build()?,
         })
     }
 }
 
-/// The timing of a node (a worker's included), checked.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Timing {
-    pub(crate) ttl: Ttl,
-    pub(crate) renew_interval: Duration,
-    pub(crate) margin: Duration,
-    pub(crate) wake_debounce: Duration,
-    pub(crate) ack_limit: Option<Duration>,
-    /// A node's hand-over on a graceful stop (`None` for a worker, and by default).
-    pub(crate) keep_on_stop: Option<Ttl>,
-}
-
-impl Timing {
-    /// The rules every node's timing follows, each with its error; the margin and the
-    /// acknowledgement limit get their defaults here.
-    fn validate(
-        ttl: Duration,
-        renew_interval: Duration,
-        margin: Option<Duration>,
-        wake_debounce: Duration,
-        ack_limit: Option<Duration>,
-    ) -> Result<Self, ConfigError> {
-        if renew_interval.is_zero() {
-            return Err(ConfigError::RenewIntervalZero);
-        }
-        let ttl = Ttl::new(ttl)?;
-        let ttl_d = ttl.as_duration();
-        if ttl_d <= renew_interval * 2 {
-            return Err(ConfigError::TtlTooShort {
-                ttl: ttl_d,
-                renew_interval,
-            });
-        }
-        let limit = ttl_d - renew_interval * 3 / 2;
-        let margin = margin.unwrap_or_else(|| (ttl_d / 6).min(limit / 2));
-        if margin.is_zero() {
-            return Err(ConfigError::MarginZero);
-        }
-        if margin >= limit {
-            return Err(ConfigError::MarginTooLarge { margin, limit });
-        }
-        if wake_debounce >= renew_interval {
-            return Err(ConfigError::DebounceTooLong {
-                debounce: wake_debounce,
-                renew_interval,
-            });
-        }
-        Ok(Self {
-            ttl,
+/// The rules every node's timing follows, each with its error; the margin, the
+/// acknowledgement limit and the call timeout get their defaults here. The result is the
+/// machine's [`Rules`], with a placeholder incarnation (each start draws its own).
+fn validate(b: &LeaseNodeBuilder) -> Result<Rules, ConfigError> {
+    let renew_interval = b.renew_interval;
+    if renew_interval.is_zero() {
+        return Err(ConfigError::RenewIntervalZero);
+    }
+    let ttl = Ttl::new(b.ttl)?;
+    let ttl_d = ttl.as_duration();
+    if ttl_d <= renew_interval * 2 {
+        return Err(ConfigError::TtlTooShort {
+            ttl: ttl_d,
             renew_interval,
-            margin,
-            wake_debounce,
-            ack_limit: Some(ack_limit.unwrap_or(ttl_d)),
-            keep_on_stop: None,
-        })
+        });
     }
+    let limit = ttl_d - renew_interval * 3 / 2;
+    let margin = b.margin.unwrap_or_else(|| (ttl_d / 6).min(limit / 2));
+    if margin.is_zero() {
+        return Err(ConfigError::MarginZero);
+    }
+    if margin >= limit {
+        return Err(ConfigError::MarginTooLarge { margin, limit });
+    }
+    if b.wake_debounce >= renew_interval {
+        return Err(ConfigError::DebounceTooLong {
+            debounce: b.wake_debounce,
+            renew_interval,
+        });
+    }
+    let keep_on_stop = match b.keep_on_stop {
+        Some(_) if b.node.is_none() => return Err(ConfigError::KeepOnStopNeedsNodeId),
+        Some(keep) => Some(Ttl::new(keep).map_err(ConfigError::KeepOnStop)?),
+        None => None,
+    };
+    Ok(Rules {
+        node: b.node.unwrap_or_default(),
+        incarnation: Incarnation::new(),
+        metadata: b.metadata.clone(),
+        ttl,
+        renew_interval,
+        safety_margin: margin,
+        wake_debounce: b.wake_debounce,
+        call_timeout: renew_interval.max(ttl_d / 2),
+        ack_limit: Some(b.ack_limit.unwrap_or(ttl_d)),
+        keep_on_stop,
+    })
 }
 
 /// A validated node configuration: one process's session, shared by the groups it is added
@@ -349,9 +303,8 @@ impl Timing {
 /// ```
 #[derive(Debug, Clone)]
 pub struct LeaseNode {
-    pub(crate) node: NodeId,
-    pub(crate) timing: Timing,
-    pub(crate) metadata: MemberMetadata,
+    /// The machine's rules, validated; each start draws a fresh incarnation.
+    pub(crate) rules: Rules,
     pub(crate) cancel: CancellationToken,
     /// Shared with clones: one of them runs at a time.
     pub(crate) running: RunFlag,
@@ -372,15 +325,22 @@ pub struct LeaseNodeBuilder {
 }
 
 impl LeaseNode {
-    /// A builder of a node, with the defaults of [`LeaseWorker`]'s timing.
+    /// Default ttl: 30 s.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+    /// Default renew interval: 10 s.
+    pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(10);
+    /// Default pause after a wake-up before re-planning, to fold bursts together: 10 ms.
+    pub const DEFAULT_WAKE_DEBOUNCE: Duration = Duration::from_millis(10);
+
+    /// A builder of a node, with the default timing.
     pub fn builder() -> LeaseNodeBuilder {
         LeaseNodeBuilder {
-            ttl: LeaseWorker::DEFAULT_TTL,
-            renew_interval: LeaseWorker::DEFAULT_RENEW_INTERVAL,
+            ttl: Self::DEFAULT_TTL,
+            renew_interval: Self::DEFAULT_RENEW_INTERVAL,
             margin: None,
             node: None,
             metadata: MemberMetadata::empty(),
-            wake_debounce: LeaseWorker::DEFAULT_WAKE_DEBOUNCE,
+            wake_debounce: Self::DEFAULT_WAKE_DEBOUNCE,
             ack_limit: None,
             cancel: None,
             keep_on_stop: None,
@@ -389,22 +349,31 @@ impl LeaseNode {
 
     /// The node's id.
     pub fn node_id(&self) -> NodeId {
-        self.node
+        self.rules.node
     }
 
     /// The session ttl.
     pub fn ttl(&self) -> Ttl {
-        self.timing.ttl
+        self.rules.ttl
     }
 
     /// The renew interval.
     pub fn renew_interval(&self) -> Duration {
-        self.timing.renew_interval
+        self.rules.renew_interval
     }
 
     /// The safety margin of self-fencing.
     pub fn safety_margin(&self) -> Duration {
-        self.timing.margin
+        self.rules.safety_margin
+    }
+
+    /// The rules a [`Machine`](crate::machine::Machine) of this node follows, with a fresh
+    /// incarnation: for an application that drives the machine itself.
+    pub fn rules(&self) -> Rules {
+        Rules {
+            incarnation: Incarnation::new(),
+            ..self.rules.clone()
+        }
     }
 }
 
@@ -421,9 +390,11 @@ impl LeaseNodeBuilder {
         self
     }
 
-    /// How long before the store could expire a lease the node stops trusting it (default: a
-    /// sixth of the ttl, at most half of `ttl - 1.5 x renew_interval`); see
-    /// [`LeaseWorkerBuilder::safety_margin`].
+    /// How long before the store could expire a lease the node stops trusting it: a lease
+    /// is trusted until `sent + ttl - margin`, `sent` being when the last successful heartbeat
+    /// was sent (default: a sixth of the ttl, at most half of `ttl - 1.5 x renew_interval`).
+    /// It absorbs clock-rate drift between this host and the store, scheduling delays and
+    /// handler time; it must be positive and below `ttl - 1.5 x renew_interval`.
     pub fn safety_margin(mut self, margin: Duration) -> Self {
         self.margin = Some(margin);
         self
@@ -450,9 +421,11 @@ impl LeaseNodeBuilder {
         self
     }
 
-    /// How long an application may take to stop working on a revoked bucket before the node
-    /// reports the bucket stuck and keeps it (default: the ttl); see
-    /// [`LeaseWorkerBuilder::revoke_ack_limit`].
+    /// How long the application may take to stop working on a revoked bucket (to drop its
+    /// [`BucketLease`](crate::BucketLease)) before the node reports the bucket stuck and keeps
+    /// it, never released, out of the store's hands until its session ends (default: the
+    /// ttl). A handler's revocation is acknowledged when `on_revoked` returns, which the node
+    /// awaits whatever this says.
     pub fn revoke_ack_limit(mut self, limit: Duration) -> Self {
         self.ack_limit = Some(limit);
         self
@@ -479,23 +452,8 @@ impl LeaseNodeBuilder {
 
     /// Validate and build.
     pub fn build(self) -> Result<LeaseNode, ConfigError> {
-        let mut timing = Timing::validate(
-            self.ttl,
-            self.renew_interval,
-            self.margin,
-            self.wake_debounce,
-            self.ack_limit,
-        )?;
-        if let Some(keep) = self.keep_on_stop {
-            if self.node.is_none() {
-                return Err(ConfigError::KeepOnStopNeedsNodeId);
-            }
-            timing.keep_on_stop = Some(Ttl::new(keep).map_err(ConfigError::KeepOnStop)?);
-        }
         Ok(LeaseNode {
-            node: self.node.unwrap_or_default(),
-            timing,
-            metadata: self.metadata,
+            rules: validate(&self)?,
             cancel: self.cancel.unwrap_or_default(),
             running: RunFlag::default(),
         })

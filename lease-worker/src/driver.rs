@@ -16,15 +16,14 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use lease_core::{
-    BackendFailure, Bucket, Chain, Change, ChangeFeed, FencingToken, GroupName, Incarnation,
-    MemberMetadata, NodeId, ShardCount, StoreError, Weight, WorkerStore,
+    BackendFailure, Bucket, Chain, Change, ChangeFeed, FencingToken, GroupName, ShardCount,
+    StoreError, Weight, WorkerStore,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Timing;
 use crate::events::WorkerFailed;
 use crate::leases::Trust;
 use crate::machine::{Answered, Delivery, Input, Machine, Output, Owned, Rules, StoreCall};
@@ -572,22 +571,6 @@ impl Driver {
     }
 }
 
-/// The machine's rules for a node of this timing, id and metadata, and a fresh incarnation.
-fn rules(node: NodeId, timing: Timing, metadata: MemberMetadata) -> Rules {
-    Rules {
-        node,
-        incarnation: Incarnation::new(),
-        metadata,
-        ttl: timing.ttl,
-        renew_interval: timing.renew_interval,
-        safety_margin: timing.margin,
-        wake_debounce: timing.wake_debounce,
-        call_timeout: timing.renew_interval.max(timing.ttl.as_duration() / 2),
-        ack_limit: timing.ack_limit,
-        keep_on_stop: timing.keep_on_stop,
-    }
-}
-
 /// Register `group`'s metrics (on the caller's task: a test's local recorder sees the
 /// series) and start its application task: what the node needs to add the group.
 pub(crate) fn prepare<A: Application>(
@@ -630,10 +613,9 @@ pub(crate) struct Launch {
     driver: Driver,
 }
 
+/// A node task of `rules` (their incarnation this start's), not started yet.
 pub(crate) fn launch(
-    node: NodeId,
-    timing: Timing,
-    metadata: MemberMetadata,
+    rules: Rules,
     store: Arc<dyn WorkerStore>,
     cancel: CancellationToken,
     running: Running,
@@ -643,7 +625,7 @@ pub(crate) fn launch(
     let (apps_tx, apps) = mpsc::unbounded_channel();
     let (trust, watching) = watch::channel(None);
     let driver = Driver {
-        machine: Machine::new(rules(node, timing, metadata), now()),
+        machine: Machine::new(rules, now()),
         store,
         cancel,
         commands,

@@ -175,6 +175,21 @@ enum HandingOver {
     Done,
 }
 
+/// Where the node is in its life.
+#[derive(Debug)]
+enum Lifecycle {
+    /// Sharing its groups.
+    Running,
+    /// Removing every group; then it finishes with `ended` (`Ok` when it was asked to stop),
+    /// once the session is handed over if `handing_over` says so.
+    Stopping {
+        ended: Result<(), WorkerFailed>,
+        handing_over: HandingOver,
+    },
+    /// Done: nothing more comes.
+    Finished,
+}
+
 /// The node's state machine; see the module documentation.
 #[derive(Debug)]
 pub struct Machine {
@@ -201,8 +216,8 @@ pub struct Machine {
     /// Work started (a tick, or a group's small run) whose end is still to be marked.
     open: bool,
     in_flight: Option<InFlight>,
-    /// Whether a graceful stop hands the session over, and how far it got.
-    handing_over: HandingOver,
+    /// Running, stopping (and how far the hand-over got) or finished.
+    life: Lifecycle,
     /// A revocation was not acknowledged in time (a bucket is stuck): the session must not
     /// pass to a successor, who would hold that bucket under the same token while the stuck
     /// application may still write with it. The node leaves instead.
@@ -223,9 +238,6 @@ pub struct Machine {
     /// relative to a reading of the node's: forward steps show as a rise above the least.
     ahead: VecDeque<(Instant, TimeDelta)>,
     reports: VecDeque<Report>,
-    /// Why the node is stopping (`Ok`: it was asked to), once it is.
-    stopping: Option<Result<(), WorkerFailed>>,
-    finished: bool,
     /// Where the search for the next group call starts, so that groups take turns.
     cursor: usize,
     /// Groups added and not yet ensured and subscribed, in the order they were added: they
@@ -270,7 +282,7 @@ impl Machine {
             again: false,
             open: false,
             in_flight: None,
-            handing_over: HandingOver::No,
+            life: Lifecycle::Running,
             stuck_seen: false,
             leave_skipped: false,
             unrun: Vec::new(),
@@ -279,8 +291,6 @@ impl Machine {
             last_beat: None,
             ahead: VecDeque::new(),
             reports: VecDeque::new(),
-            stopping: None,
-            finished: false,
             cursor: 0,
             admitting: Vec::new(),
             ended_early: VecDeque::new(),
@@ -378,18 +388,37 @@ impl Machine {
 
     /// Whether the machine finished.
     pub fn is_finished(&self) -> bool {
-        self.finished
+        matches!(self.life, Lifecycle::Finished)
     }
 
     /// Whether the node is stopping (or stopped).
     pub fn is_stopping(&self) -> bool {
-        self.stopping.is_some() || self.finished
+        !matches!(self.life, Lifecycle::Running)
+    }
+
+    /// Stopping, not finished yet.
+    fn winding_up(&self) -> bool {
+        matches!(self.life, Lifecycle::Stopping { .. })
+    }
+
+    /// How far a stop's hand-over got (`No` unless stopping).
+    fn handing_over(&self) -> HandingOver {
+        match self.life {
+            Lifecycle::Stopping { handing_over, .. } => handing_over,
+            _ => HandingOver::No,
+        }
+    }
+
+    fn set_handing_over(&mut self, to: HandingOver) {
+        if let Lifecycle::Stopping { handing_over, .. } = &mut self.life {
+            *handing_over = to;
+        }
     }
 
     /// Whether a tick is under way (or the node is stopping), as opposed to waiting for the
     /// next one.
     pub fn is_busy(&self) -> bool {
-        !self.is_idle() || self.stopping.is_some()
+        !self.is_idle() || self.winding_up()
     }
 
     fn is_idle(&self) -> bool {
@@ -409,7 +438,7 @@ impl Machine {
     fn busy_wake_at(&self) -> Option<Instant> {
         // Almost always none: answer that before scanning the groups' queued steps.
         let at = self.woken_at?;
-        if self.stopping.is_some()
+        if self.winding_up()
             || self.failures > 0
             || !self.has_active_groups()
             || self.is_idle()
@@ -449,7 +478,7 @@ impl Machine {
     /// failure the backoff decides), some group shared, and the node busy (idle, the next
     /// tick covers it).
     fn busy_renewal_at(&self) -> Option<Instant> {
-        if self.stopping.is_some()
+        if self.winding_up()
             || self.failures > 0
             || self.heartbeat_wanted
             || self.in_flight.is_some()
@@ -471,7 +500,7 @@ impl Machine {
             || self.session.is_none()
             || self.in_flight.is_some()
             || self.heartbeat_wanted
-            || (self.stopping.is_none() && self.has_active_groups())
+            || (!self.winding_up() && self.has_active_groups())
         {
             return None;
         }
@@ -501,14 +530,14 @@ impl Machine {
     ///
     /// [`handle_timeout`]: Self::handle_timeout
     pub fn poll_timeout(&self) -> Option<Instant> {
-        if self.finished {
+        if self.is_finished() {
             return None;
         }
         let fence = (self.owned_total() > 0 && !self.fenced)
             .then_some(self.trusted_until)
             .flatten();
         let idle = self.is_idle();
-        let ticking = idle && self.stopping.is_none() && self.has_active_groups();
+        let ticking = idle && !self.winding_up() && self.has_active_groups();
         let revoking = self
             .groups
             .iter()
@@ -525,7 +554,7 @@ impl Machine {
             self.in_flight.as_ref().map(|f| f.deadline),
             revoking,
             self.next_tick.filter(|_| ticking),
-            release_retry.filter(|_| idle && self.stopping.is_none()),
+            release_retry.filter(|_| idle && !self.winding_up()),
             self.busy_renewal_at(),
             self.busy_wake_at(),
             self.winding_down_renewal_at(),
@@ -537,7 +566,7 @@ impl Machine {
 
     /// Handle what happened at `now`.
     pub fn handle(&mut self, now: Instant, input: Input) {
-        if self.finished {
+        if self.is_finished() {
             return;
         }
         match input {
@@ -604,7 +633,7 @@ impl Machine {
             }
             Input::HandedOver(result) => {
                 if self.take_call(Operation::HandOver, None).is_some() {
-                    self.handing_over = HandingOver::Done;
+                    self.set_handing_over(HandingOver::Done);
                     match result {
                         Ok(Some(until)) => self.reports.push_back(Report::HandedOver { until }),
                         Ok(None) => self.hand_over_failed(None),
@@ -659,7 +688,7 @@ impl Machine {
                 }
             }
             Input::Stop => {
-                if self.stopping.is_none() {
+                if !self.winding_up() {
                     self.stop(Ok(()), RevokeReason::Shutdown);
                 }
             }
@@ -668,7 +697,7 @@ impl Machine {
 
     /// Handle the deadlines that passed by `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.finished {
+        if self.is_finished() {
             return;
         }
         // The trust deadline first: nothing held may be trusted past it, in any group.
@@ -703,7 +732,7 @@ impl Machine {
                     released: Err(WorkerError::Timeout { operation, after }),
                 });
             } else if operation == Operation::HandOver {
-                self.handing_over = HandingOver::Done;
+                self.set_handing_over(HandingOver::Done);
                 self.hand_over_failed(Some(WorkerError::Timeout { operation, after }));
             } else {
                 self.on_failure(now, group, WorkerError::Timeout { operation, after });
@@ -722,7 +751,7 @@ impl Machine {
                 });
             }
         }
-        if self.is_idle() && self.stopping.is_none() {
+        if self.is_idle() && !self.winding_up() {
             if let Some(g) = self
                 .groups
                 .iter_mut()

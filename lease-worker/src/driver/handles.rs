@@ -327,25 +327,18 @@ impl LeaseNode {
     where
         S: WorkerStore + 'static,
     {
-        let running = self.running.claim_node(self.node)?;
+        let node = self.node_id();
+        let running = self.running.claim_node(node)?;
         let store: Arc<dyn WorkerStore> = Arc::new(store);
         // A token of this run's own: stopping it (its handle's shutdown, or dropping the
         // handle) must not stop the configuration's later runs, while cancelling the
         // configuration's token still stops every run.
         let cancel = self.cancel.child_token();
-        let parts = launch(
-            self.node,
-            self.timing,
-            self.metadata.clone(),
-            store,
-            cancel.clone(),
-            running,
-            false,
-        );
-        let span = tracing::info_span!("lease_node", node = %self.node);
+        let parts = launch(self.rules(), store, cancel.clone(), running, false);
+        let span = tracing::info_span!("lease_node", node = %node);
         let task = tokio::spawn(tracing::Instrument::instrument(parts.driver.run(), span));
         Ok(NodeHandle {
-            node: self.node,
+            node,
             cancel,
             task: Some(task),
             commands: parts.commands,
@@ -495,21 +488,13 @@ impl LeaseWorker {
         S: WorkerStore + 'static,
         A: Application,
     {
-        let running = self.running.claim(&self.group, self.worker)?;
+        let worker = self.node.node_id();
+        let running = self.node.running.claim(&self.group, worker)?;
         let store: Arc<dyn WorkerStore> = Arc::new(store);
-        let cancel = self.cancel.child_token();
-        let parts = launch(
-            self.worker,
-            self.timing,
-            self.metadata.clone(),
-            store,
-            cancel.clone(),
-            running,
-            true,
-        );
+        let cancel = self.node.cancel.child_token();
+        let parts = launch(self.node.rules(), store, cancel.clone(), running, true);
         let (app, extra) = app(parts.trust.clone());
         let (prepared, owned, _) = prepare(self.group.clone(), self.shards, app, parts.apps);
-        let worker = self.worker;
         let span = tracing::info_span!("lease_worker", group = %self.group, worker = %worker);
         let task = tokio::spawn(tracing::Instrument::instrument(parts.driver.run(), span));
         if let Err(e) = add(&parts.commands, prepared).await {

@@ -12,8 +12,8 @@ impl Machine {
     /// from the heartbeat after. False (nothing changes) if the node has the group already
     /// (being added or removed included) or is stopping.
     pub fn add_group(&mut self, group: GroupName, shards: ShardCount) -> bool {
-        if self.finished
-            || self.stopping.is_some()
+        if self.is_finished()
+            || self.winding_up()
             || self.index(&group).is_some()
             || self.admitting_index(&group).is_some()
         {
@@ -74,7 +74,7 @@ impl Machine {
             return;
         };
         let a = self.admitting.remove(k);
-        if a.cancelled || self.stopping.is_some() {
+        if a.cancelled || self.winding_up() {
             self.ended_early.push_back((a.name, Ok(())));
         } else {
             self.join_group(now, a.name, a.shards);
@@ -122,7 +122,7 @@ impl Machine {
     /// The next weight to write: a group's whose weight the application set and the store
     /// has not been told under the node's session, once the node is a member there.
     pub(super) fn weight_call(&mut self, now: Instant) -> Option<Output> {
-        if self.stopping.is_some() {
+        if self.winding_up() {
             return None;
         }
         let session = self.session?;

@@ -14,7 +14,7 @@ impl Machine {
             Ok(beat) => beat,
             Err(e) => return self.on_store_error(now, None, Operation::Heartbeat, e),
         };
-        if self.stopping.is_some() {
+        if self.winding_up() {
             // Stopping: the session keeps the applications' leases trusted until their
             // revocations are acknowledged, and it is the one to leave (or hand over).
             self.failures = 0;
@@ -285,7 +285,7 @@ impl Machine {
     }
 
     pub(super) fn on_joined(&mut self, now: Instant, i: usize, result: Result<(), StoreError>) {
-        if self.stopping.is_some() || self.groups[i].removing.is_some() {
+        if self.winding_up() || self.groups[i].removing.is_some() {
             // Its leave follows.
             return;
         }
@@ -313,7 +313,7 @@ impl Machine {
         i: usize,
         result: Result<Vec<Bucket>, StoreError>,
     ) {
-        if self.stopping.is_some() || self.groups[i].removing.is_some() {
+        if self.winding_up() || self.groups[i].removing.is_some() {
             return;
         }
         match result {
@@ -352,7 +352,7 @@ impl Machine {
         i: usize,
         result: Result<Vec<Lease>, StoreError>,
     ) {
-        if self.stopping.is_some() || self.groups[i].removing.is_some() {
+        if self.winding_up() || self.groups[i].removing.is_some() {
             // What was won goes with the leave.
             return;
         }

@@ -23,11 +23,11 @@ impl Machine {
             source: e,
         };
         let removing = i.is_some_and(|i| self.groups[i].removing.is_some());
-        if self.stopping.is_some() && i.is_none() {
+        if self.winding_up() && i.is_none() {
             // A renewal during the stop, whatever the error: retried after a backoff while
             // the stop goes on (the trust deadline fences if none succeeds).
             self.on_failure(now, None, error);
-        } else if self.stopping.is_some() || removing {
+        } else if self.winding_up() || removing {
             self.reports.push_back(Report::Error {
                 group: i.map(|i| self.groups[i].name.clone()),
                 error,
@@ -52,7 +52,7 @@ impl Machine {
     /// failure.
     pub(super) fn on_failure(&mut self, now: Instant, i: Option<usize>, error: WorkerError) {
         let removing = i.is_some_and(|i| self.groups[i].removing.is_some());
-        if self.stopping.is_some() || removing {
+        if self.winding_up() || removing {
             match (i, &error) {
                 (
                     Some(i),
@@ -109,14 +109,19 @@ impl Machine {
     /// The hand-over failed (`None`: the session had ended before it): the node ends with
     /// the failure, its memberships and buckets left to the session's expiry.
     pub(super) fn hand_over_failed(&mut self, source: Option<WorkerError>) {
-        if matches!(self.stopping, Some(Ok(()))) {
-            self.stopping = Some(Err(WorkerFailed::HandOverFailed { source }));
+        if let Lifecycle::Stopping { ended, .. } = &mut self.life
+            && ended.is_ok()
+        {
+            *ended = Err(WorkerFailed::HandOverFailed { source });
         }
     }
 
     pub(super) fn stop(&mut self, ended: Result<(), WorkerFailed>, reason: RevokeReason) {
         let failed = ended.is_err();
-        self.stopping = Some(ended);
+        self.life = Lifecycle::Stopping {
+            ended,
+            handing_over: HandingOver::No,
+        };
         // A graceful stop of a node with a session hands it over instead of leaving, if
         // configured to; a failure leaves (or lets the session expire) as always.
         let hand_over = match (self.rules.keep_on_stop, failed, self.session) {
@@ -148,7 +153,7 @@ impl Machine {
         // Once no revocation is outstanding in any group, every group's leave is skipped, or,
         // if a bucket got stuck by then, every group leaves.
         if let Some(keep) = hand_over {
-            self.handing_over = HandingOver::Due(keep);
+            self.set_handing_over(HandingOver::Due(keep));
         }
     }
 }

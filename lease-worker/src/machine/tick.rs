@@ -14,7 +14,7 @@ impl Machine {
         if let Some((group, ended)) = self.ended_early.pop_front() {
             return Some(Output::GroupFinished(group, ended));
         }
-        if self.finished {
+        if self.is_finished() {
             return None;
         }
         loop {
@@ -46,7 +46,7 @@ impl Machine {
             // now, as it may have been added since the heartbeat), also on a stop, unless the
             // session is handed over (the successor decides).
             if let Some(session) = self.session
-                && !matches!(self.handing_over, HandingOver::Due(_) | HandingOver::Sent)
+                && !matches!(self.handing_over(), HandingOver::Due(_) | HandingOver::Sent)
                 && let Some(group) = self.unrun.pop()
             {
                 if self.index(&group).is_none() && self.admitting_index(&group).is_none() {
@@ -76,7 +76,7 @@ impl Machine {
                     continue;
                 }
                 if matches!(g.steps.front(), Some(Step::Leave))
-                    && matches!(self.handing_over, HandingOver::Due(_))
+                    && matches!(self.handing_over(), HandingOver::Due(_))
                     && self.revocations_outstanding()
                 {
                     // Whether the groups leave or hand over is decided for all of them at
@@ -100,17 +100,17 @@ impl Machine {
                 break;
             }
         }
-        if self.stopping.is_some()
+        if self.winding_up()
             && self.groups.is_empty()
             && self.admitting.is_empty()
             && self.in_flight.is_none()
-            && let HandingOver::Due(keep) = self.handing_over
+            && let HandingOver::Due(keep) = self.handing_over()
         {
             if self.stuck_seen || !self.leave_skipped {
                 // Nothing to hand over, or a bucket is stuck (see `stuck_seen`).
-                self.handing_over = HandingOver::No;
+                self.set_handing_over(HandingOver::No);
             } else {
-                self.handing_over = HandingOver::Sent;
+                self.set_handing_over(HandingOver::Sent);
                 let call = StoreCall::HandOver {
                     node: self.rules.node,
                     incarnation: self.rules.incarnation,
@@ -119,14 +119,16 @@ impl Machine {
                 return Some(self.call(now, call));
             }
         }
-        if self.stopping.is_some()
+        if self.winding_up()
             && self.groups.is_empty()
             && self.admitting.is_empty()
             && self.in_flight.is_none()
-            && self.handing_over != HandingOver::Sent
+            && self.handing_over() != HandingOver::Sent
         {
-            self.finished = true;
-            let ended = self.stopping.take().unwrap_or(Ok(()));
+            let ended = match std::mem::replace(&mut self.life, Lifecycle::Finished) {
+                Lifecycle::Stopping { ended, .. } => ended,
+                _ => Ok(()),
+            };
             return Some(Output::Finished(ended));
         }
         if self.open && self.is_idle() {
@@ -249,7 +251,7 @@ impl Machine {
                     takeover,
                 }
             }
-            Step::Leave => match self.handing_over {
+            Step::Leave => match self.handing_over() {
                 // The membership goes to the successor with the session.
                 HandingOver::Due(_) if !self.stuck_seen => {
                     self.leave_skipped = true;
@@ -258,7 +260,7 @@ impl Machine {
                 HandingOver::Due(_) => {
                     // A stuck bucket: no hand-over; every group leaves (the decision waited
                     // until no revocation was outstanding in any group, see `poll`).
-                    self.handing_over = HandingOver::No;
+                    self.set_handing_over(HandingOver::No);
                     StoreCall::Leave {
                         group,
                         node,
@@ -312,7 +314,7 @@ impl Machine {
         i: usize,
         d: Delivery,
     ) -> Option<Output> {
-        let stopping = self.stopping.is_some();
+        let stopping = self.winding_up();
         let g = &mut self.groups[i];
         match d {
             Delivery::Assign { bucket, token } => {
@@ -415,7 +417,7 @@ impl Machine {
     }
 
     pub(super) fn on_acked(&mut self, i: usize, bucket: Bucket) {
-        let stopping = self.stopping.is_some();
+        let stopping = self.winding_up();
         let session = self.session;
         let g = &mut self.groups[i];
         // A late acknowledgement frees a stuck bucket too.
@@ -507,7 +509,7 @@ impl Machine {
 
     /// The node went idle after a tick (or a group's small run): schedule the next tick.
     pub(super) fn end_tick(&mut self, now: Instant) {
-        if self.stopping.is_some() {
+        if self.winding_up() {
             return;
         }
         let mut next = if self.again {
