@@ -7,7 +7,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use lease_core::{Bucket, BucketState, GroupName, NodeId, ShardCount, Takeover};
 use lease_diesel::ops;
 
-use crate::duel::{backend_pid, connect, exec, wait_blocked_on_lock, wait_server_past};
+use crate::duel::{backend_pid, blocked, connect, exec, hold_row, wait_server_past};
 use crate::members::{SHARDS, long, member, setup, short};
 
 /// A bucket claimed by a brand-new session after a claimer's statement took its snapshot
@@ -26,17 +26,10 @@ async fn a_claim_never_takes_a_bucket_claimed_after_its_snapshot() {
     wait_server_past(&mut admin, s.first.expires_at).await;
 
     // Hold b's member row, so b's claim takes its snapshot and then waits for the row lock.
-    exec(
-        &mut gate,
-        &format!(
-            "BEGIN; SELECT 1 FROM lease.members WHERE node_id = '{}' FOR UPDATE",
-            s.b
-        ),
-    )
-    .await;
+    hold_row(&mut gate, "lease.members", "node_id", s.b, "FOR UPDATE").await;
     let b_pid = backend_pid(&mut late_claimer).await;
     let (group, b, b_session) = (s.group.clone(), s.b, s.b_session);
-    let blocked = tokio::spawn(async move {
+    let b_claim = blocked(&mut admin, b_pid, async move {
         ops::claim(
             &mut late_claimer,
             None,
@@ -48,8 +41,8 @@ async fn a_claim_never_takes_a_bucket_claimed_after_its_snapshot() {
         )
         .await
         .expect("b's claim")
-    });
-    wait_blocked_on_lock(&mut admin, b_pid).await;
+    })
+    .await;
 
     // Meanwhile c joins (a session b's snapshot cannot see) and takes every bucket.
     let c_session = member(&mut other, &s.group, c, long(), "c joins")
@@ -69,7 +62,7 @@ async fn a_claim_never_takes_a_bucket_claimed_after_its_snapshot() {
     assert_eq!(c_won.len(), SHARDS as usize);
 
     exec(&mut gate, "COMMIT").await;
-    let b_won = blocked.await.expect("the claim task");
+    let b_won = b_claim.await.expect("the claim task");
     assert!(
         b_won.is_empty(),
         "b stole buckets c had claimed after b's snapshot: {b_won:?}"
@@ -112,18 +105,14 @@ async fn a_claim_that_waited_past_its_expiry_claims_nothing() {
     .await
     .expect("ensure");
     let joined = member(&mut conn, &group, b, short(), "b joins").await;
-    exec(
-        &mut judge,
-        &format!("BEGIN; SELECT 1 FROM lease.nodes WHERE node_id = '{b}' FOR UPDATE"),
-    )
-    .await;
+    hold_row(&mut judge, "lease.nodes", "node_id", b, "FOR UPDATE").await;
     let pid = backend_pid(&mut conn).await;
     let (g, session) = (group.clone(), joined.session);
-    let claim = tokio::spawn(async move {
+    let claim = blocked(&mut admin, pid, async move {
         let result = ops::claim(&mut conn, None, &g, b, session, SHARDS, Takeover::Allowed).await;
         (result, conn)
-    });
-    wait_blocked_on_lock(&mut admin, pid).await;
+    })
+    .await;
     wait_server_past(&mut admin, joined.expires_at).await;
     exec(&mut judge, "COMMIT").await;
     let (result, mut conn) = claim.await.expect("the claim task");
@@ -210,14 +199,14 @@ async fn concurrent_claims_walk_past_each_others_rows() {
             .expect("a claims");
         assert_eq!(taken_a.len(), 2, "round {round}: {taken_a:?}");
         let g = group.clone();
-        let b_claims = tokio::spawn(async move {
-            let taken = ops::claim(&mut second, None, &g, b, sb, 2, Takeover::Allowed).await;
-            (taken, second)
-        });
-        // b took its buckets past the rows a holds, and then waits for the one row every claim
+        // b takes its buckets past the rows a holds, and then waits for the one row every claim
         // that took something updates last: the group's change counter, which a holds until
         // it commits. A claim that waited for a's bucket rows would wait on lease.shards.
-        wait_blocked_on_lock(&mut admin, b_pid).await;
+        let b_claims = blocked(&mut admin, b_pid, async move {
+            let taken = ops::claim(&mut second, None, &g, b, sb, 2, Takeover::Allowed).await;
+            (taken, second)
+        })
+        .await;
         assert_eq!(
             row_waited_for(&mut admin, b_pid).await,
             "lease.group_changes",

@@ -4,7 +4,7 @@
 use lease_core::{Bucket, StoreError, Takeover};
 use lease_diesel::ops;
 
-use crate::duel::{backend_pid, connect, exec, flag, wait_blocked_by, wait_blocked_on_lock};
+use crate::duel::{backend_pid, blocked, connect, exec, flag, hold_row, wait_blocked_by};
 use crate::members::{SHARDS, count, long, mode, quarantine_for, two_members};
 
 fn weight(w: u32) -> lease_core::MemberControl {
@@ -29,15 +29,11 @@ async fn a_claim_never_takes_a_bucket_quarantined_after_its_snapshot() {
     let operator_pid = backend_pid(&mut operator).await;
 
     // Hold b's member row, so b's claim takes its snapshot and then waits for the row lock.
-    exec(
-        &mut gate,
-        &format!("BEGIN; SELECT 1 FROM lease.members WHERE node_id = '{b}' FOR UPDATE"),
-    )
-    .await;
+    hold_row(&mut gate, "lease.members", "node_id", b, "FOR UPDATE").await;
     let pid = backend_pid(&mut claimer).await;
     let claim = {
         let group = group.clone();
-        tokio::spawn(async move {
+        blocked(&mut admin, pid, async move {
             let won = ops::claim(
                 &mut claimer,
                 None,
@@ -51,8 +47,8 @@ async fn a_claim_never_takes_a_bucket_quarantined_after_its_snapshot() {
             .expect("b's claim");
             (won, claimer)
         })
+        .await
     };
-    wait_blocked_on_lock(&mut admin, pid).await;
     // Meanwhile bucket 1 goes under quarantine (committed), and bucket 2's quarantine is in
     // flight when the claim walks.
     assert!(
@@ -129,7 +125,7 @@ async fn a_claim_and_a_cordon_of_its_member_serialize() {
     );
     let claim = {
         let group = group.clone();
-        tokio::spawn(async move {
+        blocked(&mut admin, claimer_pid, async move {
             let won = ops::claim(
                 &mut claimer,
                 None,
@@ -143,8 +139,8 @@ async fn a_claim_and_a_cordon_of_its_member_serialize() {
             .expect("b's claim");
             (won, claimer)
         })
+        .await
     };
-    wait_blocked_on_lock(&mut admin, claimer_pid).await;
     exec(&mut operator, "COMMIT").await;
     let (won, mut claimer) = claim.await.expect("the claim task");
     assert!(
@@ -171,7 +167,7 @@ async fn a_claim_and_a_cordon_of_its_member_serialize() {
     assert_eq!(won.len(), 2);
     let cordon = {
         let group = group.clone();
-        tokio::spawn(async move {
+        blocked(&mut admin, operator_pid, async move {
             ops::control(
                 &mut operator,
                 &group,
@@ -181,8 +177,8 @@ async fn a_claim_and_a_cordon_of_its_member_serialize() {
             .await
             .expect("cordon")
         })
+        .await
     };
-    wait_blocked_on_lock(&mut admin, operator_pid).await;
     exec(&mut claimer, "COMMIT").await;
     assert!(
         cordon.await.expect("the cordon task"),
@@ -247,14 +243,14 @@ async fn concurrent_controls_of_one_member_both_take_effect() {
         );
         let concurrent = {
             let group = group.clone();
-            tokio::spawn(async move {
+            blocked(&mut admin, second_pid, async move {
                 let changed = ops::control(&mut second, &group, b, two)
                     .await
                     .expect("the second control");
                 (changed, second)
             })
+            .await
         };
-        wait_blocked_on_lock(&mut admin, second_pid).await;
         exec(&mut first, "COMMIT").await;
         let (changed, back) = concurrent.await.expect("the second control's task");
         second = back;
@@ -304,14 +300,14 @@ async fn a_quarantine_racing_a_resize_lands_in_one_generation() {
         .expect("quarantine");
     let resize = {
         let group = group.clone();
-        tokio::spawn(async move {
+        blocked(&mut admin, resizer_pid, async move {
             let outcome = ops::resize(&mut resizer, None, &group, count(4), count(8))
                 .await
                 .expect("resize 4 -> 8");
             (outcome, resizer)
         })
+        .await
     };
-    wait_blocked_on_lock(&mut admin, resizer_pid).await;
     exec(&mut operator, "COMMIT").await;
     let (_, mut resizer) = resize.await.expect("the resize task");
     let snap = ops::snapshot(&mut admin, None, &group)
@@ -328,33 +324,33 @@ async fn a_quarantine_racing_a_resize_lands_in_one_generation() {
 
     // A resize in flight (held at its last statement, which waits for the change counter); a
     // quarantine of bucket 2 waits for it, then quarantines the new generation's bucket 2.
-    exec(
+    hold_row(
         &mut gate,
-        &format!(
-            "BEGIN; SELECT 1 FROM lease.group_changes WHERE group_name = '{}' FOR UPDATE",
-            group.as_str()
-        ),
+        "lease.group_changes",
+        "group_name",
+        group.as_str(),
+        "FOR UPDATE",
     )
     .await;
     let resize = {
         let group = group.clone();
-        tokio::spawn(async move {
+        blocked(&mut admin, resizer_pid, async move {
             let outcome = ops::resize(&mut resizer, None, &group, count(8), count(16))
                 .await
                 .expect("resize 8 -> 16");
             (outcome, resizer)
         })
+        .await
     };
-    wait_blocked_on_lock(&mut admin, resizer_pid).await;
     let quarantine = {
         let group = group.clone();
-        tokio::spawn(async move {
+        blocked(&mut admin, operator_pid, async move {
             let result =
                 ops::quarantine(&mut operator, None, &group, Bucket(2), quarantine_for(60)).await;
             (result, operator)
         })
+        .await
     };
-    wait_blocked_on_lock(&mut admin, operator_pid).await;
     exec(&mut gate, "COMMIT").await;
     let (_, mut resizer) = resize.await.expect("the resize task");
     let (result, mut operator) = quarantine.await.expect("the quarantine task");
@@ -377,30 +373,30 @@ async fn a_quarantine_racing_a_resize_lands_in_one_generation() {
 
     // A shrinking resize in flight; a quarantine of bucket 12 (in range when it reads the
     // count) finds no bucket 12 once the resize commits.
-    exec(
+    hold_row(
         &mut gate,
-        &format!(
-            "BEGIN; SELECT 1 FROM lease.group_changes WHERE group_name = '{}' FOR UPDATE",
-            group.as_str()
-        ),
+        "lease.group_changes",
+        "group_name",
+        group.as_str(),
+        "FOR UPDATE",
     )
     .await;
     let resize = {
         let group = group.clone();
-        tokio::spawn(async move {
+        blocked(&mut admin, resizer_pid, async move {
             ops::resize(&mut resizer, None, &group, count(16), count(4))
                 .await
                 .expect("resize 16 -> 4")
         })
+        .await
     };
-    wait_blocked_on_lock(&mut admin, resizer_pid).await;
     let quarantine = {
         let group = group.clone();
-        tokio::spawn(async move {
+        blocked(&mut admin, operator_pid, async move {
             ops::quarantine(&mut operator, None, &group, Bucket(12), quarantine_for(60)).await
         })
+        .await
     };
-    wait_blocked_on_lock(&mut admin, operator_pid).await;
     exec(&mut gate, "COMMIT").await;
     resize.await.expect("the resize task");
     match quarantine.await.expect("the quarantine task") {

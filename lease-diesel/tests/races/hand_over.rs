@@ -1,14 +1,13 @@
 //! Hand-over (HO1-HO3): a hand-over against the clock, and renewals and successors waiting
 //! for a hand-over's transaction.
 
-use std::time::Duration;
-
 use diesel_async::AsyncPgConnection;
 use lease_core::{ErrorKind, Incarnation, MemberMetadata, NodeId, NodesSnapshot, Takeover, Ttl};
 use lease_diesel::ops;
 
 use crate::duel::{
-    backend_pid, connect, exec, flag, wait_blocked_by, wait_blocked_on_lock, wait_server_past,
+    backend_pid, blocked, blocked_by, blocked_by_or_done, connect, exec, flag, hold_row, pids,
+    wait_server_past,
 };
 use crate::members::{Beat, SHARDS, assert_sole_owner, long, renew, setup, short, stamps};
 
@@ -40,21 +39,14 @@ async fn a_hand_over_that_waited_for_the_node_row_past_its_expiry_hands_nothing_
     let mut gate = connect(&s.url).await;
     let mut handing = connect(&s.url).await;
     let mut claimer = connect(&s.url).await;
-    exec(
-        &mut gate,
-        &format!(
-            "BEGIN; SELECT 1 FROM lease.nodes WHERE node_id = '{}' FOR SHARE",
-            s.a
-        ),
-    )
-    .await;
+    hold_row(&mut gate, "lease.nodes", "node_id", s.a, "FOR SHARE").await;
     let pid = backend_pid(&mut handing).await;
     let a = s.a;
-    let hand_over = tokio::spawn(async move {
+    let hand_over = blocked(&mut admin, pid, async move {
         let kept = ops::hand_over(&mut handing, None, a, process_of(a), long()).await;
         (kept, handing)
-    });
-    wait_blocked_on_lock(&mut admin, pid).await;
+    })
+    .await;
     // The precondition of the race: the hand-over began before the expiry.
     assert!(
         flag(
@@ -139,16 +131,13 @@ async fn renewal_waits_for_a_hand_over(steady: bool) {
         .await
         .expect("the hand-over")
         .expect("a's live session is handed over");
-    let (handing_pid, renewal_pid) = (
-        backend_pid(&mut handing).await,
-        backend_pid(&mut renewal).await,
-    );
+    let (handing_pid, renewal_pid) = pids(&mut handing, &mut renewal).await;
     let (group, a) = (s.group.clone(), s.a);
-    let late = tokio::spawn(async move {
+    let late = blocked_by(&mut admin, renewal_pid, handing_pid, async move {
         let beat = renew(&mut renewal, a, long(), &seen, "a's renewal").await;
         (beat, renewal)
-    });
-    wait_blocked_by(&mut admin, renewal_pid, handing_pid).await;
+    })
+    .await;
     exec(&mut handing, "COMMIT").await;
     let (beat, mut renewal) = late.await.expect("the renewal task");
     assert!(!beat.new_session, "the session handed over was not kept");
@@ -199,13 +188,12 @@ async fn a_successor_waiting_for_a_hand_over_takes_the_session_over() {
         .await
         .expect("the hand-over")
         .expect("a's live session is handed over");
-    let (handing_pid, successor_pid) = (
-        backend_pid(&mut handing).await,
-        backend_pid(&mut successor).await,
-    );
+    let (handing_pid, successor_pid) = pids(&mut handing, &mut successor).await;
     let (group, a) = (s.group.clone(), s.a);
     let next = Incarnation::new();
-    let late = tokio::spawn(async move {
+    // It waits for the hand-over's lock, or (judging an older version of the row) answers
+    // at once: then the check below says what it answered.
+    let late = blocked_by_or_done(&mut admin, successor_pid, handing_pid, async move {
         let beat = ops::heartbeat(
             &mut successor,
             None,
@@ -217,16 +205,8 @@ async fn a_successor_waiting_for_a_hand_over_takes_the_session_over() {
         )
         .await;
         (beat, successor)
-    });
-    // It waits for the hand-over's lock, or (judging an older version of the row) answers
-    // at once: then the check below says what it answered.
-    let blocked = format!("SELECT {handing_pid} = ANY (pg_blocking_pids({successor_pid})) AS yes");
-    for _ in 0..2_000 {
-        if late.is_finished() || flag(&mut admin, &blocked, None).await {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
     exec(&mut handing, "COMMIT").await;
     let (beat, mut successor) = late.await.expect("the successor's task");
     let beat = beat.unwrap_or_else(|e| panic!("the successor was not let take over: {e}"));

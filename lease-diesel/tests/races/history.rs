@@ -1,13 +1,14 @@
 //! A bucket's history (T1-T5, migration 9): how tenures end and are numbered when claims,
 //! releases, drains, quarantines and resizes race.
 
-use std::time::Duration;
-
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use lease_core::{Bucket, GroupName, NodeId, Takeover};
 use lease_diesel::ops;
 
-use crate::duel::{backend_pid, connect, exec, flag, wait_blocked_by, wait_blocked_on_lock};
+use crate::duel::{
+    backend_pid, blocked, blocked_by, blocked_by_or_done, connect, exec, hold_row, pids,
+    wait_blocked_by,
+};
 use crate::members::{SHARDS, count, long, mode, quarantine_for, short, two_members};
 
 /// Each tenure of `bucket` as (owner, token, how it ended).
@@ -38,10 +39,7 @@ async fn a_resize_clears_the_tenure_a_concurrent_release_ended() {
     let mut admin = connect(&url).await;
     let mut releaser = connect(&url).await;
     let mut resizer = connect(&url).await;
-    let (releaser_pid, resizer_pid) = (
-        backend_pid(&mut releaser).await,
-        backend_pid(&mut resizer).await,
-    );
+    let (releaser_pid, resizer_pid) = pids(&mut releaser, &mut resizer).await;
 
     let won = ops::claim(
         &mut releaser,
@@ -69,11 +67,11 @@ async fn a_resize_clears_the_tenure_a_concurrent_release_ended() {
     assert_eq!(released, [won[0].bucket]);
     let resize = {
         let group = group.clone();
-        tokio::spawn(
-            async move { ops::resize(&mut resizer, None, &group, count(2), count(4)).await },
-        )
+        blocked_by(&mut admin, resizer_pid, releaser_pid, async move {
+            ops::resize(&mut resizer, None, &group, count(2), count(4)).await
+        })
+        .await
     };
-    wait_blocked_by(&mut admin, resizer_pid, releaser_pid).await;
     exec(&mut releaser, "COMMIT").await;
     resize
         .await
@@ -126,15 +124,11 @@ async fn a_claim_numbers_the_tenure_it_ends_after_one_ended_since_its_snapshot()
     .expect("a claims");
     assert_eq!(first.len(), SHARDS as usize);
     // Hold b's member row, so b's claim takes its snapshot and then waits for the row lock.
-    exec(
-        &mut gate,
-        &format!("BEGIN; SELECT 1 FROM lease.members WHERE node_id = '{b}' FOR UPDATE"),
-    )
-    .await;
+    hold_row(&mut gate, "lease.members", "node_id", b, "FOR UPDATE").await;
     let b_at = at(2_000);
     let claim = {
         let group = group.clone();
-        tokio::spawn(async move {
+        blocked(&mut admin, pid, async move {
             ops::claim(
                 &mut claimer,
                 b_at,
@@ -147,8 +141,8 @@ async fn a_claim_numbers_the_tenure_it_ends_after_one_ended_since_its_snapshot()
             .await
             .expect("b's claim")
         })
+        .await
     };
-    wait_blocked_on_lock(&mut admin, pid).await;
     let released = ops::release(&mut admin, at(200), &group, a, a_beat.session, &every)
         .await
         .expect("a releases");
@@ -213,10 +207,7 @@ async fn a_release_waiting_for_a_drain_ends_its_tenures_as_drained() {
     let mut admin = connect(&url).await;
     let mut operator = connect(&url).await;
     let mut releaser = connect(&url).await;
-    let (operator_pid, releaser_pid) = (
-        backend_pid(&mut operator).await,
-        backend_pid(&mut releaser).await,
-    );
+    let (operator_pid, releaser_pid) = pids(&mut operator, &mut releaser).await;
     let won = ops::claim(
         &mut admin,
         None,
@@ -244,13 +235,13 @@ async fn a_release_waiting_for_a_drain_ends_its_tenures_as_drained() {
     );
     let release = {
         let (group, held) = (group.clone(), held.clone());
-        tokio::spawn(async move {
+        blocked_by(&mut admin, releaser_pid, operator_pid, async move {
             ops::release(&mut releaser, None, &group, b, b_beat.session, &held)
                 .await
                 .expect("b's release")
         })
+        .await
     };
-    wait_blocked_by(&mut admin, releaser_pid, operator_pid).await;
     exec(&mut operator, "COMMIT").await;
     assert_eq!(release.await.expect("the release task"), held);
     for l in &won {
@@ -290,20 +281,16 @@ async fn a_release_ends_as_quarantined_a_bucket_quarantined_after_its_snapshot()
     .expect("b claims");
     let held: Vec<Bucket> = won.iter().map(|l| l.bucket).collect();
 
-    exec(
-        &mut gate,
-        &format!("BEGIN; SELECT 1 FROM lease.members WHERE node_id = '{b}' FOR UPDATE"),
-    )
-    .await;
+    hold_row(&mut gate, "lease.members", "node_id", b, "FOR UPDATE").await;
     let release = {
         let (group, held) = (group.clone(), held.clone());
-        tokio::spawn(async move {
+        blocked(&mut admin, pid, async move {
             ops::release(&mut releaser, None, &group, b, b_beat.session, &held)
                 .await
                 .expect("b's release")
         })
+        .await
     };
-    wait_blocked_on_lock(&mut admin, pid).await;
     assert!(
         ops::quarantine(&mut admin, None, &group, held[1], quarantine_for(60))
             .await
@@ -339,10 +326,7 @@ async fn a_release_ending_a_tenure_never_waits_for_the_groups_row() {
     let mut admin = connect(&url).await;
     let mut claimer = connect(&url).await;
     let mut resizer = connect(&url).await;
-    let (claimer_pid, resizer_pid) = (
-        backend_pid(&mut claimer).await,
-        backend_pid(&mut resizer).await,
-    );
+    let (claimer_pid, resizer_pid) = pids(&mut claimer, &mut resizer).await;
     let held = ops::claim(
         &mut claimer,
         None,
@@ -357,28 +341,18 @@ async fn a_release_ending_a_tenure_never_waits_for_the_groups_row() {
     assert_eq!(held.len(), 1);
     let bucket = held[0].bucket;
     // The resize's first lock, in a transaction the resize below continues.
-    exec(
-        &mut resizer,
-        &format!("BEGIN; SELECT 1 FROM lease.groups WHERE name = '{group}' FOR UPDATE"),
-    )
-    .await;
+    hold_row(&mut resizer, "lease.groups", "name", &group, "FOR UPDATE").await;
     exec(&mut claimer, "BEGIN").await;
+    // The release returns, or waits for a lock: then the resize below would meet it.
     let claim = {
         let group = group.clone();
-        tokio::spawn(async move {
+        blocked_by_or_done(&mut admin, claimer_pid, resizer_pid, async move {
             let released =
                 ops::release(&mut claimer, None, &group, a, a_beat.session, &[bucket]).await;
             (released, claimer)
         })
+        .await
     };
-    // The release returns, or waits for a lock: then the resize below would meet it.
-    let blocked = format!("SELECT {resizer_pid} = ANY (pg_blocking_pids({claimer_pid})) AS yes");
-    for _ in 0..2_000 {
-        if claim.is_finished() || flag(&mut admin, &blocked, None).await {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     let resize = {
         let group = group.clone();
         tokio::spawn(async move {
@@ -435,7 +409,7 @@ async fn a_claim_and_a_release_take_the_counter_after_their_tenure_writes() {
     let mut admin = connect(&url).await;
     let mut gate = connect(&url).await;
     let mut worker = connect(&url).await;
-    let (gate_pid, worker_pid) = (backend_pid(&mut gate).await, backend_pid(&mut worker).await);
+    let (gate_pid, worker_pid) = pids(&mut gate, &mut worker).await;
     let base = a_beat.observed_at;
     let at = move |ms: i64| Some(base + chrono::Duration::milliseconds(ms));
     let held = ops::claim(
@@ -463,7 +437,7 @@ async fn a_claim_and_a_release_take_the_counter_after_their_tenure_writes() {
     let claim = {
         let group = group.clone();
         let b_at = at(2_000);
-        tokio::spawn(async move {
+        blocked_by(&mut admin, worker_pid, gate_pid, async move {
             let won = ops::claim(
                 &mut worker,
                 b_at,
@@ -477,8 +451,8 @@ async fn a_claim_and_a_release_take_the_counter_after_their_tenure_writes() {
             .expect("b's claim");
             (won, worker)
         })
+        .await
     };
-    wait_blocked_by(&mut admin, worker_pid, gate_pid).await;
     let free_while_claiming = counter_free(&mut admin, &group).await;
     exec(&mut gate, "ROLLBACK").await;
     let (won, mut worker) = claim.await.expect("the claim task");
@@ -492,7 +466,7 @@ async fn a_claim_and_a_release_take_the_counter_after_their_tenure_writes() {
     exec(&mut gate, &hold_slot(2)).await;
     let release = {
         let group = group.clone();
-        tokio::spawn(async move {
+        blocked_by(&mut admin, worker_pid, gate_pid, async move {
             ops::release(
                 &mut worker,
                 at(2_100),
@@ -504,8 +478,8 @@ async fn a_claim_and_a_release_take_the_counter_after_their_tenure_writes() {
             .await
             .expect("b's release")
         })
+        .await
     };
-    wait_blocked_by(&mut admin, worker_pid, gate_pid).await;
     let free_while_releasing = counter_free(&mut admin, &group).await;
     exec(&mut gate, "ROLLBACK").await;
     assert_eq!(release.await.expect("the release task"), [Bucket(0)]);

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lease_core::{Takeover, Ttl};
 use lease_diesel::ops;
 
-use crate::duel::{backend_pid, connect, exec, flag, wait_blocked_on_lock, wait_server_past};
+use crate::duel::{backend_pid, blocked, connect, exec, flag, hold_row, wait_server_past};
 use crate::members::{
     Beat, SHARDS, assert_sole_owner, beat, long, renew, setup, setup_with, short, stamps,
 };
@@ -169,11 +169,11 @@ async fn a_renewal_waits_for_a_claim_that_judged_it_dead() {
 
     let renewal_pid = backend_pid(&mut renewal).await;
     let (group, a) = (s.group.clone(), s.a);
-    let late = tokio::spawn(async move {
+    let late = blocked(&mut admin, renewal_pid, async move {
         let beat = beat(&mut renewal, &group, a, long(), "a's renewal").await;
         (beat, renewal)
-    });
-    wait_blocked_on_lock(&mut admin, renewal_pid).await;
+    })
+    .await;
     exec(&mut claimer, "COMMIT").await;
     let (late, _renewal) = late.await.expect("the renewal task");
     assert!(
@@ -225,24 +225,17 @@ async fn renewal_waits_past_the_expiry(steady: bool) {
     } else {
         (Vec::new(), s.first.expires_at)
     };
-    exec(
-        &mut gate,
-        &format!(
-            "BEGIN; SELECT 1 FROM lease.nodes WHERE node_id = '{}' FOR SHARE",
-            s.a
-        ),
-    )
-    .await;
+    hold_row(&mut gate, "lease.nodes", "node_id", s.a, "FOR SHARE").await;
     let pid = backend_pid(&mut renewal).await;
     let (group, a) = (s.group.clone(), s.a);
-    let late = tokio::spawn(async move {
+    let late = blocked(&mut admin, pid, async move {
         let beat = Beat::of(
             &renew(&mut renewal, a, long(), &seen, "a's renewal").await,
             &group,
         );
         (beat, renewal)
-    });
-    wait_blocked_on_lock(&mut admin, pid).await;
+    })
+    .await;
     // The precondition of the race: the renewal read its clock before the expiry (it was
     // already waiting for the lock then).
     assert!(

@@ -4,7 +4,7 @@
 use lease_core::{BucketState, Takeover, Ttl};
 use lease_diesel::ops;
 
-use crate::duel::{backend_pid, connect, exec, flag, wait_blocked_on_lock, wait_server_past};
+use crate::duel::{backend_pid, blocked, connect, exec, flag, wait_server_past};
 use crate::members::{count, long, two_members};
 
 /// A resize moves each bucket row as a concurrent claim left it: it waits for the claim's row
@@ -37,11 +37,11 @@ async fn a_resize_moves_a_bucket_as_a_concurrent_claim_left_it() {
 
     let resize = {
         let group = group.clone();
-        tokio::spawn(
-            async move { ops::resize(&mut resizer, None, &group, count(2), count(4)).await },
-        )
+        blocked(&mut admin, resizer_pid, async move {
+            ops::resize(&mut resizer, None, &group, count(2), count(4)).await
+        })
+        .await
     };
-    wait_blocked_on_lock(&mut admin, resizer_pid).await;
     exec(&mut claimer, "COMMIT").await;
     resize
         .await

@@ -7,7 +7,7 @@ use lease_core::{
 };
 use lease_diesel::ops;
 
-use crate::duel::{backend_pid, connect, exec, wait_blocked_on_lock, wait_server_past};
+use crate::duel::{backend_pid, blocked, connect, exec, hold_row, wait_server_past};
 use crate::members::{SHARDS, count, long, renew};
 
 /// Two processes started at once with one node id: the first one's heartbeat inserted the node
@@ -38,12 +38,12 @@ async fn a_second_process_with_one_node_id_waits_then_is_refused() {
     assert!(started.new_session);
     let pid = backend_pid(&mut second).await;
     let g = group.clone();
-    let refused = tokio::spawn(async move {
+    let refused = blocked(&mut admin, pid, async move {
         let result =
             ops::heartbeat(&mut second, None, w, Incarnation::new(), long(), &meta, &[]).await;
         (result, second, g)
-    });
-    wait_blocked_on_lock(&mut admin, pid).await;
+    })
+    .await;
     exec(&mut first, "COMMIT").await;
     let (result, mut second, group) = refused.await.expect("the second heartbeat");
     match result {
@@ -110,11 +110,11 @@ async fn a_join_racing_a_new_session_does_not_survive_it() {
         .expect("a joins, not committed yet");
     wait_server_past(&mut admin, first.expires_at).await;
     let pid = backend_pid(&mut heart).await;
-    let renewal = tokio::spawn(async move {
+    let renewal = blocked(&mut admin, pid, async move {
         let beat = renew(&mut heart, a, long(), &[], "a's next heartbeat").await;
         (beat, heart)
-    });
-    wait_blocked_on_lock(&mut admin, pid).await;
+    })
+    .await;
     exec(&mut joiner, "COMMIT").await;
     let (beat, _heart) = renewal.await.expect("the heartbeat task");
     assert!(beat.new_session);
@@ -173,11 +173,11 @@ async fn a_weight_written_under_a_session_is_ordered_before_the_next_session() {
     );
     wait_server_past(&mut admin, first.expires_at).await;
     let pid = backend_pid(&mut heart).await;
-    let renewal = tokio::spawn(async move {
+    let renewal = blocked(&mut admin, pid, async move {
         let beat = renew(&mut heart, a, long(), &[], "a's next heartbeat").await;
         (beat, heart)
-    });
-    wait_blocked_on_lock(&mut admin, pid).await;
+    })
+    .await;
     exec(&mut writer, "COMMIT").await;
     let (beat, _heart) = renewal.await.expect("the heartbeat task");
     assert!(beat.new_session, "the session had expired");
@@ -232,11 +232,11 @@ async fn a_new_session_takes_its_groups_counters_in_the_heartbeats_order() {
     )
     .await;
     let pid = backend_pid(&mut heart).await;
-    let renewal = tokio::spawn(async move {
+    let renewal = blocked(&mut admin, pid, async move {
         let beat = renew(&mut heart, a, long(), &[], "a's new session").await;
         (beat, heart)
-    });
-    wait_blocked_on_lock(&mut admin, pid).await;
+    })
+    .await;
     // Waiting for the first counter, the new session holds the second: this waits for it, and
     // the server (deadlock_timeout) aborts one of the two.
     exec(
@@ -273,11 +273,7 @@ async fn a_new_session_skips_a_dead_node_row_another_transaction_holds() {
     )
     .await;
     wait_server_past(&mut admin, first.expires_at).await;
-    exec(
-        &mut holder,
-        &format!("BEGIN; SELECT 1 FROM lease.nodes WHERE node_id = '{gone}' FOR SHARE"),
-    )
-    .await;
+    hold_row(&mut holder, "lease.nodes", "node_id", gone, "FOR SHARE").await;
     exec(&mut starter, "SET lock_timeout = '5s'").await;
     let started = renew(&mut starter, NodeId::new(), long(), &[], "a new node").await;
     assert!(started.new_session);

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lease_core::{Bucket, NodeId, Takeover, Ttl};
 use lease_diesel::ops;
 
-use crate::duel::{backend_pid, connect, exec, wait_blocked_on_lock, wait_server_past};
+use crate::duel::{backend_pid, blocked, connect, exec, wait_server_past};
 use crate::members::{SHARDS, long, member, renew, short, stamps, two_members};
 
 /// A claim not committed yet while a node heartbeats is not in the view it is given (nor in
@@ -103,11 +103,11 @@ async fn a_claim_committed_while_a_view_is_built_is_never_answered_unchanged() {
     .expect("c claims");
     assert_eq!(won.len(), 2);
     let pid = backend_pid(&mut hearts).await;
-    let first = tokio::spawn(async move {
+    let first = blocked(&mut admin, pid, async move {
         let beat = renew(&mut hearts, a, long(), &[], "a's views").await;
         (beat, hearts)
-    });
-    wait_blocked_on_lock(&mut admin, pid).await;
+    })
+    .await;
     exec(&mut claimer, "COMMIT").await;
     let (first, mut hearts) = first.await.expect("the heartbeat task");
     let view = first.group(&group).expect("a's view");
