@@ -506,7 +506,7 @@ pub async fn claim(
     takeover: Takeover,
 ) -> Result<Vec<Lease>, StoreError> {
     let row: Option<sql::ClaimRow> = Prepared(
-        diesel::sql_query(sql::CLAIM)
+        diesel::sql_query(sql::CLAIM.as_str())
             .bind::<Text, _>(group.as_str())
             .bind::<SqlUuid, _>(worker.as_uuid())
             .bind::<BigInt, _>(i64::from(want))
