@@ -506,7 +506,7 @@ pub async fn claim(
     takeover: Takeover,
 ) -> Result<Vec<Lease>, StoreError> {
     let row: Option<sql::ClaimRow> = Prepared(
-        diesel::sql_query(sql::CLAIM)
+        diesel::sql_query(sql::CLAIM.as_str())
             .bind::<Text, _>(group.as_str())
             .bind::<SqlUuid, _>(worker.as_uuid())
             .bind::<BigInt, _>(i64::from(want))
@@ -897,13 +897,26 @@ pub async fn control(
     .map_err(|e| from_diesel(op, e))?;
     match row.outcome {
         None => Err(not_found(group)),
-        Some(0) => Err(StoreError::NotAMember {
+        Some(outcome) => control_outcome(op, outcome, || StoreError::NotAMember {
             group: group.clone(),
             worker: node,
         }),
-        Some(1) => Ok(false),
-        Some(2) => Ok(true),
-        Some(n) => Err(corrupt(op, format!("lease.control answered {n}"))),
+    }
+}
+
+/// What `lease.control` answered (migration 8): 0 it found no member row (`no_member`'s
+/// error), 1 the value was the one stored (`false`: nothing written), 2 it changed the value
+/// (`true`: the group's counter moved).
+fn control_outcome(
+    op: Operation,
+    outcome: i32,
+    no_member: impl FnOnce() -> StoreError,
+) -> Result<bool, StoreError> {
+    match outcome {
+        0 => Err(no_member()),
+        1 => Ok(false),
+        2 => Ok(true),
+        n => Err(corrupt(op, format!("lease.control answered {n}"))),
     }
 }
 
@@ -931,18 +944,19 @@ pub async fn set_weight(
     .get_result(conn)
     .await
     .map_err(|e| from_diesel(op, e))?;
-    match (row.found, row.outcome) {
-        (false, _) => Err(not_found(group)),
-        // Not the node's live session, or not a member (0: lease.control found no member row
-        // after all; the session's own row was held, so only a leave of this node's own
-        // could have removed it).
-        (true, None | Some(0)) => Err(StoreError::SessionExpired {
-            group: group.clone(),
-            worker: node,
-        }),
-        (true, Some(1)) => Ok(false),
-        (true, Some(2)) => Ok(true),
-        (true, Some(n)) => Err(corrupt(op, format!("lease.control answered {n}"))),
+    if !row.found {
+        return Err(not_found(group));
+    }
+    // Not the node's live session, or not a member (0: lease.control found no member row
+    // after all; the session's own row was held, so only a leave of this node's own could
+    // have removed it).
+    let expired = || StoreError::SessionExpired {
+        group: group.clone(),
+        worker: node,
+    };
+    match row.outcome {
+        None => Err(expired()),
+        Some(outcome) => control_outcome(op, outcome, expired),
     }
 }
 

@@ -20,6 +20,8 @@
 //! from its statement's end to its commit; the heartbeat function, which may move several
 //! groups' counters, and a new session take them in the order of the groups' names by bytes.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
 use diesel::sql_types::{
@@ -282,7 +284,9 @@ pub(crate) struct JoinRow {
 ///   the walks below the start bucket run only for what the upper ones did not find. Workers
 ///   claiming at once start at different buckets, so they rarely walk over each other's
 ///   locked rows (when they all started at 0, the k-th of them stepped over the rows of the
-///   k-1 before it, a cost growing with the number of workers times the share).
+///   k-1 before it, a cost growing with the number of workers times the share). The eight
+///   walks are built from two templates, `unowned_walk` and `orphaned_walk`, so each rule a
+///   walk obeys (below) is written once.
 /// - Sticky claims (C9): the same walks run first for the buckets the node last held, unowned
 ///   ones with `last_node = $2` (their own partial index) and those of the node's own dead
 ///   sessions (a restart with a stable node id); the other walks then look only for what
@@ -325,7 +329,39 @@ pub(crate) struct JoinRow {
 ///   raises the row's count of ended tenures, and `expired` writes the ended tenure into its
 ///   ring slot (`lease.tenures`, slot = count % 8) from the row's values as the walk locked
 ///   them (carried through `picked`).
-pub(crate) const CLAIM: &str = r#"
+pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
+    // What each pair of walks may still take: `$3` less what the walks before it found (the
+    // lower walks run only for what the upper ones missed; `picked` keeps the first `$3`).
+    let sticky_up = still_wanted(&[]);
+    let sticky_down = still_wanted(&["sticky_up"]);
+    let up = still_wanted(&["sticky"]);
+    let down = still_wanted(&["sticky", "up"]);
+    [
+        CLAIM_HEAD.to_owned(),
+        // C9 first: the unowned buckets this node last held (released or left) and those of
+        // its own dead sessions, from the start bucket up, then below.
+        unowned_walk("sticky_unowned_up", true, Side::Up, &sticky_up),
+        orphaned_walk("sticky_orphaned_up", true, Side::Up, &sticky_up),
+        union_all("sticky_up", &["sticky_unowned_up", "sticky_orphaned_up"]),
+        unowned_walk("sticky_unowned_down", true, Side::Down, &sticky_down),
+        orphaned_walk("sticky_orphaned_down", true, Side::Down, &sticky_down),
+        union_all(
+            "sticky",
+            &["sticky_up", "sticky_unowned_down", "sticky_orphaned_down"],
+        ),
+        unowned_walk("unowned_up", false, Side::Up, &up),
+        orphaned_walk("orphaned_up", false, Side::Up, &up),
+        union_all("up", &["unowned_up", "orphaned_up"]),
+        unowned_walk("unowned_down", false, Side::Down, &down),
+        orphaned_walk("orphaned_down", false, Side::Down, &down),
+        CLAIM_TAIL.to_owned(),
+    ]
+    .join(", ")
+});
+
+/// [`CLAIM`] up to its walks: the claimer's session and mode, the failover epoch, the dead
+/// owners, the start bucket and the resize barrier (`old_block`).
+const CLAIM_HEAD: &str = r#"
 WITH RECURSIVE me AS (
     SELECT n.session_id, n.expires_at, n.heartbeat_at
       FROM lease.nodes n JOIN lease.members m ON m.group_name = $1 AND m.node_id = n.node_id
@@ -452,114 +488,10 @@ WITH RECURSIVE me AS (
      WHERE d.group_name = $1
        AND EXISTS (SELECT 1 FROM old_owned)
        AND NOT EXISTS (SELECT 1 FROM old_owned o WHERE o.bucket NOT IN (SELECT bucket FROM old_dead))
-), sticky_unowned_up AS (
-    -- C9 first: the unowned buckets this node last held (released or left), then below.
-    SELECT s.bucket, false AS orphaned, NULL::uuid AS was_node, NULL::bigint AS was_token,
-           NULL::timestamptz AS was_since
-      FROM lease.shards s, start
-     WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.last_node = $2
-       AND s.bucket >= start.b
-       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
-       AND EXISTS (SELECT 1 FROM epoch)
-       AND s.bucket % start.g NOT IN (SELECT r FROM old_block)
-     ORDER BY s.bucket
-     LIMIT $3
-       FOR UPDATE OF s SKIP LOCKED
-), sticky_orphaned_up AS (
-    SELECT o.bucket, true AS orphaned, o.owner_node AS was_node, o.token AS was_token,
-           o.updated_at AS was_since
-      FROM dead d, start,
-           LATERAL (SELECT s.bucket, s.owner_node, s.token, s.updated_at FROM lease.shards s
-                     WHERE s.group_name = $1 AND s.owner_session = d.owner_session
-                       AND s.bucket >= start.b
-                       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
-                     ORDER BY s.bucket
-                     LIMIT $3
-                       FOR UPDATE OF s SKIP LOCKED) AS o
-     WHERE d.sticky
-), sticky_up AS (
-    SELECT bucket, orphaned, was_node, was_token, was_since FROM sticky_unowned_up
-    UNION ALL SELECT bucket, orphaned, was_node, was_token, was_since FROM sticky_orphaned_up
-), sticky_unowned_down AS (
-    SELECT s.bucket, false AS orphaned, NULL::uuid AS was_node, NULL::bigint AS was_token,
-           NULL::timestamptz AS was_since
-      FROM lease.shards s, start
-     WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.last_node = $2
-       AND s.bucket < start.b
-       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
-       AND EXISTS (SELECT 1 FROM epoch)
-       AND s.bucket % start.g NOT IN (SELECT r FROM old_block)
-     ORDER BY s.bucket
-     LIMIT greatest($3 - (SELECT count(*) FROM sticky_up), 0)
-       FOR UPDATE OF s SKIP LOCKED
-), sticky_orphaned_down AS (
-    SELECT o.bucket, true AS orphaned, o.owner_node AS was_node, o.token AS was_token,
-           o.updated_at AS was_since
-      FROM dead d, start,
-           LATERAL (SELECT s.bucket, s.owner_node, s.token, s.updated_at FROM lease.shards s
-                     WHERE s.group_name = $1 AND s.owner_session = d.owner_session
-                       AND s.bucket < start.b
-                       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
-                     ORDER BY s.bucket
-                     LIMIT greatest($3 - (SELECT count(*) FROM sticky_up), 0)
-                       FOR UPDATE OF s SKIP LOCKED) AS o
-     WHERE d.sticky
-), sticky AS (
-    SELECT bucket, orphaned, was_node, was_token, was_since FROM sticky_up
-    UNION ALL SELECT bucket, orphaned, was_node, was_token, was_since FROM sticky_unowned_down
-    UNION ALL SELECT bucket, orphaned, was_node, was_token, was_since FROM sticky_orphaned_down
-), unowned_up AS (
-    SELECT s.bucket, false AS orphaned, NULL::uuid AS was_node, NULL::bigint AS was_token,
-           NULL::timestamptz AS was_since
-      FROM lease.shards s, start
-     WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket >= start.b
-       AND s.last_node IS DISTINCT FROM $2
-       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
-       AND EXISTS (SELECT 1 FROM epoch)
-       AND s.bucket % start.g NOT IN (SELECT r FROM old_block)
-     ORDER BY s.bucket
-     LIMIT greatest($3 - (SELECT count(*) FROM sticky), 0)
-       FOR UPDATE OF s SKIP LOCKED
-), orphaned_up AS (
-    SELECT o.bucket, true AS orphaned, o.owner_node AS was_node, o.token AS was_token,
-           o.updated_at AS was_since
-      FROM dead d, start,
-           LATERAL (SELECT s.bucket, s.owner_node, s.token, s.updated_at FROM lease.shards s
-                     WHERE s.group_name = $1 AND s.owner_session = d.owner_session
-                       AND s.bucket >= start.b
-                       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
-                     ORDER BY s.bucket
-                     LIMIT greatest($3 - (SELECT count(*) FROM sticky), 0)
-                       FOR UPDATE OF s SKIP LOCKED) AS o
-     WHERE NOT d.sticky
-), up AS (
-    SELECT bucket, orphaned, was_node, was_token, was_since FROM unowned_up UNION ALL SELECT bucket, orphaned, was_node, was_token, was_since FROM orphaned_up
-), unowned_down AS (
-    SELECT s.bucket, false AS orphaned, NULL::uuid AS was_node, NULL::bigint AS was_token,
-           NULL::timestamptz AS was_since
-      FROM lease.shards s, start
-     WHERE s.group_name = $1 AND s.owner_session IS NULL AND s.bucket < start.b
-       AND s.last_node IS DISTINCT FROM $2
-       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
-       AND EXISTS (SELECT 1 FROM epoch)
-       AND s.bucket % start.g NOT IN (SELECT r FROM old_block)
-     ORDER BY s.bucket
-     LIMIT greatest($3 - (SELECT count(*) FROM sticky) - (SELECT count(*) FROM up), 0)
-       FOR UPDATE OF s SKIP LOCKED
-), orphaned_down AS (
-    SELECT o.bucket, true AS orphaned, o.owner_node AS was_node, o.token AS was_token,
-           o.updated_at AS was_since
-      FROM dead d, start,
-           LATERAL (SELECT s.bucket, s.owner_node, s.token, s.updated_at FROM lease.shards s
-                     WHERE s.group_name = $1 AND s.owner_session = d.owner_session
-                       AND s.bucket < start.b
-                       AND (s.quarantined_until IS NULL OR s.quarantined_until <= start.t)
-                     ORDER BY s.bucket
-                     LIMIT greatest($3 - (SELECT count(*) FROM sticky)
-                                       - (SELECT count(*) FROM up), 0)
-                       FOR UPDATE OF s SKIP LOCKED) AS o
-     WHERE NOT d.sticky
-), picked AS (
+)"#;
+
+/// [`CLAIM`] from its walks' candidates on: what is taken, and what that writes.
+const CLAIM_TAIL: &str = r#"picked AS (
     SELECT c.bucket, c.orphaned, c.was_node, c.was_token, c.was_since
       FROM (SELECT bucket, orphaned, was_node, was_token, was_since, true AS sticky FROM sticky
             UNION ALL SELECT bucket, orphaned, was_node, was_token, was_since, false FROM up
@@ -615,6 +547,104 @@ SELECT g.shard_count, mine.session_id, mine.expires_at,
   FROM lease.groups g LEFT JOIN mine ON true
  WHERE g.name = $1
 "#;
+
+/// The columns every walk of [`CLAIM`] returns: a candidate bucket, whether a dead session
+/// holds it, and if so that session's tenure (node, token, start) as the walk locked it.
+const CANDIDATE: &str = "bucket, orphaned, was_node, was_token, was_since";
+
+/// Where a walk of [`CLAIM`] looks: from the start bucket up, or below it.
+#[derive(Clone, Copy)]
+enum Side {
+    Up,
+    Down,
+}
+
+impl Side {
+    fn condition(self) -> &'static str {
+        match self {
+            Side::Up => "s.bucket >= start.b",
+            Side::Down => "s.bucket < start.b",
+        }
+    }
+}
+
+/// C10, in every walk: a bucket under quarantine at the claim's clock reading is skipped.
+const NOT_QUARANTINED: &str = "(s.quarantined_until IS NULL OR s.quarantined_until <= start.t)";
+
+/// A walk's `LIMIT`: `$3` less the candidates the walks named found (never below 0: the
+/// orphaned walks take up to their limit per dead session, so they may find more than `$3`).
+fn still_wanted(found_before: &[&str]) -> String {
+    if found_before.is_empty() {
+        return "$3".to_owned();
+    }
+    let found: String = found_before
+        .iter()
+        .map(|cte| format!(" - (SELECT count(*) FROM {cte})"))
+        .collect();
+    format!("greatest($3{found}, 0)")
+}
+
+/// A walk of [`CLAIM`] over the group's unowned bucket rows (C4: an owned row is never a
+/// candidate), in bucket order from `side`'s end: those the node last held (`sticky`, C9) or
+/// the others, none under quarantine (C10), none until a failover's quiet period is over
+/// (`epoch`), and no new bucket whose class the draining generation blocks (C8).
+fn unowned_walk(name: &str, sticky: bool, side: Side, limit: &str) -> String {
+    let last_node = if sticky {
+        "s.last_node = $2"
+    } else {
+        "s.last_node IS DISTINCT FROM $2"
+    };
+    let side = side.condition();
+    format!(
+        r#"{name} AS (
+    SELECT s.bucket, false AS orphaned, NULL::uuid AS was_node, NULL::bigint AS was_token,
+           NULL::timestamptz AS was_since
+      FROM lease.shards s, start
+     WHERE s.group_name = $1 AND s.owner_session IS NULL AND {last_node}
+       AND {side}
+       AND {NOT_QUARANTINED}
+       AND EXISTS (SELECT 1 FROM epoch)
+       AND s.bucket % start.g NOT IN (SELECT r FROM old_block)
+     ORDER BY s.bucket
+     LIMIT {limit}
+       FOR UPDATE OF s SKIP LOCKED
+)"#
+    )
+}
+
+/// A walk of [`CLAIM`] over each dead session's bucket rows (C4: only the rows of a session
+/// `dead` judged dead), the node's own earlier sessions' (`sticky`, C9) or the others', in
+/// bucket order from `side`'s end, none under quarantine (C10). `dead` is empty until a
+/// failover's quiet period is over (`owners` tests `epoch`), and no barrier is needed: a new
+/// bucket a dead session holds was claimed once its old buckets were retired.
+fn orphaned_walk(name: &str, sticky: bool, side: Side, limit: &str) -> String {
+    let which = if sticky { "d.sticky" } else { "NOT d.sticky" };
+    let side = side.condition();
+    format!(
+        r#"{name} AS (
+    SELECT o.bucket, true AS orphaned, o.owner_node AS was_node, o.token AS was_token,
+           o.updated_at AS was_since
+      FROM dead d, start,
+           LATERAL (SELECT s.bucket, s.owner_node, s.token, s.updated_at FROM lease.shards s
+                     WHERE s.group_name = $1 AND s.owner_session = d.owner_session
+                       AND {side}
+                       AND {NOT_QUARANTINED}
+                     ORDER BY s.bucket
+                     LIMIT {limit}
+                       FOR UPDATE OF s SKIP LOCKED) AS o
+     WHERE {which}
+)"#
+    )
+}
+
+/// `name`, the candidates of `walks` as one set.
+fn union_all(name: &str, walks: &[&str]) -> String {
+    let selects: Vec<String> = walks
+        .iter()
+        .map(|walk| format!("SELECT {CANDIDATE} FROM {walk}"))
+        .collect();
+    format!("{name} AS (\n    {}\n)", selects.join("\n    UNION ALL "))
+}
 
 /// Row of [`CLAIM`].
 #[derive(QueryableByName, Debug)]

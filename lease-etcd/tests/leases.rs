@@ -19,6 +19,20 @@ fn g() -> GroupName {
     GroupName::new("leases").expect("a group name")
 }
 
+/// Every test's start: a store on etcd leases, on a prefix of its own on the shared cluster,
+/// holding the group [`g`] of `shards` buckets; and its URL, for a plain [`client`].
+async fn with_group(shards: u32) -> (EtcdUrl, lease_etcd::EtcdLeaseStore) {
+    let url = support::url();
+    let store = lease_etcd::EtcdLeaseStore::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    store
+        .ensure_group(&g(), ShardCount::new(shards).expect("a count"))
+        .await
+        .expect("a group");
+    (url, store)
+}
+
 /// A plain client of the shared cluster, to look at what the store wrote.
 async fn client(url: &EtcdUrl) -> etcd_client::Client {
     etcd_client::Client::connect(&url.endpoints, None)
@@ -77,14 +91,7 @@ async fn granted(client: &mut etcd_client::Client, lease: i64) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaving_the_last_group_ends_the_session() {
-    let url = support::url();
-    let store = lease_etcd::EtcdLeaseStore::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    store
-        .ensure_group(&g(), ShardCount::new(4).expect("a count"))
-        .await
-        .expect("a group");
+    let (url, store) = with_group(4).await;
     let (node, process) = (NodeId::new(), Incarnation::new());
     let ttl = Ttl::from_secs(30).expect("a ttl");
     let none = MemberMetadata::empty();
@@ -108,9 +115,7 @@ async fn leaving_the_last_group_ends_the_session() {
         "the node's record is gone"
     );
     // Its liveness key went with it (not left on the 30 s lease until it runs out)...
-    let mut client = etcd_client::Client::connect(&url.endpoints, None)
-        .await
-        .expect("a client");
+    let mut client = client(&url).await;
     let live = client
         .get(lease_etcd::keys::Keys::new(&url.prefix).live(node), None)
         .await
@@ -127,14 +132,7 @@ async fn leaving_the_last_group_ends_the_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_ends_when_etcd_expires_its_lease() {
-    let url = support::url();
-    let store = lease_etcd::EtcdLeaseStore::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    store
-        .ensure_group(&g(), ShardCount::new(2).expect("a count"))
-        .await
-        .expect("a group");
+    let (url, store) = with_group(2).await;
     let none = MemberMetadata::empty();
     // Above etcd's shortest lease (1.5 election timeouts: 1.5 s on the shared cluster), so
     // the lease is the ttl rounded up, not etcd's minimum.
@@ -189,14 +187,7 @@ async fn a_session_ends_when_etcd_expires_its_lease() {
 /// ttl has run from the moment its heartbeat was sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fractional_ttl_is_a_lease_of_the_next_whole_second() {
-    let url = support::url();
-    let store = lease_etcd::EtcdLeaseStore::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    store
-        .ensure_group(&g(), ShardCount::new(2).expect("a count"))
-        .await
-        .expect("a group");
+    let (url, store) = with_group(2).await;
     let none = MemberMetadata::empty();
     // Above etcd's shortest lease on the shared cluster (2 s), so truncating it would give
     // 2 s, not etcd's minimum.
@@ -241,14 +232,7 @@ async fn a_fractional_ttl_is_a_lease_of_the_next_whole_second() {
 /// its liveness.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_is_live_exactly_while_its_liveness_key_is_on_a_lease() {
-    let url = support::url();
-    let store = lease_etcd::EtcdLeaseStore::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    store
-        .ensure_group(&g(), ShardCount::new(2).expect("a count"))
-        .await
-        .expect("a group");
+    let (url, store) = with_group(2).await;
     let none = MemberMetadata::empty();
     let ttl = Ttl::from_secs(2).expect("a ttl");
     let (a, b) = (NodeId::new(), NodeId::new());
@@ -347,11 +331,7 @@ async fn a_session_is_live_exactly_while_its_liveness_key_is_on_a_lease() {
 /// answered unchanged while any is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mass_death_is_cleaned_up_in_batches() {
-    let store = support::on_leases().await;
-    store
-        .ensure_group(&g(), ShardCount::new(4).expect("a count"))
-        .await
-        .expect("a group");
+    let (_, store) = with_group(4).await;
     let none = MemberMetadata::empty();
     let short = Ttl::from_secs(2).expect("a ttl");
     for _ in 0..140 {
@@ -419,14 +399,7 @@ async fn a_mass_death_is_cleaned_up_in_batches() {
 /// end the session under the successor's feet) and the short one is revoked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_successor_s_session_is_on_a_lease_of_its_own_ttl() {
-    let url = support::url();
-    let store = lease_etcd::EtcdLeaseStore::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    store
-        .ensure_group(&g(), ShardCount::new(2).expect("a count"))
-        .await
-        .expect("a group");
+    let (url, store) = with_group(2).await;
     let none = MemberMetadata::empty();
     let node = NodeId::new();
     let ttl = Ttl::from_secs(30).expect("a ttl");

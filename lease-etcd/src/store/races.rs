@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use lease_core::{ManualClock, Takeover};
+use lease_core::{AdminStore, ManualClock, MemberMetadata, Takeover, Ttl, WorkerStore};
 
 use super::*;
 
