@@ -162,8 +162,8 @@ pub mod policy {
 /// a test or a driver of your own. What a group owns, [`Owned`], is at the root.
 pub mod machine {
     pub use lease_worker::machine::{
-        CLAIM_BATCH, ClockStep, Delivery, Input, Machine, Output, RELEASE_BATCH, Report, Rules,
-        StoreCall,
+        Answered, CLAIM_BATCH, ClockStep, Delivery, Input, Machine, Output, RELEASE_BATCH, Report,
+        Rules, StoreCall,
     };
 }
 

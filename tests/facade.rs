@@ -43,8 +43,8 @@ mod names {
     // The policy, the machine, the ownership-log checker.
     use lease::audit::{Entry, Holding, OwnershipLog, Summary};
     use lease::machine::{
-        CLAIM_BATCH, ClockStep, Delivery, Input, Machine, Output, RELEASE_BATCH, Report, Rules,
-        StoreCall,
+        Answered, CLAIM_BATCH, ClockStep, Delivery, Input, Machine, Output, RELEASE_BATCH, Report,
+        Rules, StoreCall,
     };
     use lease::policy::{Plan, Target, minimum_moves, plan, shareable, targets};
 
@@ -156,8 +156,22 @@ fn uses_by_module(src: &str, public: bool) -> Vec<(String, String, String)> {
     found
 }
 
-/// The public items declared at the top of a module file: `pub fn`, `pub struct`, ...
+/// The public items of a module file: those declared at its top (`pub fn`, `pub struct`, ...)
+/// and those it re-exports from its own submodules (`pub use calls::{Input, Output};`).
 fn module_items(path: &str) -> BTreeSet<String> {
+    let source = read(path);
+    let mut items = declared_items(&source);
+    items.extend(
+        uses_by_module(&source, true)
+            .into_iter()
+            .map(|(_, _, name)| name)
+            .filter(|name| name != "*"),
+    );
+    items
+}
+
+/// The public items declared at the top of a module's source.
+fn declared_items(source: &str) -> BTreeSet<String> {
     let kinds = [
         "fn ",
         "async fn ",
@@ -168,7 +182,7 @@ fn module_items(path: &str) -> BTreeSet<String> {
         "const ",
         "static ",
     ];
-    read(path)
+    source
         .lines()
         .filter_map(|line| line.strip_prefix("pub "))
         .filter_map(|rest| kinds.iter().find_map(|k| rest.strip_prefix(k)).map(ident))

@@ -6,7 +6,7 @@
 //! added and removed, weights set and a stop request, and publishes what each application
 //! owns, metrics and logs. No rule lives here.
 //!
-//! The handles applications hold are in `handles`, the application tasks in `app`, what the
+//! The handles applications hold are in `handles`, the application tasks in `crate::application`, what the
 //! machine's reports become in `report`.
 
 use std::collections::BTreeMap;
@@ -30,15 +30,13 @@ use crate::machine::{Answered, Delivery, Input, Machine, Output, Owned, Rules, S
 use crate::metrics::Metrics;
 use crate::registry::Running;
 
-mod app;
 mod handles;
 mod report;
 #[cfg(test)]
 mod tests;
 
-use app::{AppCommand, AppEvent, run_app};
-pub(crate) use app::{Application, Handler};
-pub use handles::{GroupError, GroupHandle, NodeHandle, StartError, WorkerHandle};
+use crate::application::{AppCommand, AppEvent, Application, run_app};
+pub use handles::{GroupError, GroupHandle, NodeHandle, WorkerHandle};
 
 /// A store call in flight: the call, and the task making it.
 struct Call {

@@ -48,7 +48,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::driver::Application;
+use crate::application::Application;
 use crate::events::WorkerError;
 
 /// How long the leases are trusted: the driver updates it after every heartbeat.

@@ -54,6 +54,7 @@
 
 #![warn(missing_docs)]
 
+mod application;
 mod config;
 mod driver;
 mod events;
@@ -63,7 +64,8 @@ mod metrics;
 mod registry;
 
 pub use config::{ConfigError, LeaseNode, LeaseNodeBuilder, LeaseWorker, LeaseWorkerBuilder};
-pub use driver::{GroupError, GroupHandle, NodeHandle, StartError, WorkerHandle};
+pub use driver::{GroupError, GroupHandle, NodeHandle, WorkerHandle};
 pub use events::{EventSender, OwnershipHandler, WorkerError, WorkerFailed, event_channel};
 pub use leases::{BucketLease, Leases};
 pub use machine::Owned;
+pub use registry::StartError;

@@ -5,9 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use lease_core::{GroupName, NodeId};
-
-use crate::driver::StartError;
+use lease_core::{GroupName, NodeId, StoreError};
 
 /// Whether a configuration (and its clones) is running; shared by the clones.
 #[derive(Debug, Clone, Default)]
@@ -49,5 +47,43 @@ impl RunFlag {
 impl Drop for Running {
     fn drop(&mut self) {
         self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Why a worker or a node could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The store refused: the group exists with another shard count, or the store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// This configuration (or a clone of it) is running already: two tasks of one worker
+    /// would break contract rule G8 (one caller per incarnation) and compete for its session.
+    /// (A configuration built anew with the same node id starts, and is refused by the store
+    /// while the other's session lives: `StoreError::NodeIdInUse`.)
+    #[error(
+        "worker {worker} of group {group:?} is running already; stop it before starting it again"
+    )]
+    AlreadyRunning {
+        /// The group.
+        group: GroupName,
+        /// The node id.
+        worker: NodeId,
+    },
+    /// This node configuration (or a clone of it) is running already, for the same reason.
+    #[error("node {node} is running already; stop it before starting it again")]
+    NodeAlreadyRunning {
+        /// The node id.
+        node: NodeId,
+    },
+}
+
+impl StartError {
+    /// The store's error, if that is why.
+    pub fn store_error(&self) -> Option<&StoreError> {
+        match self {
+            Self::Store(e) => Some(e),
+            Self::AlreadyRunning { .. } | Self::NodeAlreadyRunning { .. } => None,
+        }
     }
 }

@@ -1,9 +1,8 @@
 //! What the subcommands share: where the store is (a Postgres database, or with the `etcd`
 //! feature an etcd cluster) and how to reach it (one retry loop), how a failure ends the
-//! command (exit codes), and how store errors read on the command line.
+//! command (a [`Failure`]), and how store errors read on the command line.
 
 use std::future::Future;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +14,7 @@ use lease::{GroupName, StoreError};
 #[cfg(feature = "etcd")]
 use lease_etcd::{EtcdLeaseStore, EtcdUrl};
 
-use crate::output;
+use crate::output::Failure;
 
 /// A store the commands that only use the lease contract work on, whatever its backend.
 pub type Store = Arc<dyn LeaseStore>;
@@ -41,47 +40,6 @@ pub enum Backend {
 fn is_etcd(url: &str) -> bool {
     let url = url.trim_start().to_ascii_lowercase();
     url.starts_with("etcd://") || url.starts_with("etcds://")
-}
-
-/// Why `leasectl` failed, and so its exit code.
-#[derive(Debug)]
-pub enum Failure {
-    /// Bad input or configuration: exit 2.
-    Usage(String),
-    /// The operation failed: exit 1.
-    Runtime(String),
-    /// Stdout's reader went away (a closed pipe): stop quietly, exit 0, as nobody reads on.
-    OutputClosed,
-}
-
-/// The exit code of `failure`, saying why on stderr.
-pub fn exit_code(failure: Failure) -> ExitCode {
-    match failure {
-        Failure::OutputClosed => ExitCode::SUCCESS,
-        Failure::Usage(message) => {
-            output::error_line(format!("leasectl: {message}"));
-            ExitCode::from(2)
-        }
-        Failure::Runtime(message) => {
-            output::error_line(format!("leasectl: {message}"));
-            ExitCode::from(1)
-        }
-    }
-}
-
-/// Help, version and usage errors the way clap prints them, with our exit codes for output
-/// errors (clap's own `exit` ignores them).
-pub fn clap_exit(e: &clap::Error) -> ExitCode {
-    let code = u8::try_from(e.exit_code()).unwrap_or(2);
-    let printed = e.print();
-    if e.use_stderr() {
-        // A usage error is already a failure; a lost message changes nothing.
-        return ExitCode::from(code);
-    }
-    match printed.map_err(output::OutputError::from) {
-        Ok(()) | Err(output::OutputError::Closed) => ExitCode::from(code),
-        Err(failed) => exit_code(failed.failure()),
-    }
 }
 
 /// Where the store is, and how it is reached.

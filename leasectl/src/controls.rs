@@ -11,7 +11,8 @@ use lease::store::{
 };
 use lease::{Bucket, GroupName, NodeId, Weight};
 
-use crate::common::{DbArgs, Failure, Store, group_arg, rfc3339, store_failure};
+use crate::common::{DbArgs, Store, group_arg, rfc3339, store_failure};
+use crate::output::Failure;
 use crate::{duration, output};
 
 /// How often `drain --wait` looks.

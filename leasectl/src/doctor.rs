@@ -16,8 +16,9 @@ use lease::postgres::{PgLeaseStore, PgSetupError, TlsMode, Verification};
 use lease::store::Chain;
 use serde_json::json;
 
-use crate::common::{Backend, DbArgs, Failure};
+use crate::common::{Backend, DbArgs};
 use crate::output;
+use crate::output::Failure;
 
 /// The oldest server the engine's SQL runs on (covering indexes with `INCLUDE`).
 const MIN_SERVER_VERSION: u32 = 110_000;

@@ -5,8 +5,9 @@
 use clap::{Args, ValueEnum};
 use lease::postgres::privileges::{self, RoleKind, RoleName};
 
-use crate::common::{DbArgs, Failure, retry_while_unreachable};
+use crate::common::{DbArgs, retry_while_unreachable};
 use crate::output;
+use crate::output::Failure;
 
 /// What the role is for.
 #[derive(ValueEnum, Clone, Copy, Debug)]

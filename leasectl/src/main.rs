@@ -32,7 +32,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::common::{Failure, clap_exit, exit_code};
+use crate::output::{Failure, clap_exit, exit_code};
 
 /// Cooperative shard ownership on renewable leases.
 #[derive(Parser, Debug)]

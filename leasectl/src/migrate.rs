@@ -5,8 +5,9 @@
 use clap::Args;
 use lease::postgres::PgLeaseStore;
 
-use crate::common::{Backend, DbArgs, Failure, retry_while_unreachable};
+use crate::common::{Backend, DbArgs, retry_while_unreachable};
 use crate::output;
+use crate::output::Failure;
 
 /// `leasectl migrate`'s arguments.
 #[derive(Args, Debug)]

@@ -12,11 +12,10 @@
 
 use std::fmt::Display;
 use std::io::{self, Write};
+use std::process::ExitCode;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio_util::sync::CancellationToken;
-
-use crate::common::Failure;
 
 /// Why a line could not be written to stdout.
 #[derive(Debug)]
@@ -191,5 +190,46 @@ mod tests {
             }
             other => panic!("a full disk is not a runtime failure: {other:?}"),
         }
+    }
+}
+
+/// Why `leasectl` failed, and so its exit code.
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad input or configuration: exit 2.
+    Usage(String),
+    /// The operation failed: exit 1.
+    Runtime(String),
+    /// Stdout's reader went away (a closed pipe): stop quietly, exit 0, as nobody reads on.
+    OutputClosed,
+}
+
+/// The exit code of `failure`, saying why on stderr.
+pub fn exit_code(failure: Failure) -> ExitCode {
+    match failure {
+        Failure::OutputClosed => ExitCode::SUCCESS,
+        Failure::Usage(message) => {
+            error_line(format!("leasectl: {message}"));
+            ExitCode::from(2)
+        }
+        Failure::Runtime(message) => {
+            error_line(format!("leasectl: {message}"));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Help, version and usage errors the way clap prints them, with our exit codes for output
+/// errors (clap's own `exit` ignores them).
+pub fn clap_exit(e: &clap::Error) -> ExitCode {
+    let code = u8::try_from(e.exit_code()).unwrap_or(2);
+    let printed = e.print();
+    if e.use_stderr() {
+        // A usage error is already a failure; a lost message changes nothing.
+        return ExitCode::from(code);
+    }
+    match printed.map_err(OutputError::from) {
+        Ok(()) | Err(OutputError::Closed) => ExitCode::from(code),
+        Err(failed) => exit_code(failed.failure()),
     }
 }

@@ -5,8 +5,9 @@ use clap::Args;
 use lease::NodeId;
 use lease::store::BucketState;
 
-use crate::common::{DbArgs, Failure, group_arg, store_failure};
+use crate::common::{DbArgs, group_arg, store_failure};
 use crate::output;
+use crate::output::Failure;
 
 /// `leasectl release`'s arguments.
 #[derive(Args, Debug)]

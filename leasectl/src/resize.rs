@@ -17,8 +17,9 @@ use lease::store::{
 use lease::{Bucket, ShardCount, StoreError};
 use serde_json::{Value, json};
 
-use crate::common::{DbArgs, Failure, group_arg, store_failure};
+use crate::common::{DbArgs, group_arg, store_failure};
 use crate::output;
+use crate::output::Failure;
 
 /// Old buckets up to which the text plan shows one row each; above it, [`ROWS_SHOWN`] rows and
 /// a summary line.

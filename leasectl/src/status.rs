@@ -13,8 +13,9 @@ use lease::store::{
 use lease::{Bucket, GroupName, ShardCount, StoreError};
 use serde_json::{Value, json};
 
-use crate::common::{DbArgs, Failure, group_arg, rfc3339, store_failure};
+use crate::common::{DbArgs, group_arg, rfc3339, store_failure};
 use crate::output;
+use crate::output::Failure;
 use crate::resize::{PAIRS_LIMIT, bucket_list, json_lists, not_retired, pairs};
 use crate::why;
 

@@ -16,8 +16,9 @@ use lease::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{DbArgs, Failure, now_rfc3339, store_failure};
+use crate::common::{DbArgs, now_rfc3339, store_failure};
 use crate::duration::{self, show};
+use crate::output::Failure;
 use crate::output::{self, SharedOutput};
 use groups::{GroupArg, check_group, group_args, group_failure};
 use signals::Signals;

@@ -8,12 +8,13 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::app::{AppEvent, panic_message};
-use super::{Added, Application, Command, Ended, Handler, Prepared, launch, prepare};
+use super::{Added, Command, Ended, Prepared, launch, prepare};
+use crate::application::{AppEvent, Application, Handler, panic_message};
 use crate::config::{LeaseNode, LeaseWorker};
 use crate::events::{OwnershipHandler, WorkerFailed};
 use crate::leases::{LeaseSender, Leases, Trust};
 use crate::machine::Owned;
+use crate::registry::StartError;
 
 /// A running node: add groups to it, remove them, stop it. Dropping it stops the node
 /// gracefully in the background (every group revoked and left); call
@@ -408,44 +409,6 @@ impl WorkerHandle {
 impl Drop for WorkerHandle {
     fn drop(&mut self) {
         self.cancel.cancel();
-    }
-}
-
-/// Why a worker or a node could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StartError {
-    /// The store refused: the group exists with another shard count, or the store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// This configuration (or a clone of it) is running already: two tasks of one worker
-    /// would break contract rule G8 (one caller per incarnation) and compete for its session.
-    /// (A configuration built anew with the same node id starts, and is refused by the store
-    /// while the other's session lives: `StoreError::NodeIdInUse`.)
-    #[error(
-        "worker {worker} of group {group:?} is running already; stop it before starting it again"
-    )]
-    AlreadyRunning {
-        /// The group.
-        group: GroupName,
-        /// The node id.
-        worker: NodeId,
-    },
-    /// This node configuration (or a clone of it) is running already, for the same reason.
-    #[error("node {node} is running already; stop it before starting it again")]
-    NodeAlreadyRunning {
-        /// The node id.
-        node: NodeId,
-    },
-}
-
-impl StartError {
-    /// The store's error, if that is why.
-    pub fn store_error(&self) -> Option<&StoreError> {
-        match self {
-            Self::Store(e) => Some(e),
-            Self::AlreadyRunning { .. } | Self::NodeAlreadyRunning { .. } => None,
-        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use lease_core::{Chain, GroupName};
 
 use super::Driver;
-use super::app::AppCommand;
+use crate::application::AppCommand;
 use crate::events::WorkerError;
 use crate::machine::{ClockStep, Report};
 

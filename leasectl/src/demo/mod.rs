@@ -19,7 +19,7 @@ use std::time::Duration;
 use clap::Args;
 use lease::ShardCount;
 
-use crate::common::Failure;
+use crate::output::Failure;
 use story::Story;
 
 /// How long a demo worker's session lives after a heartbeat.

@@ -9,8 +9,8 @@ use tokio::task::JoinHandle;
 
 use super::screen::render;
 use super::story::{Story, lock};
-use crate::common::Failure;
 use crate::output;
+use crate::output::Failure;
 
 /// How long the pool took to balance after a change; `None` if not within the phase.
 pub type Took = Option<Duration>;

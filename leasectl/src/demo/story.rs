@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::screen::Screen;
 use super::{RENEW, TTL};
-use crate::common::Failure;
+use crate::output::Failure;
 use crate::output::SharedOutput;
 
 /// State the story, the handlers and the renderer share.

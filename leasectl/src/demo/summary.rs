@@ -11,8 +11,8 @@ use lease::{Bucket, NodeId};
 use super::TTL;
 use super::phases::{Crash, Took};
 use super::story::{Story, lock};
-use crate::common::Failure;
 use crate::output;
+use crate::output::Failure;
 
 /// What the phases measured.
 pub struct Outcome {

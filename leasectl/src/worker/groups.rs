@@ -7,7 +7,8 @@ use lease::store::{Chain, LeaseStore};
 use lease::{GroupName, ShardCount, StoreError};
 
 use super::WorkerArgs;
-use crate::common::{Failure, group_arg, store_failure};
+use crate::common::{group_arg, store_failure};
+use crate::output::Failure;
 
 /// A group of the command line: its name, its shard count, and how the user wrote it (for
 /// messages that name the flag).
