@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
+use tracing::instrument::WithSubscriber;
 
 use crate::events::WorkerFailed;
 use crate::leases::Trust;
@@ -351,7 +352,10 @@ impl Driver {
     fn spawn(&mut self, call: StoreCall) {
         let store = self.store.clone();
         let made = call.clone();
-        let task = tokio::spawn(async move { made.execute(store.as_ref()).await });
+        // The call runs with the node task's subscriber (the one its starter had), so what
+        // the store logs while making it goes where the node's own logs go.
+        let making = async move { made.execute(store.as_ref()).await };
+        let task = tokio::spawn(making.with_current_subscriber());
         // A call still held here is one the machine gave up on: replacing it stops it.
         self.call = Some(Call { call, task });
     }
@@ -581,7 +585,7 @@ pub(crate) fn prepare<A: Application>(
     let (published, owned) = watch::channel(Owned::new());
     let (ended, ended_rx) = watch::channel(None);
     let (app_tx, app_rx) = mpsc::unbounded_channel();
-    tokio::spawn(run_app(group.clone(), app, app_rx, events));
+    tokio::spawn(run_app(group.clone(), app, app_rx, events).with_current_subscriber());
     (
         Prepared {
             group,

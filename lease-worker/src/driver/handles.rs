@@ -7,6 +7,7 @@ use lease_core::{GroupName, NodeId, ShardCount, StoreError, Weight, WorkerStore}
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::instrument::WithSubscriber;
 
 use super::{Added, Command, Ended, Prepared, launch, prepare};
 use crate::application::{AppEvent, Application, Handler, panic_message};
@@ -337,7 +338,9 @@ impl LeaseNode {
         let cancel = self.cancel.child_token();
         let parts = launch(self.rules(), store, cancel.clone(), running, false);
         let span = tracing::info_span!("lease_node", node = %node);
-        let task = tokio::spawn(tracing::Instrument::instrument(parts.driver.run(), span));
+        // The node task logs (and makes its calls) with its starter's subscriber.
+        let run = tracing::Instrument::instrument(parts.driver.run(), span);
+        let task = tokio::spawn(run.with_current_subscriber());
         Ok(NodeHandle {
             node,
             cancel,
@@ -459,7 +462,9 @@ impl LeaseWorker {
         let (app, extra) = app(parts.trust.clone());
         let (prepared, owned, _) = prepare(self.group.clone(), self.shards, app, parts.apps);
         let span = tracing::info_span!("lease_worker", group = %self.group, worker = %worker);
-        let task = tokio::spawn(tracing::Instrument::instrument(parts.driver.run(), span));
+        // The node task logs (and makes its calls) with its starter's subscriber.
+        let run = tracing::Instrument::instrument(parts.driver.run(), span);
+        let task = tokio::spawn(run.with_current_subscriber());
         if let Err(e) = add(&parts.commands, prepared).await {
             // Refused: the node, which has no group, stops at once.
             cancel.cancel();

@@ -73,7 +73,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
     let shards = validate(&args)?;
     let terminal = std::io::stdout().is_terminal();
     let mut story = Story::new(shards, !terminal)?;
-    let renderer = terminal.then(|| screen::spawn_renderer(&story));
+    let renderer = terminal.then(|| story::spawn_renderer(&story));
     // Stdout failing stops the story wherever it is (`?`): the workers stop as their handles
     // drop.
     let quarter = Duration::from_secs(args.seconds) / 4;

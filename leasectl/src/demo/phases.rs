@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use lease::Bucket;
-use lease::store::{AdminStore, BucketState, Chain, Clock, SystemClock, Timestamp};
+use lease::store::{AdminStore, BucketState, Chain, Clock, GroupSnapshot, SystemClock, Timestamp};
+use lease::{Bucket, NodeId};
 use tokio::task::JoinHandle;
 
 use super::screen::render;
@@ -67,7 +67,7 @@ pub async fn crash(story: &mut Story, end: Duration) -> Result<Crash, Failure> {
         .await
         .map_err(|e| Failure::Runtime(Chain(&e).to_string()))?;
     let victim = story.workers[&letter].node_id();
-    let expiry = super::summary::session_expiry(&snap, victim)?;
+    let expiry = session_expiry(&snap, victim)?;
     let buckets: Vec<Bucket> = snap
         .buckets
         .iter()
@@ -130,4 +130,19 @@ pub async fn the_end(story: &mut Story, renderer: Option<JoinHandle<()>>) -> Res
         ))?;
     }
     story.out.check()
+}
+
+/// When the victim's session expires, as the store's snapshot taken before the crash says;
+/// without it, whether its buckets moved early cannot be judged, which is a failure, not a 0.
+pub fn session_expiry(snap: &GroupSnapshot, victim: NodeId) -> Result<Timestamp, Failure> {
+    snap.members
+        .iter()
+        .find(|m| m.worker == victim)
+        .map(|m| m.expires_at)
+        .ok_or_else(|| {
+            Failure::Runtime(format!(
+                "worker {victim} has no member row in the store before its crash, so whether \
+                 its buckets moved before its lease expired cannot be checked"
+            ))
+        })
 }

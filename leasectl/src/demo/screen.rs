@@ -5,14 +5,12 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use lease::NodeId;
-use lease::store::{AdminStore, BucketState, GroupSnapshot};
-use tokio::task::JoinHandle;
+use lease::store::{BucketState, GroupSnapshot};
 
-use super::story::{Story, lock};
 use super::{RENEW, TTL};
 
 /// How often the screen is redrawn.
-const FRAME: Duration = Duration::from_millis(100);
+pub const FRAME: Duration = Duration::from_millis(100);
 /// How many recent events the screen lists.
 const RECENT: usize = 8;
 
@@ -93,29 +91,4 @@ pub fn render(screen: &Screen, snapshot: Option<&GroupSnapshot>, elapsed: Durati
     lines.push("recent events:".into());
     lines.extend(screen.recent.iter().map(|l| format!("  {l}")));
     lines.join("\n")
-}
-
-/// A task redrawing the story's screen every frame until aborted or stdout fails.
-pub fn spawn_renderer(story: &Story) -> JoinHandle<()> {
-    let (screen, store, group, out, started) = (
-        story.screen.clone(),
-        story.store.clone(),
-        story.group.clone(),
-        story.out.clone(),
-        story.started,
-    );
-    tokio::spawn(async move {
-        loop {
-            let snap = store.snapshot(&group).await.ok();
-            let frame = {
-                let screen = lock(&screen);
-                render(&screen, snap.as_ref(), started.elapsed())
-            };
-            // Home the cursor and clear the screen, then draw.
-            if !out.line(format!("\x1b[H\x1b[2J{frame}")) {
-                return;
-            }
-            tokio::time::sleep(FRAME).await;
-        }
-    })
 }

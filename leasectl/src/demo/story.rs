@@ -8,14 +8,15 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lease::audit::OwnershipLog;
 use lease::memory::MemoryLeaseStore;
-use lease::store::{Chain, Clock, SystemClock, Timestamp};
+use lease::store::{AdminStore, Chain, Clock, SystemClock, Timestamp};
 use lease::{
     Assignment, Bucket, FencingToken, GroupName, LeaseWorker, NodeId, OwnershipEvent,
     OwnershipHandler, RevokeReason, ShardCount, WorkerHandle,
 };
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::screen::Screen;
+use super::screen::{FRAME, Screen, render};
 use super::{RENEW, TTL};
 use crate::output::Failure;
 use crate::output::SharedOutput;
@@ -236,4 +237,29 @@ impl Story {
         }
         Ok(())
     }
+}
+
+/// A task redrawing the story's screen every frame until aborted or stdout fails.
+pub fn spawn_renderer(story: &Story) -> JoinHandle<()> {
+    let (screen, store, group, out, started) = (
+        story.screen.clone(),
+        story.store.clone(),
+        story.group.clone(),
+        story.out.clone(),
+        story.started,
+    );
+    tokio::spawn(async move {
+        loop {
+            let snap = store.snapshot(&group).await.ok();
+            let frame = {
+                let screen = lock(&screen);
+                render(&screen, snap.as_ref(), started.elapsed())
+            };
+            // Home the cursor and clear the screen, then draw.
+            if !out.line(format!("\x1b[H\x1b[2J{frame}")) {
+                return;
+            }
+            tokio::time::sleep(FRAME).await;
+        }
+    })
 }

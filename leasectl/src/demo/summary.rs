@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use lease::Bucket;
 use lease::audit::OwnershipLog;
-use lease::store::{GroupSnapshot, Timestamp};
-use lease::{Bucket, NodeId};
+use lease::store::Timestamp;
 
 use super::TTL;
 use super::phases::{Crash, Took};
@@ -26,21 +26,6 @@ pub struct Outcome {
     pub crash: Crash,
     /// The graceful stop: who, and the time to balance.
     pub stop: (char, Took),
-}
-
-/// When the victim's session expires, as the store's snapshot taken before the crash says;
-/// without it, whether its buckets moved early cannot be judged, which is a failure, not a 0.
-pub fn session_expiry(snap: &GroupSnapshot, victim: NodeId) -> Result<Timestamp, Failure> {
-    snap.members
-        .iter()
-        .find(|m| m.worker == victim)
-        .map(|m| m.expires_at)
-        .ok_or_else(|| {
-            Failure::Runtime(format!(
-                "worker {victim} has no member row in the store before its crash, so whether \
-                 its buckets moved before its lease expired cannot be checked"
-            ))
-        })
 }
 
 /// How many holdings of the crashed worker's `buckets` began after the crash but before its
@@ -153,6 +138,9 @@ mod tests {
     use lease::{GroupName, MemberMetadata, ShardCount};
 
     use super::*;
+    use crate::demo::phases::session_expiry;
+    use lease::NodeId;
+    use lease::store::GroupSnapshot;
 
     fn snapshot_with(members: &[NodeId]) -> GroupSnapshot {
         let now = SystemClock.now();
