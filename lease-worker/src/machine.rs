@@ -5,9 +5,12 @@
 //! heartbeat per tick renews it and answers for every group ([`Heartbeat`]), and each group
 //! has its own buckets, its own application and its own share. The machine decides; a driver
 //! (the tokio task started by [`LeaseNode::start`](crate::LeaseNode::start), or a test)
-//! performs. The driver feeds it what happened ([`Machine::handle`]: a store call's result, an
-//! event delivered to a group's application, a revocation acknowledged, a wake-up, a stop
-//! request), adds and removes groups ([`Machine::add_group`], [`Machine::remove_group`]), wakes
+//! performs, and the machine is the only caller of the store: every call a node makes (a
+//! group's ensure and subscription, heartbeats, joins, weights, claims, releases, leaves, the
+//! hand-over) is a [`StoreCall`] it emits with all its arguments, which a driver makes as it
+//! is ([`StoreCall::execute`]). The driver feeds it what happened ([`Machine::handle`]: a
+//! store call's result, an event delivered to a group's application, a revocation
+//! acknowledged, a wake-up, a weight set, a stop request), adds and removes groups ([`Machine::add_group`], [`Machine::remove_group`]), wakes
 //! it when [`Machine::poll_timeout`] says ([`Machine::handle_timeout`]), and performs what
 //! [`Machine::poll`] returns: the next store call ([`Output::Call`]), the next event to deliver
 //! to a group ([`Output::Deliver`]), a report ([`Output::Report`]), the end of a group
