@@ -364,13 +364,17 @@ impl Driver {
     /// add or a weight change, metrics) is taken from the answer, and the machine handles it.
     fn answered(&mut self, answered: Answered) {
         let Answered { mut input, feed } = answered;
+        let mut subscribed = None;
         match &mut input {
             Input::Claimed(group, Ok(won)) => {
                 if let Some(slot) = self.groups.get(group) {
                     slot.metrics.claimed(won.len());
                 }
             }
-            Input::Subscribed(group, result) => self.subscribed(group, result.as_ref().err(), feed),
+            Input::Subscribed(group, result) => {
+                self.subscribed(group, result.as_ref().err(), feed);
+                subscribed = Some(group.clone());
+            }
             Input::WeightSet(group, result) => {
                 if let Some(reply) = self
                     .groups
@@ -388,10 +392,6 @@ impl Driver {
             }
             _ => {}
         }
-        let subscribed = match &input {
-            Input::Subscribed(group, _) => Some(group.clone()),
-            _ => None,
-        };
         self.machine.handle(now(), input);
         if let Some(group) = subscribed
             && self.machine.owned(&group).is_some()

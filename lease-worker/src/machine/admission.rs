@@ -122,17 +122,11 @@ impl Machine {
     /// The next weight to write: a group's whose weight the application set and the store
     /// has not been told under the node's session, once the node is a member there.
     pub(super) fn weight_call(&mut self, now: Instant) -> Option<Output> {
-        if self.winding_up() {
-            return None;
-        }
         let session = self.session?;
         let group = self
             .weight_unsent
             .iter()
-            .find(|name| {
-                self.group(name)
-                    .is_some_and(|g| g.member && g.removing.is_none())
-            })?
+            .find(|name| self.weight_writable(name))?
             .clone();
         self.weight_unsent.remove(&group);
         let weight = *self.weights.get(&group)?;
@@ -148,12 +142,20 @@ impl Machine {
         ))
     }
 
+    /// Whether a weight for `group` may be written now: the node runs, has a session, and is
+    /// a member of the group, which it is not removing.
+    fn weight_writable(&self, group: &GroupName) -> bool {
+        !self.winding_up()
+            && self.session.is_some()
+            && self
+                .group(group)
+                .is_some_and(|g| g.member && g.removing.is_none())
+    }
+
     /// Whether a weight set for `group` is still to be written under the node's current
     /// membership (it is written at the next call the node makes).
     pub fn weight_pending(&self, group: &GroupName) -> bool {
-        self.weight_unsent.contains(group)
-            && self.session.is_some()
-            && self.group(group).is_some_and(|g| g.member)
+        self.weight_unsent.contains(group) && self.weight_writable(group)
     }
 
     /// Remove `group`: revoke everything its application holds (shutdown), wait for the
