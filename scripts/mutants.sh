@@ -7,7 +7,8 @@
 #   killed          the command failed (the names of the failing tests are shown)
 #   survived        the command passed with the rule gone: a hole in the suite
 #   not applicable  the entry's text is not in its file exactly once (the catalogue is stale)
-#   unbuilt         the mutant did not compile (the entry is wrong, not the suite)
+#   unbuilt         the mutant did not compile, or the command failed before any test did
+#                   (the entry or the scratch build is wrong, not the suite)
 #
 # It exits 0 only when every selected entry was killed; 1 if one survived; 2 if the catalogue
 # is stale or wrong. Not part of CI's time budget: a full run rebuilds the mutated crate and
@@ -106,6 +107,10 @@ git ls-files -co --exclude-standard -z | while IFS= read -r -d '' f; do
         cp -p "$f" "$src/$f"
     fi
 done
+# Files the working tree no longer has go from the copy too (a test file turned into a
+# directory would otherwise leave two targets of one name, and nothing would build).
+comm -13 <(git ls-files -co --exclude-standard | sort) <(cd "$src" && find . -type f | sed 's|^\./||' | sort) \
+    | while IFS= read -r gone; do rm -f "$src/$gone"; done
 export CARGO_TARGET_DIR=$scratch/target
 export PROPTEST_CASES=${PROPTEST_CASES:-1}
 limit=${MUTANT_TIMEOUT:-1200}
@@ -166,9 +171,14 @@ for i in "${!rules[@]}"; do
         elif [ "$status" = 124 ]; then
             outcome="killed"; by="timeout after ${limit}s"
             killed=$((killed + 1))
-        else
-            outcome="killed"; by=$(failing_tests "$log")
+        elif by=$(failing_tests "$log") && [ -n "$by" ]; then
+            outcome="killed"
             killed=$((killed + 1))
+        else
+            # The command failed before any test did (a manifest or a build script): nothing
+            # was judged, so nothing was killed.
+            outcome="unbuilt"; by="no test failed; see $log"
+            stale=$((stale + 1))
         fi
         # Restore the file (a newer mtime, so the next build sees the change back).
         cp "$scratch/original" "$target"
