@@ -48,6 +48,7 @@ mod change;
 pub mod control;
 mod error;
 mod event;
+mod failover;
 pub mod history;
 mod ids;
 mod invalid;
@@ -62,6 +63,7 @@ pub use change::{Change, ChangeFeed};
 pub use control::{MemberControl, QuarantineFor, Weight};
 pub use error::{BackendFailure, Chain, ErrorKind, Operation, StoreError};
 pub use event::{Assignment, OwnershipEvent, RevokeReason};
+pub use failover::{LogPosition, SessionBound};
 pub use history::{EndReason, Tenure, TenureEnd, Tenures};
 pub use ids::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionId, ShardCount,

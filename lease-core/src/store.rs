@@ -109,12 +109,31 @@ impl Takeover {
 ///
 /// - **V1 Sessions end.** A heartbeat on a store that failed over since the node's session
 ///   was started or last renewed starts a new session (as H2), however live the old one looks
-///   there: what the node released or claimed under it may be missing.
+///   there: what the node released or claimed under it may be missing. Unless V4 keeps it.
 /// - **V2 Quiet period.** A claim takes nothing until a heartbeat has run on the new store and
 ///   the longest ttl of the group's members has passed since: by then every holder of a lease
 ///   granted by the old store has fenced itself (its trust deadline precedes its expiry).
 /// - **V3 Tokens rise across it.** Every token issued after a failover exceeds every token
 ///   issued before it: C4's "plus one" becomes "plus one, and at least the new store's floor".
+/// - **V4 Sessions that lost nothing are kept.** A store that records where the new store's
+///   history leaves its parent's (the *switch point*, a [`LogPosition`](crate::LogPosition) on
+///   the timeline it was promoted from) keeps a session across the failover when the
+///   heartbeat ([`heartbeat_with_bound`](crate::WorkerStore::heartbeat_with_bound)) hands in
+///   a [`SessionBound`](crate::SessionBound) naming the session, the session is live there
+///   and the caller's incarnation's, not handed over, and the bound's position is on the
+///   parent timeline at or before the switch point: every write under the session is then on
+///   the new store. The heartbeat extends it as H1 (same session, `new_session == false`),
+///   its memberships, buckets and tokens unchanged. A store that cannot tell the switch point
+///   (a promoted server restarted before its first heartbeat) keeps nothing.
+///
+/// Why a kept session never shares a bucket with a takeover on the new store: a claim there
+/// takes nothing before the quiet period is over (V2), and by then the kept session has been
+/// renewed there or has expired. It held, on the old store, exactly what the new one records
+/// (its writes are all there), and no claim on the old store took any of it: its session,
+/// live on the new store, was live on the old one until its end (a renewal lost with the old
+/// store only lengthens it there). The buckets others claimed with writes the new store
+/// lacks are not the kept session's, and stay unclaimed until their claimers have fenced
+/// themselves (V2).
 ///
 /// Heartbeats (V1 aside), releases, leaves, snapshots and fencing checks work as usual
 /// meanwhile. Together: no bucket is held by two workers at once across a failover, and a

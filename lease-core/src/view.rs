@@ -1,5 +1,6 @@
 //! What stores return: leases, the heartbeat's compact view and the full snapshot.
 
+use crate::failover::LogPosition;
 use crate::ids::{Bucket, FencingToken, GroupName, MemberMetadata, NodeId, SessionId, ShardCount};
 use crate::resize::{self, Generation};
 use crate::time::Timestamp;
@@ -236,6 +237,10 @@ pub struct Heartbeat {
     /// (H8), sorted by name, each with the stamp to hand in next: their views are the ones
     /// last given, and the node's leases in them the same, now expiring at `expires_at`.
     pub unchanged: Vec<GroupStamp>,
+    /// Where the store's write history stood when the heartbeat ran: at or after the commit
+    /// of every write answered before it was sent (V4). `None` from a store that never
+    /// fails over (memory, etcd).
+    pub position: Option<LogPosition>,
 }
 
 impl Heartbeat {

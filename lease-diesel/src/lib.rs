@@ -81,7 +81,7 @@ use lease_core::{AdminStore, MemberControl, QuarantineFor, Weight};
 use lease_core::{
     BackendFailure, Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, GroupStamp,
     Heartbeat, Incarnation, Lease, MemberMetadata, NodeId, NodesSnapshot, Operation, ResizeOutcome,
-    SessionId, ShardCount, StoreError, Takeover, Ttl, WorkerStore, store_precision,
+    SessionBound, SessionId, ShardCount, StoreError, Takeover, Ttl, WorkerStore, store_precision,
 };
 
 pub use error::PgSetupError;
@@ -499,18 +499,27 @@ impl PgLeaseStore {
     }
 
     /// Say once, in a warning, that the server runs on a timeline other than the one this
-    /// store saw last (or one no heartbeat had run on): a failover happened.
-    fn saw_timeline(&self, timeline: ops::Timeline) {
+    /// store saw last (or one no heartbeat had run on): a failover happened; and, on a node's
+    /// first heartbeat there, whether its session was kept (V4) or why it ended.
+    fn saw_timeline(&self, node: NodeId, timeline: &ops::Timeline) {
         let previous = self.timeline.swap(timeline.id, Ordering::Relaxed);
+        let crossed = timeline.crossed.as_deref();
         if previous != timeline.id && (previous != 0 || timeline.recorded) {
             tracing::warn!(
                 timeline = timeline.id,
                 previous = (previous != 0).then_some(previous),
+                node = %node,
+                session = crossed.unwrap_or("new"),
                 "the database server runs on a new timeline: a standby was promoted (a \
-                 failover) or a backup restored; claims take nothing until one ttl after the \
-                 timeline was first seen, so that every worker of the old primary has fenced \
-                 itself, and tokens issued from now on exceed every earlier one"
+                 failover) or a backup restored; a session that lost no write is kept, the \
+                 others end; claims take nothing until one ttl after the timeline was first \
+                 seen, so that every worker of the old primary has fenced itself, and tokens \
+                 issued from now on exceed every earlier one"
             );
+        } else if let Some(crossed) = crossed {
+            // Another node of this process, on the timeline this store already reported.
+            tracing::warn!(node = %node, timeline = timeline.id, session = crossed,
+                "a node's session after the failover");
         }
     }
 
@@ -553,21 +562,23 @@ impl WorkerStore for PgLeaseStore {
         .await
     }
 
-    async fn heartbeat(
+    async fn heartbeat_with_bound(
         &self,
         node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
         seen: &[GroupStamp],
+        bound: Option<SessionBound>,
     ) -> Result<Heartbeat, StoreError> {
         let at = self.at();
         let (beat, timeline) = self
             .with_conn(Operation::Heartbeat, async |c| {
-                ops::heartbeat_on_timeline(c, at, node, incarnation, ttl, metadata, seen).await
+                ops::heartbeat_on_timeline(c, at, node, incarnation, ttl, metadata, seen, bound)
+                    .await
             })
             .await?;
-        self.saw_timeline(timeline);
+        self.saw_timeline(node, &timeline);
         Ok(beat)
     }
 

@@ -22,7 +22,7 @@ use lease_core::{
     StoreError, Takeover, Timestamp, Ttl, ViewStamp,
 };
 use lease_core::{EndReason, Tenure, TenureEnd};
-use lease_core::{MemberControl, QuarantineFor, Weight};
+use lease_core::{LogPosition, MemberControl, QuarantineFor, SessionBound, Weight};
 use uuid::Uuid;
 
 use crate::error::{corrupt, from_diesel};
@@ -159,18 +159,43 @@ pub async fn heartbeat(
     metadata: &MemberMetadata,
     seen: &[GroupStamp],
 ) -> Result<Heartbeat, StoreError> {
-    heartbeat_on_timeline(conn, at, node, incarnation, ttl, metadata, seen)
+    heartbeat_on_timeline(conn, at, node, incarnation, ttl, metadata, seen, None)
         .await
         .map(|(beat, _)| beat)
 }
 
 /// The server's timeline as a heartbeat saw it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Timeline {
     /// The server's timeline.
     pub(crate) id: i64,
     /// This heartbeat was the first on it: it recorded when the timeline was first seen.
     pub(crate) recorded: bool,
+    /// The session's first heartbeat on this timeline: how it fared (V4), `kept` or `ended:`
+    /// and why.
+    pub(crate) crossed: Option<String>,
+}
+
+/// A WAL offset as the server gives it (a `pg_lsn` less `0/0`), on `timeline`.
+fn position(op: Operation, timeline: i64, offset: i64) -> Result<LogPosition, StoreError> {
+    match (u64::try_from(timeline), u64::try_from(offset)) {
+        (Ok(timeline), Ok(offset)) => Ok(LogPosition { timeline, offset }),
+        _ => Err(corrupt(op, format!("WAL position {timeline}:{offset}"))),
+    }
+}
+
+/// A bound as `lease.heartbeat` takes it: the session, the timeline, the offset (nulls for
+/// none). A value past `i64::MAX` (from another store) can never be at or before a switch
+/// point: it is handed in as the largest offset.
+fn bound_args(bound: Option<SessionBound>) -> (Option<Uuid>, Option<i64>, Option<i64>) {
+    match bound {
+        None => (None, None, None),
+        Some(b) => (
+            Some(b.session.as_uuid()),
+            Some(i64::try_from(b.position.timeline).unwrap_or(i64::MAX)),
+            Some(i64::try_from(b.position.offset).unwrap_or(i64::MAX)),
+        ),
+    }
 }
 
 /// A stamp's version as the store keeps it: one above `i64::MAX` (from another store, or the
@@ -198,7 +223,8 @@ fn group_name(op: Operation, name: String) -> Result<GroupName, StoreError> {
     GroupName::new(name).map_err(|e| corrupt(op, format!("group name: {e}")))
 }
 
-/// [`heartbeat`], and the server's timeline it ran on.
+/// [`heartbeat`] handing in `bound` (V4), and the server's timeline it ran on.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn heartbeat_on_timeline(
     conn: &mut AsyncPgConnection,
     at: Option<Timestamp>,
@@ -207,6 +233,7 @@ pub(crate) async fn heartbeat_on_timeline(
     ttl: Ttl,
     metadata: &MemberMetadata,
     seen: &[GroupStamp],
+    bound: Option<SessionBound>,
 ) -> Result<(Heartbeat, Timeline), StoreError> {
     let op = Operation::Heartbeat;
     // The function walks the stamps beside the node's groups, both sorted by bytes (`str`'s
@@ -247,14 +274,17 @@ pub(crate) async fn heartbeat_on_timeline(
                 expires_at: row.expires_at,
                 groups: Vec::new(),
                 unchanged,
+                position: Some(position(op, row.timeline, row.position_offset)?),
             };
             let timeline = Timeline {
                 id: row.timeline,
                 recorded: false,
+                crossed: None,
             };
             return Ok((beat, timeline));
         }
     }
+    let (bound_session, bound_timeline, bound_offset) = bound_args(bound);
     let rows: Vec<sql::HeartbeatRow> = Prepared(
         diesel::sql_query(sql::HEARTBEAT)
             .bind::<SqlUuid, _>(node.as_uuid())
@@ -265,7 +295,10 @@ pub(crate) async fn heartbeat_on_timeline(
             .bind::<SqlUuid, _>(incarnation.as_uuid())
             .bind::<Array<Text>, _>(&groups)
             .bind::<Array<BigInt>, _>(&versions)
-            .bind::<Array<Nullable<Timestamptz>>, _>(&untils),
+            .bind::<Array<Nullable<Timestamptz>>, _>(&untils)
+            .bind::<Nullable<SqlUuid>, _>(bound_session)
+            .bind::<Nullable<BigInt>, _>(bound_timeline)
+            .bind::<Nullable<BigInt>, _>(bound_offset),
     )
     .load(conn)
     .await
@@ -286,10 +319,15 @@ pub(crate) async fn heartbeat_on_timeline(
         expires_at,
         groups: Vec::new(),
         unchanged: Vec::new(),
+        position: first
+            .position_offset
+            .map(|offset| position(op, first.timeline, offset))
+            .transpose()?,
     };
     let timeline = Timeline {
         id: first.timeline,
         recorded: first.recorded,
+        crossed: first.crossed.clone(),
     };
     for mut row in rows {
         match row.group_name.take() {

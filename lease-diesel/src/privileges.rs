@@ -233,6 +233,20 @@ const NEEDS: &[Need] = &[
         monitor: &[],
         fencing: &[],
     },
+    // Where the WAL stands: every heartbeat reads it (H10).
+    Need {
+        on: Object::Function("lease.wal_offset()"),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
+    // The first heartbeat on a timeline records it with its switch point (V2, V4).
+    Need {
+        on: Object::Function("lease.record_timeline(bigint, timestamptz)"),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
     // The NOTIFY channel: the heartbeat, release and leave notify it, the feed listens on it.
     Need {
         on: Object::Function("lease.channel(text)"),
@@ -251,7 +265,7 @@ const NEEDS: &[Need] = &[
     Need {
         on: Object::Function(
             "lease.heartbeat(uuid, uuid, interval, text, timestamptz, uuid, text[], bigint[], \
-             timestamptz[])",
+             timestamptz[], uuid, bigint, bigint)",
         ),
         worker: &["EXECUTE"],
         monitor: &[],

@@ -60,12 +60,13 @@ pub(crate) struct GroupCountsRow {
     pub previous_count: Option<i32>,
 }
 
-/// A node's heartbeat: `lease.heartbeat` (migration 8) extends the node's live session if this
+/// A node's heartbeat: `lease.heartbeat` (migration 11) extends the node's live session if this
 /// incarnation began it, or starts a new one (`$2` becomes its id), and answers for each group
-/// the node is a member of, "unchanged" or its view (rules H1-H8, V1). `$1` node, `$2`
+/// the node is a member of, "unchanged" or its view (rules H1-H10, V1, V4). `$1` node, `$2`
 /// candidate session id, `$3` ttl, `$4` metadata, `$5` client time, `$6` incarnation, `$7`
 /// the groups of the stamps handed in, sorted by bytes, `$8` their versions, `$9` their
-/// untils.
+/// untils; the bound of the session's writes (V4): `$10` the session, `$11` the timeline and
+/// `$12` the WAL offset (nulls for none).
 ///
 /// Rows: one with the session and the groups answered unchanged (`group_name` null), and one
 /// per group whose view is given. `mine` false: another incarnation holds the live session
@@ -78,8 +79,9 @@ SELECT h.session_id, h.heartbeat_at, h.expires_at, h.started, h.mine, h.timeline
        h.unchanged_groups, h.unchanged_versions, h.unchanged_until, h.group_name,
        h.stamp_version, h.until, h.shard_count, h.generation, h.previous_count, h.draining,
        h.workers, h.loads, h.buckets, h.tokens, h.old_buckets, h.old_tokens, h.weights,
-       h.modes, h.my_weight, h.my_mode, h.quarantined, h.quarantined_held
-  FROM lease.heartbeat($1, $2, $3, $4, $5, $6, $7, $8, $9) AS h
+       h.modes, h.my_weight, h.my_mode, h.quarantined, h.quarantined_held, h.position_offset,
+       h.crossed
+  FROM lease.heartbeat($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) AS h
 "#;
 
 /// A steady heartbeat as one plain statement (rule H8's fast path): renew node `$1`'s live
@@ -117,6 +119,7 @@ UPDATE lease.nodes n
           JOIN lease.group_changes c ON c.group_name = m.group_name
          WHERE m.node_id = $1)
 RETURNING n.session_id, n.heartbeat_at, n.expires_at, n.timeline,
+          lease.wal_offset() AS position_offset,
           CASE WHEN COALESCE($5::timestamptz, pg_catalog.clock_timestamp()) >= n.prior_expires_at
                THEN lease.renewal_too_late() ELSE false END AS late
 "#;
@@ -132,6 +135,9 @@ pub(crate) struct SteadyRow {
     pub expires_at: DateTime<Utc>,
     #[diesel(sql_type = BigInt)]
     pub timeline: i64,
+    /// Where the WAL stood (H10), as a byte offset.
+    #[diesel(sql_type = BigInt)]
+    pub position_offset: i64,
 }
 
 /// The message of `lease.renewal_too_late()`.
@@ -204,6 +210,14 @@ pub(crate) struct HeartbeatRow {
     /// How many of them a live member holds (Q2).
     #[diesel(sql_type = Nullable<BigInt>)]
     pub quarantined_held: Option<i64>,
+    /// Where the WAL stood (H10), as a byte offset; null when another process's session
+    /// refused the call.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub position_offset: Option<i64>,
+    /// On the session's first heartbeat on a new timeline, how it fared: `kept`, or `ended:`
+    /// and why (V4).
+    #[diesel(sql_type = Nullable<Text>)]
+    pub crossed: Option<String>,
 }
 
 /// Make node `$2` a member of group `$1` under its live session `$3` (rules J1-J3). `$4` client

@@ -57,8 +57,8 @@ use futures_util::StreamExt;
 use lease_core::{
     AdminStore, BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName,
     GroupSnapshot, GroupStamp, Heartbeat, Incarnation, Lease, MemberControl, MemberMetadata,
-    NodeId, NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionId, ShardCount,
-    StoreError, SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerStore,
+    NodeId, NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionBound, SessionId,
+    ShardCount, StoreError, SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerStore,
     store_precision,
 };
 use tokio::sync::broadcast;
@@ -139,13 +139,16 @@ impl WorkerStore for MemoryLeaseStore {
         self.run(Operation::EnsureGroup, |s, _| s.ensure_group(group, shards))
     }
 
-    async fn heartbeat(
+    /// The memory store never fails over (V4 never applies): `bound` is not read, and no
+    /// position is given.
+    async fn heartbeat_with_bound(
         &self,
         node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
         seen: &[GroupStamp],
+        _bound: Option<SessionBound>,
     ) -> Result<Heartbeat, StoreError> {
         self.run(Operation::Heartbeat, |s, now| {
             s.heartbeat(now, node, incarnation, ttl, metadata, seen)

@@ -172,6 +172,7 @@ impl State {
             expires_at,
             groups,
             unchanged,
+            position: None,
         })
     }
 

@@ -14,7 +14,7 @@ use lease_core::{
 };
 use lease_core::{Clock, ManualClock, Timestamp, Ttl, store_precision};
 use lease_core::{GroupSnapshot, GroupStamp, Heartbeat, Lease, NodesSnapshot};
-use lease_core::{MemberControl, QuarantineFor, Tenure};
+use lease_core::{MemberControl, QuarantineFor, SessionBound, Tenure};
 
 /// A [`Clock`] that reads tokio's clock, so a store's expiry follows `tokio::time::pause` and
 /// `advance` in tests. Starts at the same instant as [`ManualClock::new`].
@@ -144,6 +144,22 @@ impl<S: WorkerStore> WorkerStore for FaultyStore<S> {
         self.faults.heartbeats.fetch_add(1, Ordering::SeqCst);
         self.inner
             .heartbeat(node, incarnation, ttl, metadata, seen)
+            .await
+    }
+
+    async fn heartbeat_with_bound(
+        &self,
+        node: NodeId,
+        incarnation: Incarnation,
+        ttl: Ttl,
+        metadata: &MemberMetadata,
+        seen: &[GroupStamp],
+        bound: Option<SessionBound>,
+    ) -> Result<Heartbeat, StoreError> {
+        self.gate(Operation::Heartbeat).await?;
+        self.faults.heartbeats.fetch_add(1, Ordering::SeqCst);
+        self.inner
+            .heartbeat_with_bound(node, incarnation, ttl, metadata, seen, bound)
             .await
     }
 

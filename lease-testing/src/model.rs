@@ -417,6 +417,7 @@ impl Model {
             expires_at,
             groups,
             unchanged: Vec::new(),
+            position: None,
         })
     }
 

@@ -145,6 +145,7 @@ impl Run {
             expires_at: at + TimeDelta::from_std(TTL).expect("ttl"),
             groups,
             unchanged: Vec::new(),
+            position: None,
         };
         self.m.handle(self.now, Input::Heartbeat(Ok(beat)));
     }

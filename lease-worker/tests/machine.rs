@@ -353,6 +353,7 @@ impl World {
                     expires_at: at,
                     groups,
                     unchanged,
+                    position: None,
                 }))
             }
             StoreCall::Join { group, session, .. } => {

@@ -112,6 +112,7 @@ impl World {
             expires_at: self.base,
             groups,
             unchanged: Vec::new(),
+            position: None,
         }))
     }
 

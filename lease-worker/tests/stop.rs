@@ -231,6 +231,7 @@ impl World {
             expires_at: at + chrono::TimeDelta::seconds(3),
             groups,
             unchanged: Vec::new(),
+            position: None,
         }))
     }
 

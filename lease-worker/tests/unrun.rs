@@ -64,6 +64,7 @@ fn taken_over(s: SessionId, groups: &[&str]) -> Heartbeat {
             })
             .collect(),
         unchanged: Vec::new(),
+        position: None,
     }
 }
 

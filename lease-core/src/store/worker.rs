@@ -10,6 +10,7 @@ use crate::change::ChangeFeed;
 use crate::control::MemberControl;
 use crate::control::Weight;
 use crate::error::StoreError;
+use crate::failover::SessionBound;
 use crate::ids::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionId, ShardCount,
 };
@@ -82,7 +83,9 @@ pub trait WorkerStore: Send + Sync {
     ///   for H3 to remove.)
     /// - **H5** It never changes a bucket or a token; a renewal writes only the node's row,
     ///   and the rows of members and nodes found dead (H3, H9).
-    /// - After a failover of the store, see V1 (the trait's "Failover").
+    /// - After a failover of the store, see V1 and V4 (the trait's "Failover"): this hands in
+    ///   no bound, so a session of the old store is never kept;
+    ///   [`heartbeat_with_bound`](Self::heartbeat_with_bound) may keep it.
     async fn heartbeat(
         &self,
         node: NodeId,
@@ -90,6 +93,30 @@ pub trait WorkerStore: Send + Sync {
         ttl: Ttl,
         metadata: &MemberMetadata,
         seen: &[GroupStamp],
+    ) -> Result<Heartbeat, StoreError> {
+        self.heartbeat_with_bound(node, incarnation, ttl, metadata, seen, None)
+            .await
+    }
+
+    /// [`heartbeat`](Self::heartbeat), handing in the bound of the session's writes (or
+    /// `None`): the node runtime's heartbeat.
+    ///
+    /// # Contract
+    ///
+    /// - Every rule of [`heartbeat`](Self::heartbeat); `bound` matters only on the first
+    ///   heartbeat of the session on a store that failed over since it was last renewed,
+    ///   where V4 (the trait's "Failover") decides whether the session is kept.
+    /// - **H10** The answer's [`position`](Heartbeat::position), when the store gives one, is
+    ///   at or after the commit of every write answered before the call was made, on the
+    ///   answer's timeline.
+    async fn heartbeat_with_bound(
+        &self,
+        node: NodeId,
+        incarnation: Incarnation,
+        ttl: Ttl,
+        metadata: &MemberMetadata,
+        seen: &[GroupStamp],
+        bound: Option<SessionBound>,
     ) -> Result<Heartbeat, StoreError>;
 
     /// Make `node` a member of `group` under its live session `session`.
@@ -306,6 +333,20 @@ impl<S: WorkerStore + ?Sized> WorkerStore for Arc<S> {
     ) -> Result<Heartbeat, StoreError> {
         (**self)
             .heartbeat(node, incarnation, ttl, metadata, seen)
+            .await
+    }
+
+    async fn heartbeat_with_bound(
+        &self,
+        node: NodeId,
+        incarnation: Incarnation,
+        ttl: Ttl,
+        metadata: &MemberMetadata,
+        seen: &[GroupStamp],
+        bound: Option<SessionBound>,
+    ) -> Result<Heartbeat, StoreError> {
+        (**self)
+            .heartbeat_with_bound(node, incarnation, ttl, metadata, seen, bound)
             .await
     }
 

@@ -4,6 +4,7 @@
 //! [`State`]: lease_rules::State
 
 use async_trait::async_trait;
+use lease_core::SessionBound;
 use lease_core::{
     Bucket, ChangeFeed, FencingToken, GroupName, GroupStamp, Heartbeat, Incarnation, Lease,
     MemberMetadata, NodeId, Operation, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl,
@@ -25,13 +26,16 @@ impl WorkerStore for EtcdLeaseStore {
         .await
     }
 
-    async fn heartbeat(
+    /// etcd never fails over in the sense of V1-V4 (its writes are committed by a quorum):
+    /// `bound` is not read, and no position is given.
+    async fn heartbeat_with_bound(
         &self,
         node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
         seen: &[GroupStamp],
+        _bound: Option<SessionBound>,
     ) -> Result<Heartbeat, StoreError> {
         self.beat(node, incarnation, ttl, metadata, seen).await
     }

@@ -13,7 +13,7 @@ use lease_core::{
     Lease, MemberControl, MemberMetadata, NodeId, NodesSnapshot, QuarantineFor, ResizeOutcome,
     SessionId, ShardCount, StoreError, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerStore,
 };
-use lease_core::{Clock, ManualClock};
+use lease_core::{Clock, ManualClock, SessionBound};
 
 use super::Model;
 
@@ -68,14 +68,15 @@ impl WorkerStore for ModelStore {
     }
 
     /// The model never answers "unchanged" (H8 allows always giving the view), so `seen` is
-    /// not read.
-    async fn heartbeat(
+    /// not read; it never fails over, so neither is `bound`.
+    async fn heartbeat_with_bound(
         &self,
         node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
         _seen: &[GroupStamp],
+        _bound: Option<SessionBound>,
     ) -> Result<Heartbeat, StoreError> {
         self.with(|m, now| m.heartbeat(node, incarnation, ttl, metadata, now))
     }

@@ -102,6 +102,7 @@ async fn a_steady_tick_is_one_heartbeat_for_every_group() {
             expires_at: now,
             groups,
             unchanged: Vec::new(),
+            position: None,
         })
     });
     let c = calls.clone();

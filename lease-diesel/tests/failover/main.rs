@@ -4,7 +4,10 @@
 //! Time is a client clock the tests move, so the quiet period is checked to the microsecond
 //! and nothing waits for a guessed time; waits for a server poll a condition with a bound.
 
+#[path = "../support/mod.rs"]
 mod support;
+
+mod kept;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
