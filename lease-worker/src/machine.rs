@@ -96,8 +96,8 @@ use chrono::TimeDelta;
 use lease_core::{
     Assignment, BackendFailure, Bucket, ChangeFeed, FencingToken, Generation, GroupBeat, GroupName,
     GroupStamp, Heartbeat, Incarnation, Lease, MemberMetadata, MemberMode, NodeId, Operation,
-    RevokeReason, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, ViewStamp, Weight,
-    WorkerStore, policy,
+    RevokeReason, SessionBound, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl,
+    ViewStamp, Weight, WorkerStore, policy,
 };
 
 use crate::events::{WorkerError, WorkerFailed};
@@ -110,6 +110,7 @@ mod group;
 mod lifecycle;
 mod steps;
 mod tick;
+mod writes;
 
 pub use calls::{Answered, ClockStep, Delivery, Input, Output, Report, StoreCall};
 use group::{Group, InFlight, NodeState};
@@ -254,6 +255,8 @@ pub struct Machine {
     /// Groups whose weight is still to be written under the node's session, once it is a
     /// member there.
     weight_unsent: BTreeSet<GroupName>,
+    /// The bound of the session's writes, handed in with each heartbeat (V4).
+    writes: writes::Writes,
 }
 
 /// A group on its way into the node: ensured in the store, then subscribed to.
@@ -275,6 +278,7 @@ impl Machine {
             rules,
             groups: Vec::new(),
             session: None,
+            writes: writes::Writes::default(),
             trusted_until: None,
             last_sent: None,
             next_tick: Some(now),
@@ -594,6 +598,7 @@ impl Machine {
             }
             Input::WeightSet(group, result) => {
                 if self.take_call(Operation::SetWeight, Some(&group)).is_some() {
+                    self.write_answered(result.is_ok());
                     match result {
                         // The membership or the session ended meanwhile: the next join
                         // writes it.
@@ -614,28 +619,32 @@ impl Machine {
                 }
             }
             Input::Joined(group, result) => {
-                if self.take_call(Operation::Join, Some(&group)).is_some()
-                    && let Some(i) = self.index(&group)
-                {
-                    self.on_joined(now, i, result);
+                if self.take_call(Operation::Join, Some(&group)).is_some() {
+                    self.write_answered(result.is_ok());
+                    if let Some(i) = self.index(&group) {
+                        self.on_joined(now, i, result);
+                    }
                 }
             }
             Input::Claimed(group, result) => {
-                if self.take_call(Operation::Claim, Some(&group)).is_some()
-                    && let Some(i) = self.index(&group)
-                {
-                    self.on_claimed(now, i, result);
+                if self.take_call(Operation::Claim, Some(&group)).is_some() {
+                    self.write_answered(result.is_ok());
+                    if let Some(i) = self.index(&group) {
+                        self.on_claimed(now, i, result);
+                    }
                 }
             }
             Input::Released(group, result) => {
-                if self.take_call(Operation::Release, Some(&group)).is_some()
-                    && let Some(i) = self.index(&group)
-                {
-                    self.on_released(now, i, result);
+                if self.take_call(Operation::Release, Some(&group)).is_some() {
+                    self.write_answered(result.is_ok());
+                    if let Some(i) = self.index(&group) {
+                        self.on_released(now, i, result);
+                    }
                 }
             }
             Input::HandedOver(result) => {
                 if self.take_call(Operation::HandOver, None).is_some() {
+                    self.write_answered(result.is_ok());
                     self.set_handing_over(HandingOver::Done);
                     match result {
                         Ok(Some(until)) => self.reports.push_back(Report::HandedOver { until }),
@@ -650,6 +659,7 @@ impl Machine {
             Input::Left(group, result) => {
                 let unrun = self.in_flight.as_ref().is_some_and(|f| f.unrun);
                 if self.take_call(Operation::Leave, Some(&group)).is_some() {
+                    self.write_answered(result.is_ok());
                     if unrun {
                         let released =
                             result

@@ -14,6 +14,7 @@ impl Machine {
             Ok(beat) => beat,
             Err(e) => return self.on_store_error(now, None, Operation::Heartbeat, e),
         };
+        self.writes.beat(&beat);
         if self.winding_up() {
             // Stopping: the session keeps the applications' leases trusted until their
             // revocations are acknowledged, and it is the one to leave (or hand over).

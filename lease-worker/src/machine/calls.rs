@@ -80,7 +80,7 @@ pub enum StoreCall {
         /// The group.
         group: GroupName,
     },
-    /// [`WorkerStore::heartbeat`](lease_core::WorkerStore::heartbeat).
+    /// [`WorkerStore::heartbeat_with_bound`](lease_core::WorkerStore::heartbeat_with_bound).
     Heartbeat {
         /// The node.
         node: NodeId,
@@ -93,6 +93,8 @@ pub enum StoreCall {
         /// The stamp of the last view of each group the node was given, for the store to
         /// answer "unchanged" if nothing changed since.
         seen: Vec<GroupStamp>,
+        /// The bound of the session's writes, to keep it across a failover (V4).
+        bound: Option<SessionBound>,
     },
     /// [`WorkerStore::hand_over`](lease_core::WorkerStore::hand_over) of the node's session,
     /// as a graceful stop's last call.
@@ -178,6 +180,19 @@ impl StoreCall {
         }
     }
 
+    /// Whether the call writes under the node's session (what V4's bound must cover).
+    pub fn writes(&self) -> bool {
+        matches!(
+            self,
+            Self::Join { .. }
+                | Self::SetWeight { .. }
+                | Self::Claim { .. }
+                | Self::Release { .. }
+                | Self::Leave { .. }
+                | Self::HandOver { .. }
+        )
+    }
+
     /// The group the call is for; `None` for the heartbeat and the hand-over, which are the
     /// node's.
     pub fn group(&self) -> Option<&GroupName> {
@@ -248,9 +263,10 @@ impl StoreCall {
                 ttl,
                 metadata,
                 seen,
+                bound,
             } => Input::Heartbeat(
                 store
-                    .heartbeat(node, incarnation, ttl, &metadata, &seen)
+                    .heartbeat_with_bound(node, incarnation, ttl, &metadata, &seen, bound)
                     .await,
             ),
             Self::HandOver {

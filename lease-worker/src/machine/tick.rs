@@ -302,6 +302,7 @@ impl Machine {
             ttl: self.rules.ttl,
             metadata: self.rules.metadata.clone(),
             seen,
+            bound: self.writes.bound(),
         };
         self.call(now, call)
     }
@@ -481,6 +482,9 @@ impl Machine {
     }
 
     pub(super) fn call(&mut self, now: Instant, call: StoreCall) -> Output {
+        if call.writes() {
+            self.writes.sent();
+        }
         self.in_flight = Some(InFlight {
             call: call.clone(),
             sent: now,
@@ -488,6 +492,13 @@ impl Machine {
             unrun: false,
         });
         Output::Call(call)
+    }
+
+    /// A write's call in flight was answered: `ok`, it committed (or wrote nothing) before
+    /// the next call; otherwise it may commit after any later read (the session loses its
+    /// bound).
+    pub(super) fn write_answered(&mut self, ok: bool) {
+        self.writes.answered(ok);
     }
 
     /// The send time of the call in flight, if it is `op`'s for `group`; an answer nobody
