@@ -276,6 +276,10 @@ pub struct NodeInfo {
     pub groups: Vec<GroupName>,
     /// Whether its session was handed over (HO1) and waits for a successor.
     pub handed_over: bool,
+    /// How the session came through the store's last failover (V4), for operators: `kept`,
+    /// or `ended: ` and why the node's first heartbeat after it started this session instead.
+    /// `None` when the session began on the store's current timeline without one.
+    pub crossed: Option<String>,
 }
 
 /// Every node a store knows, at one instant of its clock.

@@ -871,6 +871,7 @@ pub async fn nodes(
                 .map_err(|e| corrupt(op, format!("node metadata: {e}")))?,
             groups,
             handed_over,
+            crossed: row.crossed,
         });
     }
     Ok(NodesSnapshot { observed_at, nodes })

@@ -1003,7 +1003,7 @@ pub(crate) struct SnapshotMemberRow {
 /// (sorted by bytes), by node id, and the store's time. `$1` client time.
 pub(crate) const NODES: &str = r#"
 SELECT c.now, n.node_id, n.session_id, n.started_at, n.heartbeat_at, n.expires_at, n.metadata,
-       n.handed_over,
+       n.handed_over, n.crossed,
        ARRAY(SELECT m.group_name FROM lease.members m WHERE m.node_id = n.node_id
               ORDER BY m.group_name COLLATE "C") AS groups
   FROM (SELECT COALESCE($1, clock_timestamp()) AS now) AS c
@@ -1030,6 +1030,9 @@ pub(crate) struct NodeRow {
     pub metadata: Option<String>,
     #[diesel(sql_type = Nullable<Bool>)]
     pub handed_over: Option<bool>,
+    /// How the session came through the last failover (migration 11).
+    #[diesel(sql_type = Nullable<Text>)]
+    pub crossed: Option<String>,
     #[diesel(sql_type = Array<Text>)]
     pub groups: Vec<String>,
 }

@@ -109,6 +109,9 @@ pub fn decode_node(bytes: &[u8]) -> Result<(NodeRow, NodeExtra), DecodeError> {
             metadata: MemberMetadata::new(doc.md).map_err(|e| bad("node metadata", e))?,
             handed_over: doc.ho,
             groups,
+            // etcd never fails over (its writes are a quorum's): one timeline.
+            timeline: lease_rules::BASE_TIMELINE,
+            crossed: None,
         },
         NodeExtra {
             lease: doc.l,
@@ -374,6 +377,8 @@ mod tests {
             metadata: MemberMetadata::new("it's \"odd\"; é").expect("metadata"),
             handed_over: true,
             groups: [GroupName::new("a/b").expect("a name")].into(),
+            timeline: lease_rules::BASE_TIMELINE,
+            crossed: None,
         }
     }
 

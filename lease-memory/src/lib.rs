@@ -66,6 +66,11 @@ use tokio_stream::wrappers::BroadcastStream;
 
 use lease_rules::State;
 
+/// A copy of a [`MemoryLeaseStore`]'s state as a standby has it: see
+/// [`MemoryLeaseStore::standby`].
+#[derive(Clone, Debug)]
+pub struct Standby(State);
+
 /// How many unread changes a feed buffers before reporting [`Change::Missed`].
 const FEED_CAPACITY: usize = 256;
 
@@ -96,10 +101,42 @@ impl MemoryLeaseStore {
 
     /// A store deciding expiry by `clock` (a [`lease_core::ManualClock`] in tests).
     pub fn with_clock(clock: impl Clock + 'static) -> Self {
+        let mut inner = Inner::default();
+        // It may fail over (`fail_over`): heartbeats answer positions (H10).
+        inner.state.history.positions = true;
         Self {
-            inner: Arc::new(Mutex::new(Inner::default())),
+            inner: Arc::new(Mutex::new(inner)),
             clock: Arc::new(clock),
         }
+    }
+
+    /// A copy of the store as a streaming standby has it when its replication stops now:
+    /// what the store does from here on is missing from it. [`fail_over`](Self::fail_over)
+    /// promotes it. (A standby taken right before the failover is a synchronous one: it lost
+    /// nothing.)
+    ///
+    /// # Errors
+    ///
+    /// If the state was poisoned by a panic in another thread.
+    pub fn standby(&self) -> Result<Standby, StoreError> {
+        let (inner, _) = self.lock(Operation::Snapshot)?;
+        Ok(Standby(inner.state.clone()))
+    }
+
+    /// A failover to `standby`: it becomes the store's state on the next timeline (rules
+    /// V1-V4), and everything done since it was taken is lost. The change feeds stay
+    /// subscribed.
+    ///
+    /// # Errors
+    ///
+    /// If the state was poisoned by a panic in another thread.
+    pub fn fail_over(&self, standby: Standby) -> Result<(), StoreError> {
+        let (mut inner, _) = self.lock(Operation::Snapshot)?;
+        let mut state = standby.0;
+        state.history.promote();
+        state.outbox.clear();
+        inner.state = state;
+        Ok(())
     }
 
     fn lock(&self, op: Operation) -> Result<(MutexGuard<'_, Inner>, Timestamp), StoreError> {
@@ -121,6 +158,7 @@ impl MemoryLeaseStore {
         f: impl FnOnce(&mut State, Timestamp) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let (mut inner, now) = self.lock(op)?;
+        inner.state.history.advance();
         let result = f(&mut inner.state, now);
         let Inner { state, feeds } = &mut *inner;
         for (group, change) in state.outbox.drain(..) {
@@ -139,8 +177,6 @@ impl WorkerStore for MemoryLeaseStore {
         self.run(Operation::EnsureGroup, |s, _| s.ensure_group(group, shards))
     }
 
-    /// The memory store never fails over (V4 never applies): `bound` is not read, and no
-    /// position is given.
     async fn heartbeat_with_bound(
         &self,
         node: NodeId,
@@ -148,10 +184,10 @@ impl WorkerStore for MemoryLeaseStore {
         ttl: Ttl,
         metadata: &MemberMetadata,
         seen: &[GroupStamp],
-        _bound: Option<SessionBound>,
+        bound: Option<SessionBound>,
     ) -> Result<Heartbeat, StoreError> {
         self.run(Operation::Heartbeat, |s, now| {
-            s.heartbeat(now, node, incarnation, ttl, metadata, seen)
+            s.heartbeat(now, node, incarnation, ttl, metadata, seen, bound)
         })
     }
 

@@ -84,6 +84,7 @@ impl State {
                 metadata: n.metadata.clone(),
                 groups: state.groups_of(node),
                 handed_over: n.handed_over,
+                crossed: n.crossed.clone(),
             })
             .collect();
         Ok(NodesSnapshot {

@@ -20,6 +20,7 @@ impl State {
         takeover: Takeover,
     ) -> Result<Vec<Lease>, StoreError> {
         let state = self;
+        let (quiet_from, floor) = (state.history.quiet_from(), state.history.floor());
         let (nodes, g) = state.split(group)?;
         let (expires_at, renewed_at) = match g.live_member_mut(nodes, worker, session, now) {
             Some(_) => nodes
@@ -38,6 +39,20 @@ impl State {
         };
         // C11: a cordoned or draining member claims nothing (and changes nothing).
         if g.control(worker).1 != MemberMode::Active {
+            return Ok(Vec::new());
+        }
+        // V2: nothing until the longest ttl of the group's members has passed since the
+        // timeline's first heartbeat (nothing at all before it).
+        let longest = g
+            .members
+            .keys()
+            .filter_map(|w| nodes.get(w))
+            .map(|n| n.expires_at - n.heartbeat_at)
+            .max()
+            .unwrap_or_default();
+        if let Some(first_seen) = quiet_from
+            && first_seen.is_none_or(|t| now < t + longest)
+        {
             return Ok(Vec::new());
         }
         g.draining(nodes, now);
@@ -75,7 +90,8 @@ impl State {
             if previous.is_some() {
                 row.tenures.end(now, EndReason::Expired);
             }
-            row.token += 1;
+            // V3: plus one, and at least the timeline's floor.
+            row.token = (row.token + 1).max(floor);
             row.last_node = Some(worker);
             row.tenures.begin(worker, FencingToken(row.token), now);
             // The previous session is dead; keep its member row's set honest for snapshots.

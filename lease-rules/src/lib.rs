@@ -16,7 +16,9 @@
 mod admin;
 mod claims;
 mod group;
+mod history;
 mod rows;
 mod sessions;
 
+pub use history::{BASE_TIMELINE, Epoch, History};
 pub use rows::{BucketRow, GroupState, MemberRow, NodeRow, Nodes, State};

@@ -9,6 +9,8 @@ use lease_core::{
     ShardCount, StoreError, Timestamp,
 };
 
+use crate::history::History;
+
 /// A bucket.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BucketRow {
@@ -42,6 +44,10 @@ pub struct NodeRow {
     /// The groups it is a member of: the index that lets an operation load a node's groups
     /// without reading every group.
     pub groups: BTreeSet<GroupName>,
+    /// The timeline the session was started or last renewed on (V1, V4).
+    pub timeline: u64,
+    /// How the session came through the store's last failover (V4), when it did.
+    pub crossed: Option<String>,
 }
 
 impl NodeRow {
@@ -125,6 +131,9 @@ pub struct State {
     /// others go at later heartbeats); `None`: all. The etcd store sets one so that a
     /// heartbeat's write fits one etcd transaction.
     pub removal_budget: Option<usize>,
+    /// The store's history across failovers (V1-V4); the default for a store that never
+    /// fails over.
+    pub history: History,
 }
 
 impl State {

@@ -6,9 +6,10 @@ use lease_core::EndReason;
 use lease_core::Generation;
 use lease_core::{
     BackendFailure, Bucket, Change, GroupName, GroupStamp, Heartbeat, Incarnation, MemberMetadata,
-    NodeId, Operation, SessionId, ShardCount, StoreError, Timestamp, Ttl,
+    NodeId, Operation, SessionBound, SessionId, ShardCount, StoreError, Timestamp, Ttl,
 };
 
+use crate::history::KEPT;
 use crate::rows::*;
 
 impl State {
@@ -49,7 +50,9 @@ impl State {
         }
     }
 
-    /// [`WorkerStore::heartbeat`](lease_core::WorkerStore::heartbeat) at the store's time `now`.
+    /// [`WorkerStore::heartbeat_with_bound`](lease_core::WorkerStore::heartbeat_with_bound) at
+    /// the store's time `now`.
+    #[allow(clippy::too_many_arguments)]
     pub fn heartbeat(
         &mut self,
         now: Timestamp,
@@ -58,22 +61,38 @@ impl State {
         ttl: Ttl,
         metadata: &MemberMetadata,
         seen: &[GroupStamp],
+        bound: Option<SessionBound>,
     ) -> Result<Heartbeat, StoreError> {
         let state = self;
-        if let Some(other) = state
-            .nodes
-            .get(&node)
-            .filter(|n| n.is_live(now) && n.incarnation != incarnation && !n.handed_over)
-        {
+        let timeline = state.history.timeline;
+        // H7 on this timeline only: a session of an earlier one is never extended but by V4.
+        if let Some(other) = state.nodes.get(&node).filter(|n| {
+            n.is_live(now)
+                && n.incarnation != incarnation
+                && !n.handed_over
+                && n.timeline == timeline
+        }) {
             return Err(StoreError::NodeIdInUse {
                 worker: node,
                 expires_at: other.expires_at,
             });
         }
+        // V4: a session of an earlier timeline, at its first heartbeat on this one, is kept
+        // or ends (V1); the timeline is recorded first, with its switch point.
+        let crossed = match state.nodes.get(&node) {
+            Some(row) if row.timeline != timeline => {
+                state.history.record(now);
+                Some(state.history.crossing(row, incarnation, now, bound))
+            }
+            _ => None,
+        };
+        let kept = crossed.as_deref() == Some(KEPT);
         let expires_at = now + ttl.as_chrono();
-        let new_session = !node_live(&state.nodes, node, now);
+        let new_session = !node_live(&state.nodes, node, now) || (crossed.is_some() && !kept);
         let mut budget = state.removal_budget.unwrap_or(usize::MAX);
         if new_session {
+            // The first heartbeat on a timeline records it (V2), whoever makes it.
+            state.history.record(now);
             // H2: a new session is a member of no group.
             for name in state.groups_of(node) {
                 if let Ok(g) = state.group_mut(&name) {
@@ -93,6 +112,8 @@ impl State {
                     metadata: metadata.clone(),
                     handed_over: false,
                     groups: BTreeSet::new(),
+                    timeline,
+                    crossed: crossed.clone(),
                 },
             );
             // H9: dead nodes in no group go (within the budget; the others at later ones).
@@ -122,6 +143,10 @@ impl State {
             // HO3: a handed-over session is now this incarnation's.
             me.incarnation = incarnation;
             me.handed_over = false;
+            if kept {
+                me.timeline = timeline;
+                me.crossed = crossed;
+            }
             me.session
         };
         let mut groups = Vec::new();
@@ -172,7 +197,7 @@ impl State {
             expires_at,
             groups,
             unchanged,
-            position: None,
+            position: state.history.position(),
         })
     }
 

@@ -23,6 +23,7 @@ pub mod conformance;
 pub mod counters;
 pub mod coverage;
 pub mod differential;
+pub mod failover;
 pub mod faults;
 pub mod model;
 mod recording;

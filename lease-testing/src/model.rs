@@ -9,14 +9,15 @@ use std::collections::BTreeMap;
 
 use uuid::Uuid;
 
+mod failover;
 mod store;
-pub use store::ModelStore;
+pub use store::{ModelFailovers, ModelStore};
 
 use lease_core::StoreError;
 use lease_core::resize;
 use lease_core::{
-    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionId, ShardCount,
-    Takeover,
+    Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionBound, SessionId,
+    ShardCount, Takeover,
 };
 use lease_core::{
     BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo,
@@ -55,6 +56,10 @@ struct ModelNode {
     metadata: MemberMetadata,
     /// HO1: handed over, waiting for a successor.
     handed_over: bool,
+    /// V1, V4: the timeline the session was started or last renewed on.
+    timeline: u64,
+    /// V4: how the session came through the last failover.
+    crossed: Option<String>,
 }
 
 type Nodes = BTreeMap<NodeId, ModelNode>;
@@ -264,6 +269,7 @@ pub struct Model {
     nodes: Nodes,
     groups: BTreeMap<GroupName, ModelGroup>,
     sessions_minted: u128,
+    timelines: failover::Timelines,
 }
 
 impl Model {
@@ -330,29 +336,62 @@ impl Model {
         }
     }
 
-    /// See [`WorkerStore::heartbeat`](lease_core::WorkerStore::heartbeat). The model gives every
-    /// group's view (H8 lets a store always do so).
+    /// A call is made: the model's writes move on (a position read later is past it).
+    pub fn call(&mut self) {
+        self.timelines.call();
+    }
+
+    /// This copy of the model becomes the store on the next timeline: a failover to a standby
+    /// that had everything up to the copy.
+    pub fn promote(&mut self) {
+        self.timelines.promote();
+    }
+
+    /// See [`WorkerStore::heartbeat_with_bound`](lease_core::WorkerStore::heartbeat_with_bound).
+    /// The model gives every group's view (H8 lets a store always do so).
     pub fn heartbeat(
         &mut self,
         node: NodeId,
         incarnation: Incarnation,
         ttl: Ttl,
         metadata: &MemberMetadata,
+        bound: Option<&SessionBound>,
         now: Timestamp,
     ) -> Result<Heartbeat, StoreError> {
         let now = store_precision(now);
-        // HO3: a handed-over session is taken over, not refused.
+        let timeline = self.timelines.current();
+        // HO3: a handed-over session is taken over, not refused; one of an earlier timeline
+        // is not refused either (V1: it ends, unless V4 keeps it).
         if let Some(n) = live_node(&self.nodes, node, now)
-            .filter(|n| n.incarnation != incarnation && !n.handed_over)
+            .filter(|n| n.incarnation != incarnation && !n.handed_over && n.timeline == timeline)
         {
             return Err(StoreError::NodeIdInUse {
                 worker: node,
                 expires_at: n.expires_at,
             });
         }
+        // V4: a session of an earlier timeline is kept or ends, judged once the timeline is
+        // recorded.
+        let crossed = match self.nodes.get(&node).filter(|n| n.timeline != timeline) {
+            Some(n) => {
+                self.timelines.heartbeat_at(now);
+                let c = failover::Crossing {
+                    session: n.session,
+                    incarnation: n.incarnation,
+                    live: now < n.expires_at,
+                    handed_over: n.handed_over,
+                    bound,
+                };
+                Some(self.timelines.judge(&c, incarnation))
+            }
+            None => None,
+        };
+        let kept = crossed.as_deref() == Some("kept");
         let expires_at = now + ttl.as_chrono();
-        let new_session = live_node(&self.nodes, node, now).is_none();
+        let new_session =
+            live_node(&self.nodes, node, now).is_none() || (crossed.is_some() && !kept);
         if new_session {
+            self.timelines.heartbeat_at(now);
             // H2: a new session is a member of no group.
             for g in self.groups.values_mut() {
                 g.members.remove(&node);
@@ -368,6 +407,8 @@ impl Model {
                     expires_at,
                     metadata: metadata.clone(),
                     handed_over: false,
+                    timeline,
+                    crossed: crossed.clone(),
                 },
             );
             // H9: dead nodes in no group go.
@@ -384,6 +425,10 @@ impl Model {
             n.metadata = metadata.clone();
             n.incarnation = incarnation;
             n.handed_over = false;
+            if kept {
+                n.timeline = timeline;
+                n.crossed = crossed;
+            }
         }
         let session = self.nodes[&node].session;
         let mine = self.groups_of(node);
@@ -417,7 +462,7 @@ impl Model {
             expires_at,
             groups,
             unchanged: Vec::new(),
-            position: None,
+            position: Some(self.timelines.position()),
         })
     }
 
@@ -454,6 +499,7 @@ impl Model {
     ) -> Result<Vec<Lease>, StoreError> {
         let now = store_precision(now);
         let nodes = &self.nodes;
+        let timelines = &self.timelines;
         let g = self
             .groups
             .get_mut(group)
@@ -470,6 +516,17 @@ impl Model {
         // C7: dead sessions' buckets only when the takeover allows it now.
         // C11: a cordoned or draining member claims nothing.
         if g.control(worker).1 != MemberMode::Active {
+            return Ok(Vec::new());
+        }
+        // V2: a quiet period of the longest ttl among the members' sessions.
+        let longest = g
+            .members
+            .keys()
+            .filter_map(|w| nodes.get(w))
+            .map(|n| n.expires_at - n.heartbeat_at)
+            .max()
+            .unwrap_or_default();
+        if timelines.quiet(now, longest) {
             return Ok(Vec::new());
         }
         let take_dead = takeover.takes_dead(now - renewed_at);
@@ -507,7 +564,7 @@ impl Model {
             }
             b.owner = Some((worker, session));
             b.last_node = Some(worker);
-            b.token += 1;
+            b.token = timelines.next_token(b.token);
             b.tenures.begin(worker, FencingToken(b.token), now);
             won.push(Bucket(i as u32));
         }
@@ -686,6 +743,7 @@ impl Model {
                     metadata: n.metadata.clone(),
                     groups: self.groups_of(node),
                     handed_over: n.handed_over,
+                    crossed: n.crossed.clone(),
                 })
                 .collect(),
         }

@@ -216,7 +216,7 @@ async fn a_renewal_decided_before_a_takeover_is_not_written_after_it() {
         .expect("a read");
     let mut decided = read.state.clone();
     let beat = decided
-        .heartbeat(owner_now, owner, owner_process, ttl(), &none, &[])
+        .heartbeat(owner_now, owner, owner_process, ttl(), &none, &[], None)
         .expect("a decision");
     assert!(!beat.new_session, "the owner renews its live session");
 
@@ -261,7 +261,7 @@ async fn two_first_heartbeats_of_one_node_id_never_both_start_a_session() {
         .expect("a read");
     let mut decided = read.state.clone();
     decided
-        .heartbeat(now, node, Incarnation::new(), ttl(), &none, &[])
+        .heartbeat(now, node, Incarnation::new(), ttl(), &none, &[], None)
         .expect("a decision");
 
     let other = store
@@ -356,7 +356,7 @@ async fn a_dead_node_removed_on_a_read_before_it_restarted_is_not_removed() {
         .expect("a read");
     let mut decided = read.state.clone();
     let beat = decided
-        .heartbeat(now, newcomer, Incarnation::new(), ttl(), &none, &[])
+        .heartbeat(now, newcomer, Incarnation::new(), ttl(), &none, &[], None)
         .expect("a decision");
     assert!(beat.new_session);
     assert!(
@@ -421,7 +421,15 @@ async fn a_take_over_decided_before_the_keep_lease_ended_is_not_written() {
         .expect("a read");
     let mut decided = read.state.clone();
     let beat = decided
-        .heartbeat(now, node, successor, ttl(), &MemberMetadata::empty(), &[])
+        .heartbeat(
+            now,
+            node,
+            successor,
+            ttl(),
+            &MemberMetadata::empty(),
+            &[],
+            None,
+        )
         .expect("a decision");
     assert!(!beat.new_session, "the session is taken over");
     assert_eq!(

@@ -189,7 +189,7 @@ impl EtcdLeaseStore {
                 self.remember_lease(process, lease);
             }
             let mut state = loaded.state.clone();
-            let mut result = state.heartbeat(now, node, incarnation, ttl, metadata, seen);
+            let mut result = state.heartbeat(now, node, incarnation, ttl, metadata, seen, None);
             let quiet = result.as_ref().is_ok_and(|b| b.groups.is_empty())
                 && state.groups == loaded.state.groups
                 && state.outbox.is_empty();
@@ -198,7 +198,7 @@ impl EtcdLeaseStore {
             } else {
                 let whole = self.load(op, &scope, now, true).await?;
                 state = whole.state.clone();
-                result = state.heartbeat(now, node, incarnation, ttl, metadata, seen);
+                result = state.heartbeat(now, node, incarnation, ttl, metadata, seen, None);
                 whole
             };
             let beat = match result {

@@ -53,10 +53,14 @@ impl SessionNames {
         *s = SessionId::from_uuid(Uuid::from_u128(n));
     }
 
-    /// Rewrite every session id in `outcome`.
+    /// Rewrite every session id in `outcome`, and drop a heartbeat's position: each store's
+    /// own count (etcd gives none), which only its own later heartbeats compare with (H10).
     pub fn normalize(&mut self, outcome: &mut Outcome) {
         match outcome {
-            Outcome::Heartbeat(hb) => self.name(&mut hb.session),
+            Outcome::Heartbeat(hb) => {
+                self.name(&mut hb.session);
+                hb.position = None;
+            }
             Outcome::Tick(beat, join, claim) => {
                 self.normalize(beat);
                 for part in [join, claim].into_iter().flatten() {

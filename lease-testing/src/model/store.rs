@@ -48,10 +48,17 @@ impl ModelStore {
 
     fn with<T>(&self, f: impl FnOnce(&mut Model, Timestamp) -> T) -> T {
         let now = self.clock.now();
-        f(
-            &mut self.model.lock().unwrap_or_else(PoisonError::into_inner),
-            now,
-        )
+        let mut model = self.model.lock().unwrap_or_else(PoisonError::into_inner);
+        model.call();
+        f(&mut model, now)
+    }
+
+    /// A failover to `standby` (a copy of the model taken with [`model`](Self::model) when its
+    /// replication stopped): it becomes the store on the next timeline, and what the store did
+    /// since the copy is lost.
+    pub fn fail_over(&self, mut standby: Model) {
+        standby.promote();
+        *self.model.lock().unwrap_or_else(PoisonError::into_inner) = standby;
     }
 }
 
@@ -68,7 +75,7 @@ impl WorkerStore for ModelStore {
     }
 
     /// The model never answers "unchanged" (H8 allows always giving the view), so `seen` is
-    /// not read; it never fails over, so neither is `bound`.
+    /// not read.
     async fn heartbeat_with_bound(
         &self,
         node: NodeId,
@@ -76,9 +83,9 @@ impl WorkerStore for ModelStore {
         ttl: Ttl,
         metadata: &MemberMetadata,
         _seen: &[GroupStamp],
-        _bound: Option<SessionBound>,
+        bound: Option<SessionBound>,
     ) -> Result<Heartbeat, StoreError> {
-        self.with(|m, now| m.heartbeat(node, incarnation, ttl, metadata, now))
+        self.with(|m, now| m.heartbeat(node, incarnation, ttl, metadata, bound.as_ref(), now))
     }
 
     async fn join(
@@ -193,5 +200,22 @@ impl AdminStore for ModelStore {
 
     async fn evict(&self, group: &GroupName, node: NodeId) -> Result<Vec<Bucket>, StoreError> {
         self.with(|m, now| m.leave(group, node, None, now))
+    }
+}
+
+/// Fails a [`ModelStore`] over (the failover suite's [`Failovers`](crate::failover::Failovers)):
+/// a standby is a copy of the model.
+#[derive(Clone, Copy, Debug)]
+pub struct ModelFailovers;
+
+impl crate::failover::Failovers<ModelStore> for ModelFailovers {
+    type Standby = Model;
+
+    fn standby(&self, store: &ModelStore) -> Model {
+        store.model()
+    }
+
+    fn fail_over(&self, store: &ModelStore, standby: Model) {
+        store.fail_over(standby);
     }
 }
