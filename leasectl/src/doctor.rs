@@ -121,6 +121,7 @@ async fn postgres(store: &PgLeaseStore) -> Vec<Check> {
                 .position(|c| c.name == "schema")
                 .map_or(checks.len(), |i| i + 1);
             checks.insert(at, privileges(store, &diagnosis).await);
+            checks.push(failover(store).await);
             checks
         }
         Err(e) => vec![unreachable(&e)],
@@ -440,6 +441,51 @@ fn replication(r: &Replication) -> Check {
             names.join(", ")
         ),
     )
+}
+
+/// How the sessions came through the last failover: kept with their buckets, or restarted
+/// and why (rule V4), as the node rows say.
+async fn failover(store: &PgLeaseStore) -> Check {
+    use lease::store::AdminStore;
+    let nodes = match store.nodes().await {
+        Ok(nodes) => nodes,
+        Err(e) => {
+            return check(
+                "failover",
+                Status::Warn,
+                format!("the nodes could not be read: {}", Chain(&e)),
+            );
+        }
+    };
+    match crate::status::crossed(&nodes) {
+        None => check(
+            "failover",
+            Status::Ok,
+            "no session listed came through a failover",
+        ),
+        Some((kept, ended)) if ended.is_empty() => check(
+            "failover",
+            Status::Ok,
+            format!("after the last failover every session ({kept}) was kept with its buckets"),
+        ),
+        Some((kept, ended)) => check(
+            "failover",
+            Status::Warn,
+            format!(
+                "after the last failover {kept} session(s) were kept with their buckets and {} \
+                 restarted ({}): a session restarts when the new primary may lack one of its \
+                 writes (asynchronous replication, a write in flight) or cannot tell (a \
+                 promoted server restarted, or running for less than a second before the old \
+                 primary's last heartbeat it replayed)",
+                ended.len(),
+                ended
+                    .iter()
+                    .map(|(node, why)| format!("{node}: {why}"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        ),
+    }
 }
 
 fn listen(d: &Diagnosis) -> Check {

@@ -10,7 +10,7 @@ use lease::store::{
     AdminStore, BucketInfo, BucketState, GroupSnapshot, LeaseStore, MemberMode, NodeInfo,
     NodesSnapshot, Timestamp,
 };
-use lease::{Bucket, GroupName, ShardCount, StoreError};
+use lease::{Bucket, GroupName, NodeId, ShardCount, StoreError};
 use serde_json::{Value, json};
 
 use crate::common::{DbArgs, group_arg, rfc3339, store_failure};
@@ -405,6 +405,7 @@ fn node_json(n: &NodeInfo) -> Value {
         "metadata": n.metadata.as_str(),
         "groups": n.groups.iter().map(|g| g.as_str()).collect::<Vec<_>>(),
         "handed_over": n.handed_over,
+        "crossed": n.crossed,
     })
 }
 
@@ -425,6 +426,41 @@ fn group_list(n: &NodeInfo) -> String {
         .map(|g| g.as_str())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// What the last failover did to the sessions of the nodes listed: how many were kept with
+/// their buckets, and the others with why each restarted; `None` when no listed session
+/// crossed one.
+pub(crate) fn crossed(nodes: &NodesSnapshot) -> Option<(usize, Vec<(NodeId, &str)>)> {
+    let crossed: Vec<(NodeId, &str)> = nodes
+        .nodes
+        .iter()
+        .filter_map(|n| n.crossed.as_deref().map(|c| (n.node, c)))
+        .collect();
+    if crossed.is_empty() {
+        return None;
+    }
+    let kept = crossed.iter().filter(|(_, c)| *c == "kept").count();
+    Some((
+        kept,
+        crossed.into_iter().filter(|(_, c)| *c != "kept").collect(),
+    ))
+}
+
+/// [`crossed`] as lines under the nodes' table.
+fn crossings(nodes: &NodesSnapshot) -> Vec<String> {
+    let Some((kept, ended)) = crossed(nodes) else {
+        return Vec::new();
+    };
+    let mut lines = vec![
+        String::new(),
+        format!(
+            "after the last failover: {kept} session(s) kept with their buckets, {} restarted",
+            ended.len()
+        ),
+    ];
+    lines.extend(ended.iter().map(|(node, why)| format!("  {node}: {why}")));
+    lines
 }
 
 fn nodes_table(nodes: &NodesSnapshot) -> String {
@@ -460,6 +496,7 @@ fn nodes_table(nodes: &NodesSnapshot) -> String {
             n.metadata
         ));
     }
+    lines.extend(crossings(nodes));
     let live = nodes.nodes.iter().filter(|n| n.live).count();
     let memberships: usize = nodes
         .nodes
@@ -502,6 +539,7 @@ mod tests {
                 .map(|g| GroupName::new(*g).expect("a name"))
                 .collect(),
             handed_over: false,
+            crossed: None,
         };
         NodesSnapshot {
             observed_at: now,
@@ -608,10 +646,31 @@ mod tests {
                 "live",
                 "metadata",
                 "groups",
-                "handed_over"
+                "handed_over",
+                "crossed"
             ]
         );
         assert_eq!(json["nodes"][0]["groups"], json!(["billing", "orders"]));
         assert_eq!(json["nodes"][1]["groups"], json!([]));
+    }
+
+    #[test]
+    fn the_nodes_table_says_how_sessions_came_through_the_last_failover() {
+        let mut nodes = nodes();
+        assert!(!nodes_table(&nodes).contains("failover"), "no failover yet");
+        nodes.nodes[0].crossed = Some("kept".to_owned());
+        nodes.nodes[1].crossed = Some("ended: writes after the switch point".to_owned());
+        let table = nodes_table(&nodes);
+        assert!(
+            table.contains(
+                "after the last failover: 1 session(s) kept with their buckets, 1 restarted"
+            ),
+            "{table}"
+        );
+        let why = format!(
+            "  {}: ended: writes after the switch point",
+            nodes.nodes[1].node
+        );
+        assert!(table.lines().any(|l| l == why), "{table}");
     }
 }

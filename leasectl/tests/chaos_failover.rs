@@ -125,7 +125,42 @@ async fn leasectl_workers_live_through_a_synchronous_failover() {
         pool.start(name);
     }
     pool.until_balanced("the cold start");
+    // The promoted server trusts its switch point only if it ran for over a second before the
+    // old primary's last heartbeat it replayed (V4): wait for that, then for a renewal.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while standby
+        .psql_in(
+            DB,
+            "SELECT clock_timestamp() > pg_postmaster_start_time() + interval '1.2 seconds'",
+        )
+        .as_deref()
+        != Ok("t")
+    {
+        assert!(Instant::now() < deadline, "the standby's clock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    pool.until_renewed_after(Utc::now(), "renewals after the standby's first second")
+        .await;
     fail_over_and_judge(&mut pool, &primary, &standby, "synchronous failover").await;
+    // Nothing was lost: every session was kept, and status and doctor say so.
+    let on_new = standby.tcp_url("postgres", DB, "");
+    let (code, out, err) = support::run(&["status"], Some(&on_new));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("after the last failover: 3 session(s) kept with their buckets, 0 restarted"),
+        "{out}"
+    );
+    let (code, out, err) = support::run(&["doctor"], Some(&on_new));
+    assert!(code == 0 || code == 1, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("failover"))
+        .unwrap_or_else(|| panic!("no failover check: {out}"));
+    assert!(
+        line.starts_with("ok") && line.contains("every session (3) was kept"),
+        "{line}"
+    );
+    eprintln!("status and doctor after the failover: {line}");
     pool.stop_all();
 }
 
