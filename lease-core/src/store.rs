@@ -119,21 +119,26 @@ impl Takeover {
 ///   history leaves its parent's (the *switch point*, a [`LogPosition`](crate::LogPosition) on
 ///   the timeline it was promoted from) keeps a session across the failover when the
 ///   heartbeat ([`heartbeat_with_bound`](crate::WorkerStore::heartbeat_with_bound)) hands in
-///   a [`SessionBound`](crate::SessionBound) naming the session, the session is live there
-///   and the caller's incarnation's, not handed over, and the bound's position is on the
-///   parent timeline at or before the switch point: every write under the session is then on
-///   the new store. The heartbeat extends it as H1 (same session, `new_session == false`),
-///   its memberships, buckets and tokens unchanged. A store that cannot tell the switch point
-///   (a promoted server restarted before its first heartbeat) keeps nothing.
+///   a [`SessionBound`](crate::SessionBound) naming the session, the session is the caller's
+///   incarnation's, not handed over, and live there or expired less than its ttl after the
+///   new store's first heartbeat, and the bound's position is on the parent timeline at or
+///   before the switch point: every write under the session is then on the new store. The
+///   heartbeat extends it as H1 (same session, `new_session == false`), its memberships,
+///   buckets and tokens unchanged; until then, heartbeats do not remove the memberships of a
+///   session that may still be kept (H3). A caller hands in a bound only while it trusts its
+///   session (before its trust deadline), so a session kept though expired there outlived
+///   the old store. A store that cannot tell the switch point (a promoted server restarted
+///   before its first heartbeat) keeps nothing.
 ///
 /// Why a kept session never shares a bucket with a takeover on the new store: a claim there
 /// takes nothing before the quiet period is over (V2), and by then the kept session has been
 /// renewed there or has expired. It held, on the old store, exactly what the new one records
-/// (its writes are all there), and no claim on the old store took any of it: its session,
-/// live on the new store, was live on the old one until its end (a renewal lost with the old
-/// store only lengthens it there). The buckets others claimed with writes the new store
-/// lacks are not the kept session's, and stay unclaimed until their claimers have fenced
-/// themselves (V2).
+/// (its writes are all there), and no claim on the old store took any of it: its session was
+/// live on the old one until its end (live on the new store, it was live at the switch and
+/// expiries only grow; kept though expired there, its holder still trusted it, so its last
+/// renewal on the old store outlived that store). The buckets others claimed with writes the
+/// new store lacks are not the kept session's, and stay unclaimed until their claimers have
+/// fenced themselves (V2).
 ///
 /// Heartbeats (V1 aside), releases, leaves, snapshots and fencing checks work as usual
 /// meanwhile. Together: no bucket is held by two workers at once across a failover, and a

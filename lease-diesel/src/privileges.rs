@@ -240,6 +240,14 @@ const NEEDS: &[Need] = &[
         monitor: &[],
         fencing: &[],
     },
+    // Whether a session of an earlier timeline may still be kept though expired (V4): the
+    // heartbeat and its view of a group ask before they remove a dead node.
+    Need {
+        on: Object::Function("lease.revivable(bigint, timestamptz, timestamptz, timestamptz)"),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
     // The first heartbeat on a timeline records it with its switch point (V2, V4).
     Need {
         on: Object::Function("lease.record_timeline(bigint, timestamptz)"),
@@ -266,6 +274,17 @@ const NEEDS: &[Need] = &[
         on: Object::Function(
             "lease.heartbeat(uuid, uuid, interval, text, timestamptz, uuid, text[], bigint[], \
              timestamptz[], uuid, bigint, bigint)",
+        ),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
+    // The heartbeat of the previous release (migration 8), which its binaries call until they
+    // are rolled: it keeps no session across a failover.
+    Need {
+        on: Object::Function(
+            "lease.heartbeat(uuid, uuid, interval, text, timestamptz, uuid, text[], bigint[], \
+             timestamptz[])",
         ),
         worker: &["EXECUTE"],
         monitor: &[],

@@ -7,6 +7,7 @@ use lease_core::{
     MemberLoad, MemberMode, NodeId, SessionId, Takeover, Timestamp, ViewStamp,
 };
 
+use crate::history::History;
 use crate::rows::*;
 
 impl GroupState {
@@ -137,6 +138,7 @@ impl GroupState {
     pub(crate) fn remove_dead_members(
         &mut self,
         nodes: &Nodes,
+        history: &History,
         now: Timestamp,
         budget: &mut usize,
     ) -> Vec<NodeId> {
@@ -144,7 +146,11 @@ impl GroupState {
             .members
             .keys()
             .copied()
-            .filter(|w| !node_live(nodes, *w, now))
+            // V4: a session that may still be kept keeps its memberships meanwhile.
+            .filter(|w| {
+                !node_live(nodes, *w, now)
+                    && nodes.get(w).is_none_or(|n| !history.revivable(n, now))
+            })
             .take(*budget)
             .collect();
         *budget -= dead.len();

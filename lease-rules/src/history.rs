@@ -95,6 +95,18 @@ impl History {
             .then(|| self.epochs.get(&self.timeline).map(|e| e.first_seen))
     }
 
+    /// V4: whether `row`, expired at `now`, may still be kept: a session of an earlier
+    /// timeline within its ttl of this timeline's first heartbeat (before which no claim takes
+    /// anything, V2; before the first heartbeat, always). Such a row is not removed as dead.
+    pub fn revivable(&self, row: &NodeRow, now: Timestamp) -> bool {
+        let ttl = row.expires_at - row.heartbeat_at;
+        row.timeline != self.timeline
+            && self
+                .epochs
+                .get(&self.timeline)
+                .is_none_or(|e| now < e.first_seen + ttl)
+    }
+
     /// V4: how a session of an earlier timeline fares at its first heartbeat on this one,
     /// handed in `bound` by `incarnation` at `now` (the timeline recorded already): `kept`,
     /// or `ended: ` and why, as the Postgres store says it.
@@ -114,7 +126,7 @@ impl History {
             _ if row.incarnation != incarnation || row.handed_over => {
                 "ended: another process".to_owned()
             }
-            _ if !row.is_live(now) => "ended: expired".to_owned(),
+            _ if !row.is_live(now) && !self.revivable(row, now) => "ended: expired".to_owned(),
             (_, None) => "ended: switch point unknown".to_owned(),
             (Some(b), _) if b.position.timeline + 1 != self.timeline => {
                 format!("ended: its writes were on timeline {}", b.position.timeline)

@@ -88,7 +88,9 @@ impl State {
         };
         let kept = crossed.as_deref() == Some(KEPT);
         let expires_at = now + ttl.as_chrono();
-        let new_session = !node_live(&state.nodes, node, now) || (crossed.is_some() && !kept);
+        // A session kept may have expired during the promotion (V4); otherwise a new session
+        // when none is live (H2) or the failover ended it (V1).
+        let new_session = !kept && (!node_live(&state.nodes, node, now) || crossed.is_some());
         let mut budget = state.removal_budget.unwrap_or(usize::MAX);
         if new_session {
             // The first heartbeat on a timeline records it (V2), whoever makes it.
@@ -120,7 +122,12 @@ impl State {
             let gone: Vec<NodeId> = state
                 .nodes
                 .iter()
-                .filter(|&(&w, n)| w != node && !n.is_live(now) && n.groups.is_empty())
+                .filter(|&(&w, n)| {
+                    w != node
+                        && !n.is_live(now)
+                        && n.groups.is_empty()
+                        && !state.history.revivable(n, now)
+                })
                 .map(|(&w, _)| w)
                 .take(budget)
                 .collect();
@@ -152,9 +159,10 @@ impl State {
         let mut groups = Vec::new();
         let mut unchanged = Vec::new();
         let mut dead_nodes: BTreeSet<NodeId> = BTreeSet::new();
+        let history = state.history.clone();
         for name in state.groups_of(node) {
             let (nodes, g) = state.split(&name)?;
-            let dead = g.remove_dead_members(nodes, now, &mut budget);
+            let dead = g.remove_dead_members(nodes, &history, now, &mut budget);
             for w in &dead {
                 if let Some(n) = state.nodes.get_mut(w) {
                     n.groups.remove(&name);

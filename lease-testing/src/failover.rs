@@ -30,6 +30,7 @@ pub const CASES: &[&str] = &[
     "a_session_bounded_before_the_copy_is_kept",
     "a_session_that_wrote_after_the_copy_ends",
     "a_bound_keeps_only_its_own_live_session",
+    "a_session_expired_during_the_promotion_is_kept",
     "another_process_is_not_refused_across_a_failover",
 ];
 
@@ -249,8 +250,9 @@ pub async fn a_session_that_wrote_after_the_copy_ends<S: LeaseStore, F: Failover
     assert_eq!(lost_bucket, None, "the lost claim's bucket");
 }
 
-/// V4: the bound keeps only the session it names, live, of the caller's incarnation, with a
-/// position on the timeline the store was promoted from.
+/// V4: the bound keeps only the session it names, of the caller's incarnation, live (or
+/// expired less than its ttl after the timeline's first heartbeat), with a position on the
+/// timeline the store was promoted from.
 pub async fn a_bound_keeps_only_its_own_live_session<S: LeaseStore, F: Failovers<S>>(
     store: S,
     clock: ManualClock,
@@ -260,46 +262,32 @@ pub async fn a_bound_keeps_only_its_own_live_session<S: LeaseStore, F: Failovers
     let (a, _) = joined(&store, 0).await;
     let (b, _) = joined(&store, 0).await;
     let (c, _) = joined(&store, 0).await;
-    // d's session runs on a short ttl and expires during the promotion.
-    let d = NodeId::new();
+    // d's session runs on a short ttl and expires more than its ttl after the first heartbeat
+    // on the new timeline (a's, below).
     let short = Ttl::from_millis(500).expect("a ttl");
     let none = MemberMetadata::empty();
-    let d_session = store
-        .heartbeat(d, inc(d), short, &none, &[])
-        .await
-        .expect("d's heartbeat")
-        .session;
-    let d_position = store
-        .heartbeat(d, inc(d), short, &none, &[])
-        .await
-        .expect("d's heartbeat")
-        .position
-        .expect("a position");
+    let d = short_lived(&store, short).await;
     let copy = f.standby(&store);
     f.fail_over(&store, copy);
-    clock.advance(Duration::from_millis(600));
-    let d_after = store
-        .heartbeat_with_bound(
-            d,
-            inc(d),
-            short,
-            &none,
-            &[],
-            Some(SessionBound {
-                session: d_session,
-                position: d_position,
-            }),
-        )
-        .await
-        .expect("d's heartbeat");
-    assert!(d_after.new_session, "an expired session kept");
-    assert_eq!(crossed(&store, d).await.as_deref(), Some("ended: expired"));
     let bound = |n: &Node| n.bound.expect("a bound");
     let other_session = SessionBound {
         session: SessionId::new(),
         ..bound(&a)
     };
     assert!(beat(&store, a.id, Some(other_session)).await.new_session);
+    clock.advance(Duration::from_millis(500));
+    let d_after = store
+        .heartbeat_with_bound(d.id, inc(d.id), short, &none, &[], d.bound)
+        .await
+        .expect("d's heartbeat");
+    assert!(
+        d_after.new_session,
+        "a session expired past its ttl after the failover kept"
+    );
+    assert_eq!(
+        crossed(&store, d.id).await.as_deref(),
+        Some("ended: expired")
+    );
     assert_eq!(
         crossed(&store, a.id).await.as_deref(),
         Some("ended: the bound was of another session")
@@ -333,6 +321,91 @@ pub async fn a_bound_keeps_only_its_own_live_session<S: LeaseStore, F: Failovers
         crossed(&store, c.id).await.as_deref(),
         Some("ended: another process")
     );
+}
+
+/// A member of the group on a short ttl, and its bound.
+async fn short_lived<S: LeaseStore>(store: &S, short: Ttl) -> Node {
+    let w = NodeId::new();
+    let none = MemberMetadata::empty();
+    let session = store
+        .heartbeat(w, inc(w), short, &none, &[])
+        .await
+        .expect("a heartbeat")
+        .session;
+    store.join(&group(), w, session).await.expect("a join");
+    let position = store
+        .heartbeat(w, inc(w), short, &none, &[])
+        .await
+        .expect("a heartbeat")
+        .position
+        .expect("a position");
+    Node {
+        id: w,
+        session,
+        bound: Some(SessionBound { session, position }),
+    }
+}
+
+/// V4: a session that expired on the new store during the promotion, less than its ttl
+/// before the timeline's first heartbeat there, is kept when its holder hands in its bound
+/// (which a holder does only while it trusts its session): it outlived the old store, and no
+/// claim takes anything before the quiet period is over. Meanwhile other nodes' heartbeats
+/// do not remove its memberships (H3).
+pub async fn a_session_expired_during_the_promotion_is_kept<S: LeaseStore, F: Failovers<S>>(
+    store: S,
+    clock: ManualClock,
+    f: F,
+) {
+    ensure(&store).await;
+    let (a, _) = joined(&store, 1).await;
+    let short = Ttl::from_millis(500).expect("a ttl");
+    let mut d = short_lived(&store, short).await;
+    let won = store
+        .claim(&group(), d.id, d.session, 1, Takeover::Allowed)
+        .await
+        .expect("d claims");
+    let position = store
+        .heartbeat(d.id, inc(d.id), short, &MemberMetadata::empty(), &[])
+        .await
+        .expect("d's heartbeat")
+        .position
+        .expect("a position");
+    d.bound = Some(SessionBound {
+        session: d.session,
+        position,
+    });
+    let copy = f.standby(&store);
+    f.fail_over(&store, copy);
+    clock.advance(Duration::from_millis(600));
+    // a's heartbeat on the new timeline: the first; d is dead by its row, and stays a member.
+    let a_after = beat(&store, a.id, a.bound).await;
+    assert!(!a_after.new_session);
+    clock.advance(Duration::from_millis(100));
+    let a_again = beat(&store, a.id, None).await;
+    assert!(!a_again.new_session);
+    let d_after = store
+        .heartbeat_with_bound(
+            d.id,
+            inc(d.id),
+            short,
+            &MemberMetadata::empty(),
+            &[],
+            d.bound,
+        )
+        .await
+        .expect("d's heartbeat");
+    assert!(
+        !d_after.new_session && d_after.session == d.session,
+        "a session expired during the promotion ended: {d_after:?}"
+    );
+    assert_eq!(
+        owned(&d_after),
+        won.iter()
+            .map(|l| (l.bucket.0, l.token.0))
+            .collect::<Vec<_>>(),
+        "its memberships and buckets"
+    );
+    assert_eq!(crossed(&store, d.id).await.as_deref(), Some("kept"));
 }
 
 /// H7 holds on one timeline: another process with a node id whose live session is of an
@@ -371,6 +444,7 @@ macro_rules! failover_suite {
             a_session_bounded_before_the_copy_is_kept,
             a_session_that_wrote_after_the_copy_ends,
             a_bound_keeps_only_its_own_live_session,
+            a_session_expired_during_the_promotion_is_kept,
             another_process_is_not_refused_across_a_failover,
         );
     };

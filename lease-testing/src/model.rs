@@ -378,7 +378,10 @@ impl Model {
                 let c = failover::Crossing {
                     session: n.session,
                     incarnation: n.incarnation,
-                    live: now < n.expires_at,
+                    live: now < n.expires_at
+                        || self
+                            .timelines
+                            .may_keep(n.timeline, n.heartbeat_at, n.expires_at, now),
                     handed_over: n.handed_over,
                     bound,
                 };
@@ -389,7 +392,7 @@ impl Model {
         let kept = crossed.as_deref() == Some("kept");
         let expires_at = now + ttl.as_chrono();
         let new_session =
-            live_node(&self.nodes, node, now).is_none() || (crossed.is_some() && !kept);
+            !kept && (live_node(&self.nodes, node, now).is_none() || crossed.is_some());
         if new_session {
             self.timelines.heartbeat_at(now);
             // H2: a new session is a member of no group.
@@ -417,8 +420,13 @@ impl Model {
                 .values()
                 .flat_map(|g| g.members.keys().copied())
                 .collect();
-            self.nodes
-                .retain(|&w, n| w == node || now < n.expires_at || members.contains(&w));
+            let timelines = &self.timelines;
+            self.nodes.retain(|&w, n| {
+                w == node
+                    || now < n.expires_at
+                    || members.contains(&w)
+                    || timelines.may_keep(n.timeline, n.heartbeat_at, n.expires_at, now)
+            });
         } else if let Some(n) = self.nodes.get_mut(&node) {
             n.expires_at = expires_at;
             n.heartbeat_at = now;
@@ -436,13 +444,18 @@ impl Model {
         let mut dead = Vec::new();
         for name in &mine {
             let nodes = &self.nodes;
+            let timelines = &self.timelines;
             if let Some(g) = self.groups.get_mut(name) {
                 g.members.retain(|&w, _| {
-                    let live = live_node(nodes, w, now).is_some();
-                    if !live {
+                    // V4: a session that may still be kept keeps its memberships meanwhile.
+                    let keep = live_node(nodes, w, now).is_some()
+                        || nodes.get(&w).is_some_and(|n| {
+                            timelines.may_keep(n.timeline, n.heartbeat_at, n.expires_at, now)
+                        });
+                    if !keep {
                         dead.push(w);
                     }
-                    live
+                    keep
                 });
             }
         }

@@ -1,7 +1,7 @@
 //! The bound of a session's writes the machine hands in with each heartbeat (the contract's
 //! V4): the position of the first heartbeat answered after its last write was answered, none
 //! while a write is unbounded, none for the rest of a session once a write failed, none on a
-//! session's first heartbeats. One machine on the memory store, whose heartbeats are given
+//! session's first heartbeats, and none while the session is not trusted. One machine on the memory store, whose heartbeats are given
 //! positions here (one per call made, so every later call's is higher); a second node joins
 //! and leaves through the store to make the machine claim, shed and release.
 
@@ -44,7 +44,8 @@ struct Expected {
 }
 
 impl Expected {
-    fn now(&self) -> Option<SessionBound> {
+    /// The session's bound, whether the session is trusted or not.
+    fn bound(&self) -> Option<SessionBound> {
         match (self.session, self.unbounded || self.in_doubt, self.bound) {
             (Some(session), false, Some(position)) => Some(SessionBound { session, position }),
             _ => None,
@@ -61,6 +62,10 @@ struct Run {
     expected: Expected,
     /// Fail the next call of this operation (the store is not called).
     fail_next: Option<Operation>,
+    /// Fail every heartbeat until then.
+    cut_until: Option<Instant>,
+    /// Heartbeats sent past the trust deadline while the session had a bound.
+    untrusted: usize,
     /// Heartbeats seen handing in a bound, and not.
     with_bound: usize,
     without: usize,
@@ -88,9 +93,13 @@ impl Run {
     async fn make(&mut self, call: StoreCall) {
         self.calls += 1;
         if let StoreCall::Heartbeat { bound, .. } = &call {
+            let trusted = self.m.trusted_until().is_some_and(|t| self.now < t);
+            if !trusted && self.expected.bound().is_some() {
+                self.untrusted += 1;
+            }
             assert_eq!(
                 *bound,
-                self.expected.now(),
+                self.expected.bound().filter(|_| trusted),
                 "the bound handed in, call {}",
                 self.calls
             );
@@ -101,7 +110,9 @@ impl Run {
             }
         }
         let writes = call.writes();
-        let input = if self.fail_next == Some(call.operation()) {
+        let cut = matches!(call, StoreCall::Heartbeat { .. })
+            && self.cut_until.is_some_and(|until| self.now < until);
+        let input = if cut || self.fail_next == Some(call.operation()) {
             self.fail_next = None;
             let e = StoreError::backend_detail(
                 call.operation(),
@@ -188,6 +199,8 @@ async fn the_bound_handed_in_is_the_first_position_after_the_last_write() {
         calls: 0,
         expected: Expected::default(),
         fail_next: None,
+        cut_until: None,
+        untrusted: 0,
         with_bound: 0,
         without: 0,
     };
@@ -207,6 +220,13 @@ async fn the_bound_handed_in_is_the_first_position_after_the_last_write() {
     run.run_for(Duration::from_secs(5)).await;
     assert_eq!(run.owned(&g), 4, "the machine shed half");
 
+    // The store unreachable for 2.8 s: the trust deadline (ttl 3 s - margin 0.5 s after the
+    // last heartbeat sent) passes, and the heartbeats sent after it hand in no bound.
+    run.cut_until = Some(run.now + Duration::from_millis(2_800));
+    run.run_for(Duration::from_secs(5)).await;
+    assert!(run.untrusted > 0, "no heartbeat was sent untrusted");
+    assert_eq!(run.owned(&g), 4, "back after the cut");
+
     // It leaves: the machine claims the rest. Its first claim fails without a word from the
     // store: the session has no bound from then on.
     store
@@ -216,7 +236,7 @@ async fn the_bound_handed_in_is_the_first_position_after_the_last_write() {
     run.fail_next = Some(Operation::Claim);
     run.run_for(Duration::from_secs(5)).await;
     assert_eq!(run.owned(&g), 8, "the machine claimed the rest");
-    assert!(run.expected.in_doubt && run.expected.now().is_none());
+    assert!(run.expected.in_doubt && run.expected.bound().is_none());
     let without = run.without;
     run.run_for(Duration::from_secs(3)).await;
     assert!(run.without > without, "heartbeats went on without a bound");

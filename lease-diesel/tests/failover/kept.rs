@@ -171,12 +171,31 @@ async fn a_switchover_keeps_every_session_that_hands_in_its_bound() {
     primary.stop().expect("stopping the primary cleanly");
     standby.promote().expect("promoting the standby");
 
-    // x first, once its session expired there (before anyone's heartbeat removes its rows).
+    // A bound on the new timeline itself: the writes it bounds are not of the parent's
+    // history the switch point is on. d's is the first heartbeat there: it records the
+    // timeline (and removes no member row: it ends d's session, so it gives no view).
+    let wrong_timeline = SessionBound {
+        position: LogPosition {
+            timeline: 2,
+            ..d.bound.position
+        },
+        ..d.bound
+    };
+    let after = beat_after(&store, d.id, wrong_timeline).await;
+    assert!(after.new_session, "kept on a bound of another timeline");
+    assert_eq!(
+        crossed(&standby, d.id),
+        "ended: its writes were on timeline 2"
+    );
+    // x, once its session expired there more than its ttl after that first heartbeat: it may
+    // have expired on the old primary too, and nothing says its holder still trusts it.
     wait_until(
         &standby,
-        "x's session expiring",
+        "x's session expiring a ttl after the timeline's first heartbeat",
         &format!(
-            "SELECT clock_timestamp() > expires_at FROM lease.nodes WHERE node_id = '{}'",
+            "SELECT clock_timestamp() > greatest(n.expires_at, e.first_seen + interval '1 second') \
+               FROM lease.nodes n, lease.server_epochs e \
+              WHERE n.node_id = '{}' AND e.timeline = lease.timeline()",
             x.as_uuid()
         ),
     );
@@ -208,21 +227,6 @@ async fn a_switchover_keeps_every_session_that_hands_in_its_bound() {
         assert_eq!(after.position.map(|p| p.timeline), Some(2));
         assert_eq!(crossed(&standby, n.id), "kept");
     }
-    // A bound on the new timeline itself: the writes it bounds are not of the parent's
-    // history the switch point is on.
-    let wrong_timeline = SessionBound {
-        position: LogPosition {
-            timeline: 2,
-            ..d.bound.position
-        },
-        ..d.bound
-    };
-    let after = beat_after(&store, d.id, wrong_timeline).await;
-    assert!(after.new_session, "kept on a bound of another timeline");
-    assert_eq!(
-        crossed(&standby, d.id),
-        "ended: its writes were on timeline 2"
-    );
     // A bound of another session.
     let other = SessionBound {
         session: SessionId::new(),
@@ -307,6 +311,70 @@ async fn a_session_that_wrote_after_the_switch_point_ends_and_one_that_did_not_i
     );
     assert_eq!(owned_in(&b_after, &g), b.won);
     assert_eq!(crossed(&standby, b.id), "kept");
+}
+
+/// A session whose row expired on the promoted server during the promotion, handed in with
+/// its bound (by a holder that still trusts it) less than its ttl after the timeline's first
+/// heartbeat, is kept with its buckets; the first heartbeat, another node's, left its member
+/// row in place though its session looked dead (V4, H3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_expired_during_the_promotion_is_kept() {
+    let (primary, standby) = primary_and_standby(Replication::Synchronous).await;
+    wait_past_start(&standby);
+    let store = store_on_both_servers(&primary, &standby);
+    let g = group();
+    store
+        .ensure_group(&g, ShardCount::new(SHARDS).expect("n"))
+        .await
+        .expect("ensure_group");
+    let a = joined_with(&store, &g, 4).await;
+    // r: a member on a 1 s ttl, with a bucket.
+    let r = worker();
+    let short = Ttl::from_secs(1).expect("a ttl");
+    let empty = MemberMetadata::empty();
+    let r_session = support::beat_as(&store, &g, r, process(r), short, &empty)
+        .await
+        .expect("r joins")
+        .session;
+    let r_won = store
+        .claim(&g, r, r_session, 1, Takeover::Allowed)
+        .await
+        .expect("r claims");
+    let r_bound = SessionBound {
+        session: r_session,
+        position: store
+            .heartbeat(r, process(r), short, &empty, &[])
+            .await
+            .expect("r's heartbeat")
+            .position
+            .expect("a position"),
+    };
+    fail_over(&primary, &standby);
+    wait_until(
+        &standby,
+        "r's session expiring on the promoted server",
+        &format!(
+            "SELECT clock_timestamp() > expires_at FROM lease.nodes WHERE node_id = '{}'",
+            r.as_uuid()
+        ),
+    );
+    // a's heartbeat is the first there; it gives a's view, which would remove a dead member.
+    let a_after = beat_after(&store, a.id, a.bound).await;
+    assert!(!a_after.new_session, "a kept");
+    let r_after = store
+        .heartbeat_with_bound(r, process(r), short, &empty, &[], Some(r_bound))
+        .await
+        .expect("r's heartbeat");
+    assert!(
+        !r_after.new_session && r_after.session == r_session,
+        "a session expired during the promotion ended: {r_after:?}"
+    );
+    assert_eq!(
+        owned_in(&r_after, &g),
+        tokens(&r_won),
+        "its membership and bucket"
+    );
+    assert_eq!(crossed(&standby, r), "kept");
 }
 
 /// A promoted server that crashed and restarted before any heartbeat ran on it answers

@@ -98,6 +98,25 @@ impl Timelines {
         "kept".into()
     }
 
+    /// V4: whether a session of `timeline`, renewed at `renewed` until `expires`, may still be
+    /// kept at `now` though expired: of an earlier timeline, and within its ttl of this one's
+    /// first heartbeat (or before it).
+    pub(super) fn may_keep(
+        &self,
+        timeline: u64,
+        renewed: Timestamp,
+        expires: Timestamp,
+        now: Timestamp,
+    ) -> bool {
+        if timeline == self.current {
+            return false;
+        }
+        match self.seen.get(&self.current) {
+            None => true,
+            Some(&(first, _)) => now < first + (expires - renewed),
+        }
+    }
+
     /// V2: whether a claim at `now` must take nothing, the group's longest ttl `longest`.
     pub(super) fn quiet(&self, now: Timestamp, longest: TimeDelta) -> bool {
         if self.current == 1 {

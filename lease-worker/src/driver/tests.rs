@@ -67,44 +67,46 @@ async fn a_steady_tick_is_one_heartbeat_for_every_group() {
         Ok(())
     });
     let c = calls.clone();
-    store.expect_heartbeat().returning(move |node, _, _, _, _| {
-        let first = Calls::count(&c.heartbeat) == 0;
-        let groups = c
-            .joined
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|group| {
-                let owned: Vec<Lease> = (0..4)
-                    .map(|b| Lease {
-                        bucket: Bucket(b),
-                        shards,
-                        owner: node,
-                        token: FencingToken(1),
-                        expires_at: now,
-                    })
-                    .collect();
-                let mut members = vec![MemberLoad::new(node, 4), MemberLoad::new(other, 4)];
-                members.sort_by_key(|m| m.worker);
-                GroupBeat {
-                    group: group.clone(),
-                    view: GroupView::new(shards, members, 0),
-                    owned,
-                    stamp: ViewStamp::default(),
-                    quarantined: Vec::new(),
-                }
+    store
+        .expect_heartbeat_with_bound()
+        .returning(move |node, _, _, _, _, _| {
+            let first = Calls::count(&c.heartbeat) == 0;
+            let groups = c
+                .joined
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|group| {
+                    let owned: Vec<Lease> = (0..4)
+                        .map(|b| Lease {
+                            bucket: Bucket(b),
+                            shards,
+                            owner: node,
+                            token: FencingToken(1),
+                            expires_at: now,
+                        })
+                        .collect();
+                    let mut members = vec![MemberLoad::new(node, 4), MemberLoad::new(other, 4)];
+                    members.sort_by_key(|m| m.worker);
+                    GroupBeat {
+                        group: group.clone(),
+                        view: GroupView::new(shards, members, 0),
+                        owned,
+                        stamp: ViewStamp::default(),
+                        quarantined: Vec::new(),
+                    }
+                })
+                .collect();
+            Ok(Heartbeat {
+                session,
+                new_session: first,
+                observed_at: now,
+                expires_at: now,
+                groups,
+                unchanged: Vec::new(),
+                position: None,
             })
-            .collect();
-        Ok(Heartbeat {
-            session,
-            new_session: first,
-            observed_at: now,
-            expires_at: now,
-            groups,
-            unchanged: Vec::new(),
-            position: None,
-        })
-    });
+        });
     let c = calls.clone();
     store.expect_claim().returning(move |_, _, _, _, _| {
         Calls::count(&c.claim);

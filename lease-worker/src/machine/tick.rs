@@ -302,7 +302,9 @@ impl Machine {
             ttl: self.rules.ttl,
             metadata: self.rules.metadata.clone(),
             seen,
-            bound: self.writes.bound(),
+            // V4's promise: a bound only while the session is trusted, so that a session
+            // expired on a promoted store may be kept (it outlived the old one).
+            bound: self.writes.bound().filter(|_| self.trusted(now)),
         };
         self.call(now, call)
     }

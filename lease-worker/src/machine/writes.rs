@@ -8,7 +8,9 @@
 //! answer is kept, not the latest: a later position may run ahead of what a synchronous
 //! standby had received of other nodes' transactions in flight, and would end the session
 //! for nothing. A write whose call failed or was given up may still commit after any read:
-//! the session has no bound until it ends.
+//! the session has no bound until it ends. The machine hands the bound in only while it trusts
+//! the session (before its trust deadline): the store may then keep the session even if it
+//! expired on the promoted server, since it outlived the old one.
 
 use lease_core::{Heartbeat, LogPosition, SessionBound, SessionId};
 
