@@ -114,6 +114,10 @@ pub mod store {
     // A node's session and the process holding it.
     pub use lease_core::{Incarnation, SessionId};
 
+    // Where a store's write history stands, and the bound of a session's writes that keeps
+    // the session across a failover that lost none of them (rule V4).
+    pub use lease_core::{LogPosition, SessionBound};
+
     // What a heartbeat answers, and the views of groups, members, buckets and nodes that
     // heartbeats and snapshots return.
     pub use lease_core::{

@@ -32,10 +32,10 @@ mod names {
     use lease::store::{
         AdminStore, BackendFailure, BucketInfo, BucketState, Chain, Change, ChangeFeed, Clock,
         EndReason, Generation, GroupBeat, GroupSnapshot, GroupStamp, GroupView, Heartbeat,
-        Incarnation, Lease, LeaseStore, MAX_QUARANTINE, MAX_WEIGHT, ManualClock, MemberControl,
-        MemberInfo, MemberLoad, MemberMode, NodeInfo, NodesSnapshot, Operation, QuarantineFor,
-        ResizeOutcome, SessionId, SystemClock, TENURES_KEPT, Takeover, Tenure, TenureEnd, Tenures,
-        Timestamp, ViewStamp, WorkerStore, store_precision,
+        Incarnation, Lease, LeaseStore, LogPosition, MAX_QUARANTINE, MAX_WEIGHT, ManualClock,
+        MemberControl, MemberInfo, MemberLoad, MemberMode, NodeInfo, NodesSnapshot, Operation,
+        QuarantineFor, ResizeOutcome, SessionBound, SessionId, SystemClock, TENURES_KEPT, Takeover,
+        Tenure, TenureEnd, Tenures, Timestamp, ViewStamp, WorkerStore, store_precision,
     };
     #[cfg(feature = "mock")]
     use lease::store::{MockAdminStore, MockWorkerStore};
