@@ -429,7 +429,8 @@ pub struct NodeStatus {
 
 /// Parse `leasectl status --json` without `--group`, insisting on the documented shape:
 /// `{"observed_at","nodes":[{"node","session","started_at","heartbeat_at","expires_at","live",
-/// "metadata","groups","handed_over"}]}`.
+/// "metadata","groups","handed_over","crossed"}]}` (`crossed`: null, or how the session came
+/// through the last failover, a string).
 pub fn parse_nodes_status(text: &str) -> Result<Vec<NodeStatus>, String> {
     let v: Value =
         serde_json::from_str(text.trim()).map_err(|e| format!("not JSON ({e}): {text}"))?;
@@ -469,9 +470,13 @@ pub fn parse_nodes_status(text: &str) -> Result<Vec<NodeStatus>, String> {
                 "metadata",
                 "groups",
                 "handed_over",
+                "crossed",
             ];
             if keys != expected {
                 return Err(format!("node fields {keys:?}, expected {expected:?}: {n}"));
+            }
+            if !(n["crossed"].is_null() || n["crossed"].is_string()) {
+                return Err(format!("bad crossed: {n}"));
             }
             time(n, "started_at")?;
             time(n, "heartbeat_at")?;
