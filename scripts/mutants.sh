@@ -14,8 +14,10 @@
 # is stale or wrong. Not part of CI's time budget: a full run rebuilds the mutated crate and
 # its test binary for each entry (about an hour on two cores).
 #
-# Usage: scripts/mutants.sh [--list] [--only REGEX] [--no-baseline] [--keep-going]
+# Usage: scripts/mutants.sh [--list] [--check] [--only REGEX] [--no-baseline] [--keep-going]
 #   --list         print the entries and stop
+#   --check        only check that each entry's text is in its file exactly once (seconds; CI
+#                  runs it, so a change that moves a rule moves its entry too)
 #   --only REGEX   run only the entries whose rule matches REGEX (grep -E)
 #   --no-baseline  skip the check that each command passes on the unmutated tree
 #   --table FILE   also write the result table (Markdown) to FILE
@@ -30,10 +32,12 @@ catalogue=scripts/mutants.txt
 only=""
 baseline=1
 list=0
+check=0
 table=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --list) list=1 ;;
+        --check) check=1 ;;
         --only) only="$2"; shift ;;
         --no-baseline) baseline=0 ;;
         --table) table="$2"; shift ;;
@@ -94,6 +98,25 @@ if [ "$list" = 1 ]; then
     exit 0
 fi
 
+unescape() { printf '%b' "${1//\\n/\\n}"; }
+occurrences() {
+    F=$(unescape "$2") perl -0777 -ne 'my $n = () = /\Q$ENV{F}\E/g; print $n' "$1"
+}
+
+if [ "$check" = 1 ]; then
+    stale=0
+    for i in "${!rules[@]}"; do
+        n=$(occurrences "${files[$i]}" "${finds[$i]}" 2>/dev/null || echo 0)
+        if [ "$n" != 1 ]; then
+            echo "stale: ${rules[$i]} (${files[$i]}: its text occurs ${n:-0} times)" >&2
+            stale=$((stale + 1))
+        fi
+    done
+    echo "mutants.sh --check: ${#rules[@]} entries, $stale stale"
+    [ "$stale" = 0 ] || exit 2
+    exit 0
+fi
+
 # ---- the scratch copy ---------------------------------------------------------------------
 # The working tree's files (tracked, and untracked ones git does not ignore), copied only where
 # they differ, so the scratch build stays warm between runs.
@@ -117,10 +140,6 @@ limit=${MUTANT_TIMEOUT:-1200}
 logs=$scratch/logs
 mkdir -p "$logs"
 
-unescape() { printf '%b' "${1//\\n/\\n}"; }
-occurrences() {
-    F=$(unescape "$2") perl -0777 -ne 'my $n = () = /\Q$ENV{F}\E/g; print $n' "$1"
-}
 apply() {
     F=$(unescape "$2") R=$(unescape "$3") perl -0777 -i -pe 's/\Q$ENV{F}\E/$ENV{R}/' "$1"
 }
