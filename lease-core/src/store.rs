@@ -105,7 +105,8 @@ impl Takeover {
 /// which with asynchronous replication may lack writes the old one acknowledged (a claim, a
 /// release, a session start). The Postgres backend detects the replacement on every heartbeat
 /// and claim by the server's timeline (a promotion starts a new one) and keeps these rules; the
-/// memory store never fails over.
+/// memory store keeps them when a test fails it over to a copy of itself
+/// (`MemoryLeaseStore::fail_over`); etcd never fails over (its writes are a quorum's).
 ///
 /// - **V1 Sessions end.** A heartbeat on a store that failed over since the node's session
 ///   was started or last renewed starts a new session (as H2), however live the old one looks

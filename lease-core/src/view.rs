@@ -238,8 +238,8 @@ pub struct Heartbeat {
     /// last given, and the node's leases in them the same, now expiring at `expires_at`.
     pub unchanged: Vec<GroupStamp>,
     /// Where the store's write history stood when the heartbeat ran: at or after the commit
-    /// of every write answered before it was sent (V4). `None` from a store that never
-    /// fails over (memory, etcd).
+    /// of every write answered before it was sent (H10, for V4). `None` from a store that never
+    /// fails over (etcd).
     pub position: Option<LogPosition>,
 }
 

@@ -185,14 +185,15 @@ fn position(op: Operation, timeline: i64, offset: i64) -> Result<LogPosition, St
 }
 
 /// A bound as `lease.heartbeat` takes it: the session, the timeline, the offset (nulls for
-/// none). A value past `i64::MAX` (from another store) can never be at or before a switch
-/// point: it is handed in as the largest offset.
+/// none). A value past `i64::MAX` (from another store) keeps nothing: such a timeline is
+/// handed in as -1, the timeline before none, and such an offset as the largest, after every
+/// switch point.
 fn bound_args(bound: Option<SessionBound>) -> (Option<Uuid>, Option<i64>, Option<i64>) {
     match bound {
         None => (None, None, None),
         Some(b) => (
             Some(b.session.as_uuid()),
-            Some(i64::try_from(b.position.timeline).unwrap_or(i64::MAX)),
+            Some(i64::try_from(b.position.timeline).unwrap_or(-1)),
             Some(i64::try_from(b.position.offset).unwrap_or(i64::MAX)),
         ),
     }
