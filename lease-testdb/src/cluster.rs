@@ -111,8 +111,33 @@ impl Cluster {
             ],
         )?;
         cluster.configure(&options)?;
-        cluster.pg_ctl_start()?;
+        cluster.start_on_its_port()?;
         Ok(cluster)
+    }
+
+    /// Start the server. A TCP port is found free before the server binds it, so another
+    /// process (a parallel test, a client's ephemeral port) may take it meanwhile: when the
+    /// server could not bind, start it again on another free port, up to 5 times. A failure
+    /// says what the server logged.
+    fn start_on_its_port(&mut self) -> Result<(), String> {
+        let mut attempt = 1;
+        loop {
+            let Err(e) = self.pg_ctl_start() else {
+                return Ok(());
+            };
+            let log = self.log();
+            if !(self.tcp && attempt < 5 && log.contains("could not bind")) {
+                let tail: Vec<&str> = log.lines().rev().take(8).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                return Err(format!("{e}\nthe server's log ends:\n{}", tail.join("\n")));
+            }
+            attempt += 1;
+            self.port = free_port()?;
+            append(
+                &self.data_dir().join("postgresql.conf"),
+                &format!("port = {}", self.port),
+            )?;
+        }
     }
 
     /// A directory, a port and a watchdog for a cluster not created yet.
@@ -150,9 +175,21 @@ impl Cluster {
     ///
     /// If a step fails, or the standby does not stream within 30 s.
     pub fn start_standby(&self, replication: Replication) -> Result<Self, String> {
-        let standby = Self::prepare(self.tcp)?;
-        standby.follow(self, replication)?;
-        Ok(standby)
+        // As for a primary (`start_on_its_port`): a port taken before the standby bound it
+        // means another standby, in a new directory on a new port.
+        let mut attempt = 1;
+        loop {
+            let standby = Self::prepare(self.tcp)?;
+            match standby.follow(self, replication) {
+                Ok(()) => return Ok(standby),
+                Err(_)
+                    if standby.tcp && attempt < 5 && standby.log().contains("could not bind") =>
+                {
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Make this cluster, stopped or killed (an old primary after a failover), a streaming
@@ -677,4 +714,54 @@ pub(crate) fn spawn_watchdog(dir: &Path, pidfile: &str) -> Result<(), String> {
         .spawn()
         .map(drop)
         .map_err(|e| format!("starting the watchdog: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port taken between `free_port` and the server's start (here by a listener of this
+    /// test) moves the server to another free port instead of failing the test that wanted a
+    /// server.
+    #[test]
+    fn a_port_taken_before_the_server_binds_it_moves_the_server() {
+        let mut cluster = Cluster::prepare(true).unwrap_or_else(|e| panic!("a cluster: {e}"));
+        let taken = std::net::TcpListener::bind(("127.0.0.1", cluster.port))
+            .expect("taking the cluster's port");
+        let wanted = cluster.port;
+        cluster
+            .run(
+                "initdb",
+                [
+                    OsStr::new("-D"),
+                    cluster.data_dir().as_os_str(),
+                    OsStr::new("-A"),
+                    OsStr::new("trust"),
+                    OsStr::new("-U"),
+                    OsStr::new("postgres"),
+                    OsStr::new("--no-sync"),
+                ],
+            )
+            .unwrap_or_else(|e| panic!("initdb: {e}"));
+        cluster
+            .configure(&ClusterOptions {
+                tcp: true,
+                ..ClusterOptions::default()
+            })
+            .unwrap_or_else(|e| panic!("configuring: {e}"));
+        cluster
+            .start_on_its_port()
+            .unwrap_or_else(|e| panic!("starting: {e}"));
+        assert_ne!(
+            cluster.port, wanted,
+            "the server still wants the taken port"
+        );
+        assert!(
+            cluster.log().contains("could not bind"),
+            "{}",
+            cluster.log()
+        );
+        assert_eq!(cluster.psql("SELECT 1").as_deref(), Ok("1"));
+        drop(taken);
+    }
 }
