@@ -25,6 +25,8 @@ command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(
 if [ -z "${LEASE_ETCD_BIN:-}" ] && ! command -v etcd >/dev/null 2>&1 && [ ! -x /usr/bin/etcd ]; then
     missing+=(etcd-server)
 fi
+# `leasectl run`'s tests supervise children written in Python (and the --events example is one).
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
 # Building the etcd client (etcd-client's build script) generates its gRPC code with protoc,
 # unless PROTOC names one.
 if [ -z "${PROTOC:-}" ] && ! command -v protoc >/dev/null 2>&1; then

@@ -1,6 +1,6 @@
 //! `leasectl`: the command line of the lease engine.
 //!
-//! `leasectl demo` runs a scripted story entirely in memory; `migrate`, `grant`, `worker`,
+//! `leasectl demo` runs a scripted story entirely in memory; `migrate`, `grant`, `worker`, `run`,
 //! `status`, `release`, `resize`, `doctor` and the operators' controls (`cordon`, `drain`,
 //! `uncordon`, `weight`, `quarantine`, `unquarantine`) work on Postgres (`--database-url` or
 //! `DATABASE_URL`), and, built with the `etcd` feature, all but `grant` on etcd too
@@ -24,6 +24,7 @@ mod migrate;
 mod output;
 mod release;
 mod resize;
+mod run;
 mod status;
 mod why;
 mod worker;
@@ -61,6 +62,21 @@ enum Command {
     /// everything, leave every group); a second one ends it at once, without leaving, so its
     /// leases expire after the ttl.
     Worker(worker::WorkerArgs),
+    /// Run a worker whose buckets are worked by child processes, any program in any language:
+    /// `leasectl run --group orders:16 -- ./consumer --partition {bucket}`.
+    ///
+    /// One child per owned bucket, with {bucket}, {token}, {shards} and {group} replaced in
+    /// its arguments and LEASE_GROUP, LEASE_BUCKET, LEASE_SHARDS, LEASE_TOKEN, LEASE_NODE
+    /// (and LEASE_PARENTS after a resize) in its environment. A revoked bucket is released
+    /// only once its child is gone (the stop signal, SIGKILL after --grace); every child is
+    /// dead before the node's trust deadline, killed by a watchdog process if the supervisor
+    /// is stopped or dies; a child that crashes --crash-limit times gets its bucket
+    /// quarantined. Signals and exit codes as for `worker`; exit 1 also when a child could
+    /// not be stopped.
+    Run(run::RunArgs),
+    /// The watchdog process `run` starts (not for people).
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog,
     /// Show the nodes (worker processes) the store knows, their sessions and groups; with
     /// --group, who owns which bucket of that group, its members, and the balance.
     Status(status::StatusArgs),
@@ -115,6 +131,10 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return clap_exit(&e),
     };
+    if let Command::Watchdog = cli.command {
+        // A plain loop on its stdin: no runtime, no logging setup.
+        return run::watchdog::main();
+    }
     init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -134,6 +154,8 @@ fn main() -> ExitCode {
             Command::Migrate(args) => migrate::run(args).await,
             Command::Grant(args) => grant::run(args).await,
             Command::Worker(args) => worker::run(args).await,
+            Command::Run(args) => run::run(args).await,
+            Command::Watchdog => Ok(()),
             Command::Status(args) => status::run(args).await,
             Command::Release(args) => release::run(args).await,
             Command::Resize(args) => resize::run(args).await,

@@ -1,5 +1,7 @@
 //! `leasectl worker`: one process (a node, one session) in one or several groups on Postgres
-//! until SIGTERM, SIGINT or SIGHUP.
+//! until SIGTERM, SIGINT or SIGHUP. Its life (flags, store, groups, signals, how it ends) is
+//! [`serve`]'s, which `leasectl run` shares: the two differ only in how a group's buckets
+//! reach the application ([`Attach`]).
 
 mod groups;
 mod signals;
@@ -10,17 +12,19 @@ use async_trait::async_trait;
 use clap::Args;
 use lease::store::Chain;
 use lease::{
-    Assignment, Bucket, ConfigError, FencingToken, GroupError, InvalidInput, LeaseNode,
-    MemberMetadata, NodeId, OwnershipHandler, RevokeReason, StoreError, WorkerError, WorkerFailed,
+    Assignment, Bucket, ConfigError, FencingToken, GroupError, GroupHandle, InvalidInput,
+    LeaseNode, MemberMetadata, NodeHandle, NodeId, OwnershipHandler, RevokeReason, StoreError,
+    WorkerError, WorkerFailed,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{DbArgs, now_rfc3339, store_failure};
+use crate::common::{DbArgs, Store, now_rfc3339, store_failure};
 use crate::duration::{self, show};
 use crate::output::Failure;
 use crate::output::{self, SharedOutput};
-use groups::{GroupArg, check_group, group_args, group_failure};
+pub use groups::GroupArg;
+use groups::{check_group, group_args, group_failure};
 use signals::Signals;
 
 /// `leasectl worker`'s arguments.
@@ -73,10 +77,42 @@ pub struct WorkerArgs {
     keep_on_stop: Option<Duration>,
 }
 
+/// How a node's groups reach the application: `leasectl worker` prints each event
+/// ([`Printing`]); `leasectl run` has a child process work each bucket.
+#[async_trait]
+pub trait Attach: Send + Sync {
+    /// The node started on `store`: what runs beside it starts now, before any group is
+    /// added.
+    fn started(&self, _store: &Store, _node: &NodeHandle) {}
+
+    /// Add group `g` to `node`, its events said through `printer`.
+    async fn add(
+        &self,
+        node: &NodeHandle,
+        g: &GroupArg,
+        printer: Printer,
+    ) -> Result<GroupHandle, GroupError>;
+}
+
+/// `leasectl worker`'s application: every event printed, a revocation acknowledged once it is.
+pub struct Printing;
+
+#[async_trait]
+impl Attach for Printing {
+    async fn add(
+        &self,
+        node: &NodeHandle,
+        g: &GroupArg,
+        printer: Printer,
+    ) -> Result<GroupHandle, GroupError> {
+        node.add_group(g.group.clone(), g.shards, printer).await
+    }
+}
+
 /// Prints the worker's events on stdout, one line each, flushed at once. Once stdout fails the
 /// worker is stopped gracefully (through the shared output's token, the worker's own).
 #[derive(Clone)]
-struct Printer {
+pub struct Printer {
     json: bool,
     group: String,
     worker: NodeId,
@@ -85,7 +121,7 @@ struct Printer {
 
 impl Printer {
     /// Print one event; false if stdout failed, now or earlier.
-    fn emit(&self, event: &str, fields: Value, readable: String) -> bool {
+    pub fn emit(&self, event: &str, fields: Value, readable: String) -> bool {
         let line = if self.json {
             let mut object = json!({
                 "event": event,
@@ -103,7 +139,13 @@ impl Printer {
         self.out.line(line)
     }
 
-    fn error(&self, message: &str) {
+    /// Stdout, shared with everything the command prints.
+    pub fn out(&self) -> &SharedOutput {
+        &self.out
+    }
+
+    /// Print an `error` event.
+    pub fn error(&self, message: &str) {
         self.emit(
             "error",
             json!({ "message": message }),
@@ -206,7 +248,7 @@ fn config_failure(e: ConfigError, args: &WorkerArgs) -> Failure {
 }
 
 /// The node the flags describe, stopped by `cancel`.
-fn node_config(args: &WorkerArgs, cancel: CancellationToken) -> Result<LeaseNode, Failure> {
+pub fn node_config(args: &WorkerArgs, cancel: CancellationToken) -> Result<LeaseNode, Failure> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "unknown".into());
@@ -232,11 +274,18 @@ fn node_config(args: &WorkerArgs, cancel: CancellationToken) -> Result<LeaseNode
     builder.build().map_err(|e| config_failure(e, args))
 }
 
-/// Run the node until a signal stops it, stdout fails, or the node or one of its groups fails.
+/// `leasectl worker`: run the node until a signal stops it, stdout fails, or the node or one
+/// of its groups fails.
 pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
-    let groups = group_args(&args)?;
+    serve(&args, &Printing).await
+}
+
+/// Run the node the flags describe, its groups attached by `attach`, until a signal stops it,
+/// stdout fails, or the node or one of its groups fails.
+pub async fn serve(args: &WorkerArgs, attach: &dyn Attach) -> Result<(), Failure> {
+    let groups = group_args(args)?;
     let cancel = CancellationToken::new();
-    let config = node_config(&args, cancel.clone())?;
+    let config = node_config(args, cancel.clone())?;
     let worker = config.node_id();
     if let Some(addr) = args.metrics_addr {
         metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -291,15 +340,13 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
         }
     }
     let mut node = config
-        .start(store)
+        .start(store.clone())
         .map_err(|e| Failure::Runtime(Chain(&e).to_string()))?;
+    attach.started(&store, &node);
     // Each group's end, as it comes: one that ends without being asked stops the process.
     let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel();
     for (i, (g, printer)) in groups.iter().zip(&printers).enumerate() {
-        let added = match node
-            .add_group(g.group.clone(), g.shards, printer.clone())
-            .await
-        {
+        let added = match attach.add(&node, g, printer.clone()).await {
             Ok(handle) => match args.weight {
                 Some(w) => handle.set_weight(w).await.map(|()| handle),
                 None => Ok(handle),
@@ -388,7 +435,7 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
     }
     if let Some((i, e)) = group_failed {
         // A group ended without being asked to: the process stopped the others and says why.
-        return Err(group_ended(&printers[i], &groups[i], &e, &args));
+        return Err(group_ended(&printers[i], &groups[i], &e, args));
     }
     match ended {
         Ok(()) if cancel.is_cancelled() => {
@@ -400,16 +447,16 @@ pub async fn run(args: WorkerArgs) -> Result<(), Failure> {
         }
         // The task ended without being asked to: say so and exit, rather than wait for a
         // signal with nothing running.
-        Ok(()) => Err(worker_failure(&printers, WorkerFailed::Cancelled, &args)),
+        Ok(()) => Err(worker_failure(&printers, WorkerFailed::Cancelled, args)),
         Err(WorkerFailed::GroupsNotLeft { .. }) if !not_left.is_empty() => {
             let mut first = None;
             for (i, e) in &not_left {
-                let failure = group_ended(&printers[*i], &groups[*i], e, &args);
+                let failure = group_ended(&printers[*i], &groups[*i], e, args);
                 first.get_or_insert(failure);
             }
             Err(first.unwrap_or_else(|| Failure::Runtime("could not leave the group".into())))
         }
-        Err(e) => Err(worker_failure(&printers, e, &args)),
+        Err(e) => Err(worker_failure(&printers, e, args)),
     }
 }
 

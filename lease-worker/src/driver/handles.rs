@@ -186,6 +186,16 @@ impl NodeHandle {
         self.task.as_ref().is_none_or(JoinHandle::is_finished)
     }
 
+    /// Until when the node trusts its leases, as of its last renewal: `ttl - margin` after
+    /// the last answered heartbeat was sent, moved at every renewal; `None` while nothing is
+    /// trusted (before the first heartbeat, after a missed deadline, once stopped). The same
+    /// deadline as every [`BucketLease::trusted_until`](crate::BucketLease::trusted_until) of
+    /// the node, for code that must act *before* it on everything the node holds (a
+    /// supervisor that has its children killed before it, by another process if need be).
+    pub fn trust(&self) -> watch::Receiver<Option<std::time::Instant>> {
+        self.trust.clone()
+    }
+
     /// Add `group`, split into `shards` buckets, to the node, delivering its events to
     /// `handler`: the group is created if needed (a shard-count mismatch is refused), joined
     /// at once and shared from then on.
