@@ -86,18 +86,24 @@ async fn each_owned_bucket_has_one_child_until_a_graceful_stop() {
     drop(b);
 }
 
-/// SIGKILL of a supervisor: every child is gone at once (the kernel's parent-death signal,
-/// and the watchdog, which kills their process groups when its pipe closes); the peer takes
-/// the buckets after the ttl, with no overlap.
+/// SIGKILL of a supervisor: every child, and what each forked, is gone at once (the
+/// kernel's parent-death signal kills the children; the watchdog, whose pipe closes, kills
+/// their process groups, grandchildren included); the peer takes the buckets after the ttl,
+/// with no overlap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_supervisor_takes_its_children_with_it() {
     let db = lease_testdb::database().await;
     let work = Workdir::new("sigkill");
-    let a = Supervisor::start("a", &db.url, &flags("k:6", &[]), &work, "work");
+    let a = Supervisor::start("a", &db.url, &flags("k:6", &[]), &work, "fork");
     let b = Supervisor::start("b", &db.url, &flags("k:6", &[]), &work, "work");
     until_working(&a, &work, 3, Duration::from_secs(30), "sharing");
     until_working(&b, &work, 3, Duration::from_secs(10), "sharing");
-    let pids = a.child_pids();
+    let mut pids = a.child_pids();
+    let grandchildren = until(Duration::from_secs(10), || {
+        work.lines().grandchildren.len() == 3
+    });
+    assert!(grandchildren.is_some(), "{:#?}", work.lines());
+    pids.extend(work.lines().grandchildren);
     signal(a.pid(), "KILL");
     let gone = until(Duration::from_secs(5), || pids.iter().all(|&p| is_gone(p)));
     let gone = gone.unwrap_or_else(|| panic!("children {pids:?} outlived their supervisor"));

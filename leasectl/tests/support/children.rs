@@ -20,16 +20,20 @@ use super::leasectl;
 
 /// The child: `python3 child.py LOG MODE`. Modes: `work` (stops on SIGTERM, writing its
 /// end), `stubborn` (ignores SIGTERM), `crash:B` (exits 3 at once, after a line on stderr,
-/// when its bucket is B; works otherwise).
+/// when its bucket is B; works otherwise), `fork` (works, and forks a grandchild that works
+/// too, its lines counted as the child's, after a `grand` line with its own pid).
 pub const CHILD: &str = r#"
 import os, signal, sys, time
 log, mode = sys.argv[1], sys.argv[2]
 bucket, token = os.environ["LEASE_BUCKET"], os.environ["LEASE_TOKEN"]
 out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-def line(kind):
+me = os.getpid()
+def line(kind, pid=None):
     # One write of a short line on O_APPEND: whole, never interleaved with another child's.
-    os.write(out, f"{kind} {bucket} {token} {os.getpid()} {time.time():.6f}\n".encode())
+    os.write(out, f"{kind} {bucket} {token} {pid or me} {time.time():.6f}\n".encode())
 line("start")
+if mode == "fork" and os.fork() == 0:
+    line("grand", os.getpid())
 print(f"working on bucket {bucket} with token {token}", flush=True)
 if mode.startswith("crash:") and mode[6:] == bucket:
     print(f"poison in bucket {bucket}", file=sys.stderr, flush=True)
@@ -95,12 +99,15 @@ pub struct ChildLife {
 #[derive(Debug, Default)]
 pub struct ChildLog {
     pub by_bucket: BTreeMap<u32, Vec<ChildLife>>,
+    /// The pids of the grandchildren (mode `fork`), whose lines count as their parent's.
+    pub grandchildren: Vec<i32>,
 }
 
 impl ChildLog {
     pub fn read(path: &Path) -> Self {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let mut lives: BTreeMap<i32, ChildLife> = BTreeMap::new();
+        let mut grandchildren = Vec::new();
         for line in text.lines() {
             let words: Vec<&str> = line.split_whitespace().collect();
             let [kind, bucket, token, pid, at] = words[..] else {
@@ -112,6 +119,10 @@ impl ChildLog {
                 pid.parse().expect("pid"),
                 at.parse().expect("time"),
             );
+            if kind == "grand" {
+                grandchildren.push(pid);
+                continue;
+            }
             let life = lives.entry(pid).or_insert(ChildLife {
                 bucket,
                 token,
@@ -131,7 +142,10 @@ impl ChildLog {
         for lives in by_bucket.values_mut() {
             lives.sort_by(|a, b| a.first.total_cmp(&b.first));
         }
-        Self { by_bucket }
+        Self {
+            by_bucket,
+            grandchildren,
+        }
     }
 
     /// The smallest gap, in seconds, between a child's last line and the next child's first
