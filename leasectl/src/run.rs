@@ -13,6 +13,7 @@ mod bucket;
 mod children;
 mod crashes;
 mod deadline;
+mod events;
 pub mod watchdog;
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -22,6 +23,7 @@ use async_trait::async_trait;
 use clap::Args;
 use lease::store::QuarantineFor;
 use lease::{GroupError, GroupHandle, InvalidInput, NodeHandle};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::Store;
@@ -32,6 +34,7 @@ use bucket::{Group, Shared};
 use children::{StopSignal, Template, parse_signal};
 use crashes::CrashRules;
 use deadline::Timing;
+use events::Note;
 use watchdog::Watchdog;
 
 /// `leasectl run`'s arguments: a worker's, the children's, and the command.
@@ -64,9 +67,16 @@ pub struct RunArgs {
     #[arg(long, default_value = "15m", value_parser = duration::parse)]
     quarantine_for: Duration,
     /// Pass the children's output through as it is, without the `[group/bucket] ` prefix on
-    /// each line.
+    /// each line (`[events] ` with --events).
     #[arg(long)]
     no_prefix: bool,
+    /// One child for every bucket of the node instead of one per bucket: it hears each
+    /// assignment and revocation as a JSON line on stdin (the `worker --json` schema) and
+    /// acknowledges each revocation with `{"ack":BUCKET,"token":TOKEN}` (and `"group":NAME`
+    /// with several groups) on stdout; no acknowledgement within --grace has it killed and
+    /// started again. Crashes back off but quarantine nothing (no bucket is to blame).
+    #[arg(long)]
+    events: bool,
     /// The command each child runs, after `--`: `{bucket}`, `{token}`, `{shards}` and
     /// `{group}` in it are replaced with the assignment's; the environment has LEASE_GROUP,
     /// LEASE_BUCKET, LEASE_SHARDS, LEASE_TOKEN, LEASE_NODE, and LEASE_PARENTS after a resize.
@@ -83,6 +93,9 @@ struct Supervisor {
     quarantine_for: QuarantineFor,
     shared: OnceLock<Arc<Shared>>,
     unstoppable: Arc<Mutex<Vec<String>>>,
+    /// With --events: how many groups the node runs, and the one child's conductor, started
+    /// with the first group.
+    events: Option<(usize, OnceLock<mpsc::UnboundedSender<Note>>)>,
 }
 
 #[async_trait]
@@ -112,6 +125,23 @@ impl Attach for Supervisor {
     ) -> Result<GroupHandle, GroupError> {
         let shared = self.shared.get().cloned().ok_or(GroupError::NodeEnded)?;
         let (handle, mut leases) = node.add_group_leases(g.group.clone(), g.shards).await?;
+        if let Some((groups, conductor)) = &self.events {
+            let notes = conductor
+                .get_or_init(|| {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    tokio::spawn(events::conduct(shared, printer.clone(), rx, *groups));
+                    tx
+                })
+                .clone();
+            let printer = Arc::new(printer);
+            tokio::spawn(async move {
+                while let Some(lease) = leases.recv().await {
+                    notes.send(Note::Lease(printer.clone(), lease)).ok();
+                }
+                notes.send(Note::GroupDone).ok();
+            });
+            return Ok(handle);
+        }
         let group = Arc::new(Group {
             group: g.group.clone(),
             printer,
@@ -168,6 +198,9 @@ fn supervisor(args: &RunArgs) -> Result<Supervisor, Failure> {
         quarantine_for,
         shared: OnceLock::new(),
         unstoppable: Arc::new(Mutex::new(Vec::new())),
+        events: args
+            .events
+            .then(|| (args.worker.group_count(), OnceLock::new())),
     })
 }
 

@@ -77,6 +77,13 @@ pub struct WorkerArgs {
     keep_on_stop: Option<Duration>,
 }
 
+impl WorkerArgs {
+    /// How many `--group`s were given.
+    pub fn group_count(&self) -> usize {
+        self.group.len()
+    }
+}
+
 /// How a node's groups reach the application: `leasectl worker` prints each event
 /// ([`Printing`]); `leasectl run` has a child process work each bucket.
 #[async_trait]
@@ -123,20 +130,30 @@ impl Printer {
     /// Print one event; false if stdout failed, now or earlier.
     pub fn emit(&self, event: &str, fields: Value, readable: String) -> bool {
         let line = if self.json {
-            let mut object = json!({
-                "event": event,
-                "group": self.group,
-                "worker": self.worker.to_string(),
-            });
-            if let (Some(map), Value::Object(extra)) = (object.as_object_mut(), fields) {
-                map.extend(extra);
-                map.insert("at".into(), Value::String(now_rfc3339()));
-            }
-            object.to_string()
+            self.json_line(event, fields)
         } else {
             format!("{} {readable}", now_rfc3339())
         };
         self.out.line(line)
+    }
+
+    /// The `--json` line of an event: its name, group and worker, `fields`, and the time.
+    pub fn json_line(&self, event: &str, fields: Value) -> String {
+        let mut object = json!({
+            "event": event,
+            "group": self.group,
+            "worker": self.worker.to_string(),
+        });
+        if let (Some(map), Value::Object(extra)) = (object.as_object_mut(), fields) {
+            map.extend(extra);
+            map.insert("at".into(), Value::String(now_rfc3339()));
+        }
+        object.to_string()
+    }
+
+    /// The group whose events it prints.
+    pub fn group(&self) -> &str {
+        &self.group
     }
 
     /// Stdout, shared with everything the command prints.
@@ -157,50 +174,60 @@ impl Printer {
 #[async_trait]
 impl OwnershipHandler for Printer {
     async fn on_assigned(&self, assignment: Assignment) {
-        let Assignment {
-            bucket,
-            token,
-            shards,
-            resized_from,
-        } = assignment;
-        let parents = assignment.parents();
-        let continues = match resized_from {
-            Some(from) => format!(
-                ", continuing bucket(s) {} of {from}",
-                parents
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            None => String::new(),
-        };
-        self.emit(
-            "assigned",
-            json!({
-                "bucket": bucket.get(),
-                "token": token.get(),
-                "shards": shards.get(),
-                "parents": parents.iter().map(|b| b.get()).collect::<Vec<_>>(),
-            }),
-            format!("assigned bucket {bucket} of {shards} (token {token}{continues})"),
-        );
+        let (fields, readable) = assigned(assignment);
+        self.emit("assigned", fields, readable);
     }
 
     async fn on_revoked(&self, bucket: Bucket, token: FencingToken, reason: RevokeReason) {
-        self.emit(
-            "revoked",
-            json!({ "bucket": bucket.get(), "token": token.get(), "reason": reason.as_str() }),
-            format!(
-                "revoked bucket {bucket} (token {token}): {}",
-                reason.as_str()
-            ),
-        );
+        let (fields, readable) = revoked(bucket, token, reason);
+        self.emit("revoked", fields, readable);
     }
 
     async fn on_error(&self, error: &WorkerError) {
         self.error(&Chain(error).to_string());
     }
+}
+
+/// An `assigned` event's fields, and its readable line.
+pub fn assigned(assignment: Assignment) -> (Value, String) {
+    let Assignment {
+        bucket,
+        token,
+        shards,
+        resized_from,
+    } = assignment;
+    let parents = assignment.parents();
+    let continues = match resized_from {
+        Some(from) => format!(
+            ", continuing bucket(s) {} of {from}",
+            parents
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => String::new(),
+    };
+    (
+        json!({
+            "bucket": bucket.get(),
+            "token": token.get(),
+            "shards": shards.get(),
+            "parents": parents.iter().map(|b| b.get()).collect::<Vec<_>>(),
+        }),
+        format!("assigned bucket {bucket} of {shards} (token {token}{continues})"),
+    )
+}
+
+/// A `revoked` event's fields, and its readable line.
+pub fn revoked(bucket: Bucket, token: FencingToken, reason: RevokeReason) -> (Value, String) {
+    (
+        json!({ "bucket": bucket.get(), "token": token.get(), "reason": reason.as_str() }),
+        format!(
+            "revoked bucket {bucket} (token {token}): {}",
+            reason.as_str()
+        ),
+    )
 }
 
 fn config_failure(e: ConfigError, args: &WorkerArgs) -> Failure {

@@ -99,8 +99,8 @@ fn substitute(arg: &str, group: &GroupName, assignment: &Assignment) -> String {
         .replace("{group}", group.as_str())
 }
 
-/// The command for `assignment`'s child: substituted arguments, the `LEASE_*` environment,
-/// its own process group, killed by the kernel if the supervisor dies.
+/// The command for `assignment`'s child: substituted arguments and the `LEASE_*`
+/// environment (see [`supervised`]).
 fn command(
     template: &Template,
     group: &GroupName,
@@ -112,12 +112,8 @@ fn command(
         .iter()
         .map(|a| substitute(a, group, assignment))
         .collect();
-    let (program, args) = argv
-        .split_first()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
-    let mut command = Command::new(program);
+    let mut command = supervised(&argv)?;
     command
-        .args(args)
         .env("LEASE_GROUP", group.as_str())
         .env("LEASE_BUCKET", assignment.bucket.to_string())
         .env("LEASE_SHARDS", assignment.shards.to_string())
@@ -130,7 +126,18 @@ fn command(
     } else {
         command.env_remove("LEASE_PARENTS");
     }
+    Ok(command)
+}
+
+/// `argv` as a supervised child: stdin empty, stdout and stderr piped, its own process group,
+/// killed by the kernel if the supervisor dies.
+pub fn supervised(argv: &[String]) -> Result<Command, io::Error> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
+    let mut command = Command::new(program);
     command
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -229,23 +236,39 @@ impl Running {
         assignment: &Assignment,
         out: &SharedOutput,
     ) -> io::Result<Self> {
-        let command = command(template, group, node, assignment)?;
-        let mut child = spawn(command).await?;
-        let pid = child
-            .id()
-            .and_then(|p| i32::try_from(p).ok())
-            .ok_or_else(|| io::Error::other("the child has no pid"))?;
         let prefix = if template.prefix {
             format!("[{}/{}] ", group.as_str(), assignment.bucket)
         } else {
             String::new()
         };
+        let out = out.clone();
+        let stdout_prefix = prefix.clone();
+        Self::launch(
+            command(template, group, node, assignment)?,
+            move |line| {
+                out.line(format!("{stdout_prefix}{line}"));
+            },
+            prefix,
+        )
+        .await
+    }
+
+    /// Start `command` (built by [`supervised`]): each line of its stdout goes to
+    /// `on_stdout`, each of its stderr to stderr after `prefix`. A piped stdin is left in
+    /// [`stdin`](Self::stdin).
+    pub async fn launch(
+        command: Command,
+        on_stdout: impl FnMut(String) + Send + 'static,
+        prefix: String,
+    ) -> io::Result<Self> {
+        let mut child = spawn(command).await?;
+        let pid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| io::Error::other("the child has no pid"))?;
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         if let Some(stdout) = child.stdout.take() {
-            let (out, prefix) = (out.clone(), prefix.clone());
-            tokio::spawn(pass_through(stdout, move |line| {
-                out.line(format!("{prefix}{line}"));
-            }));
+            tokio::spawn(pass_through(stdout, on_stdout));
         }
         if let Some(stderr) = child.stderr.take() {
             let tail = tail.clone();
@@ -264,6 +287,11 @@ impl Running {
             started: Instant::now(),
             tail,
         })
+    }
+
+    /// Its stdin, when the command piped it (once).
+    pub fn stdin(&mut self) -> Option<tokio::process::ChildStdin> {
+        self.child.stdin.take()
     }
 
     /// Wait for the child to exit on its own; then kill what it left in its group.

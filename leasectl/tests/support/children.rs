@@ -48,6 +48,39 @@ while True:
     time.sleep(0.02)
 "#;
 
+/// The `--events` child: `python3 events.py LOG MODE`. It writes a `start` line for each
+/// assignment, `alive` lines for every bucket it holds every 20 ms, and an `end` line when it
+/// acknowledges a revocation; mode `noack` never acknowledges (and works on).
+pub const EVENTS_CHILD: &str = r#"
+import json, os, sys, threading, time
+log, mode = sys.argv[1], sys.argv[2]
+out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+me = os.getpid()
+held = {}
+lock = threading.Lock()
+def line(kind, bucket, token):
+    os.write(out, f"{kind} {bucket} {token} {me} {time.time():.6f}\n".encode())
+def alive():
+    while True:
+        with lock:
+            for bucket, token in held.items():
+                line("alive", bucket, token)
+        time.sleep(0.02)
+threading.Thread(target=alive, daemon=True).start()
+for raw in sys.stdin:
+    event = json.loads(raw)
+    bucket, token = event["bucket"], event["token"]
+    if event["event"] == "assigned":
+        with lock:
+            held[bucket] = token
+            line("start", bucket, token)
+    elif event["event"] == "revoked" and mode != "noack":
+        with lock:
+            held.pop(bucket, None)
+            line("end", bucket, token)
+        print(json.dumps({"ack": bucket, "token": token}), flush=True)
+"#;
+
 /// A test's directory: the child script and the shared log.
 pub struct Workdir {
     pub dir: PathBuf,
@@ -67,6 +100,7 @@ impl Workdir {
         std::fs::create_dir_all(&dir).expect("a temp dir");
         let script = dir.join("child.py");
         std::fs::write(&script, CHILD).expect("writing the child");
+        std::fs::write(dir.join("events.py"), EVENTS_CHILD).expect("writing the child");
         let log = dir.join("children.log");
         Self { dir, script, log }
     }
@@ -106,7 +140,8 @@ pub struct ChildLog {
 impl ChildLog {
     pub fn read(path: &Path) -> Self {
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        let mut lives: BTreeMap<i32, ChildLife> = BTreeMap::new();
+        // By process, bucket and token: an --events child works several buckets.
+        let mut lives: BTreeMap<(i32, u32, i64), ChildLife> = BTreeMap::new();
         let mut grandchildren = Vec::new();
         for line in text.lines() {
             let words: Vec<&str> = line.split_whitespace().collect();
@@ -123,7 +158,7 @@ impl ChildLog {
                 grandchildren.push(pid);
                 continue;
             }
-            let life = lives.entry(pid).or_insert(ChildLife {
+            let life = lives.entry((pid, bucket, token)).or_insert(ChildLife {
                 bucket,
                 token,
                 pid,
@@ -230,13 +265,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Supervisor {
     /// `leasectl run --json FLAGS -- python3 SCRIPT LOG MODE` on `url`.
     pub fn start(name: &str, url: &str, flags: &[&str], work: &Workdir, mode: &str) -> Self {
+        Self::start_script(name, url, flags, &work.script, work, mode)
+    }
+
+    /// `leasectl run --json --events FLAGS -- python3 events.py LOG MODE` on `url`.
+    pub fn start_events(name: &str, url: &str, flags: &[&str], work: &Workdir, mode: &str) -> Self {
+        let mut flags = flags.to_vec();
+        flags.push("--events");
+        Self::start_script(name, url, &flags, &work.dir.join("events.py"), work, mode)
+    }
+
+    fn start_script(
+        name: &str,
+        url: &str,
+        flags: &[&str],
+        script: &Path,
+        work: &Workdir,
+        mode: &str,
+    ) -> Self {
         let mut cmd = leasectl();
         cmd.arg("run")
             .arg("--json")
             .args(flags)
             .arg("--")
             .arg("python3")
-            .arg(&work.script)
+            .arg(script)
             .arg(&work.log)
             .arg(mode)
             .env("DATABASE_URL", url)
