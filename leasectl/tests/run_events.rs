@@ -10,7 +10,7 @@ use support::children::{Supervisor, Workdir, until};
 
 const FAST: &[&str] = &["--ttl", "3s", "--renew", "1s", "--grace", "1s"];
 
-fn flags<'a>(group: &'a str) -> Vec<&'a str> {
+fn flags(group: &str) -> Vec<&str> {
     let mut f = vec!["--group", group];
     f.extend_from_slice(FAST);
     f
@@ -32,7 +32,12 @@ fn until_holding(sup: &Supervisor, work: &Workdir, n: usize, what: &str) {
                 log.of(*b).iter().any(|l| Some(l.token) == token)
             })
     });
-    assert!(done.is_some(), "{what}: {} never worked {n}\n{}", sup.name, sup.dump());
+    assert!(
+        done.is_some(),
+        "{what}: {} never worked {n}\n{}",
+        sup.name,
+        sup.dump()
+    );
 }
 
 /// Revocations are acknowledged on stdout, and only then do the buckets move.
@@ -78,7 +83,8 @@ async fn a_child_that_does_not_acknowledge_is_killed_and_started_again() {
     let stopped = a.named("child-stopped");
     assert_eq!(stopped.len(), 1, "{}", a.dump());
     assert_eq!(
-        stopped[0]["why"], "a revocation was not acknowledged within --grace",
+        stopped[0]["why"],
+        "a revocation was not acknowledged within --grace",
         "{}",
         a.dump()
     );
@@ -86,7 +92,9 @@ async fn a_child_that_does_not_acknowledge_is_killed_and_started_again() {
     let took = stopped[0]["took_ms"].as_u64().expect("took_ms");
     assert!(took < 500, "{}", stopped[0]);
     // Started again after the restart backoff (1 s), hearing the two buckets still held.
-    let restarted = until(Duration::from_secs(10), || a.named("child-started").len() == 2);
+    let restarted = until(Duration::from_secs(10), || {
+        a.named("child-started").len() == 2
+    });
     assert!(restarted.is_some(), "{}", a.dump());
     let pid = a.named("child-started")[1]["pid"].as_i64().expect("pid") as i32;
     let heard = until(Duration::from_secs(10), || {
