@@ -50,7 +50,8 @@ impl RoleKind {
     pub fn describe(self) -> &'static str {
         match self {
             RoleKind::Worker => {
-                "runs workers (leasectl worker, the library's LeaseWorker) and leasectl release"
+                "runs workers (leasectl worker, leasectl run, the library's LeaseWorker) and \
+                 leasectl release; quarantines buckets (leasectl run's crash loops)"
             }
             RoleKind::Monitor => "reads groups (leasectl status, PgLeaseStore::snapshot)",
             RoleKind::Fencing => "fences an application's writes with lease.is_current",

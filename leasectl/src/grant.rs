@@ -12,7 +12,8 @@ use crate::output::Failure;
 /// What the role is for.
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum Kind {
-    /// Runs workers (`leasectl worker`, the library's LeaseWorker) and `leasectl release`.
+    /// Runs workers (`leasectl worker`, `leasectl run`, the library's LeaseWorker) and
+    /// `leasectl release`; quarantines buckets (`leasectl run`'s crash loops need it).
     Worker,
     /// Reads groups: `leasectl status`, monitoring.
     Monitor,

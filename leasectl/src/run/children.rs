@@ -210,7 +210,13 @@ pub struct Running {
     /// When it was started.
     pub started: Instant,
     tail: Arc<Mutex<VecDeque<String>>>,
+    /// The tasks passing its stdout and stderr through.
+    output: Vec<tokio::task::JoinHandle<()>>,
 }
+
+/// How long after a child is reaped its last output lines are waited for (a grandchild
+/// may hold its pipes open longer: it is killed, but the wait is bounded all the same).
+const DRAIN_LIMIT: Duration = Duration::from_millis(200);
 
 /// How a stop ended.
 #[derive(Debug)]
@@ -267,25 +273,27 @@ impl Running {
             .and_then(|p| i32::try_from(p).ok())
             .ok_or_else(|| io::Error::other("the child has no pid"))?;
         let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let mut output = Vec::new();
         if let Some(stdout) = child.stdout.take() {
-            tokio::spawn(pass_through(stdout, on_stdout));
+            output.push(tokio::spawn(pass_through(stdout, on_stdout)));
         }
         if let Some(stderr) = child.stderr.take() {
             let tail = tail.clone();
-            tokio::spawn(pass_through(stderr, move |line| {
+            output.push(tokio::spawn(pass_through(stderr, move |line| {
                 output::error_line(format!("{prefix}{line}"));
                 let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
                 if tail.len() == TAIL {
                     tail.pop_front();
                 }
                 tail.push_back(line);
-            }));
+            })));
         }
         Ok(Self {
             child,
             pid,
             started: Instant::now(),
             tail,
+            output,
         })
     }
 
@@ -298,7 +306,16 @@ impl Running {
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         let status = self.child.wait().await;
         signal_group(self.pid, libc::SIGKILL);
+        self.drain().await;
         status
+    }
+
+    /// Let its last output lines through before anything is said of its end.
+    async fn drain(&mut self) {
+        let deadline = tokio::time::Instant::now() + DRAIN_LIMIT;
+        for task in self.output.drain(..) {
+            tokio::time::timeout_at(deadline, task).await.ok();
+        }
     }
 
     /// Wait, without limit, for a child that [`stop`](Self::stop) found unstoppable.
@@ -333,6 +350,7 @@ impl Running {
             }
         };
         signal_group(self.pid, libc::SIGKILL);
+        self.drain().await;
         match status {
             Ok(status) => Stopped::Exited { status, killed },
             // The runtime could not wait for it: it is not known to be gone.

@@ -19,7 +19,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use super::bucket::Shared;
-use super::children::{Running, Stopped, crashed, describe, signal_name, supervised};
+use super::children::{Running, StopSignal, Stopped, crashed, describe, signal_name, supervised};
 use super::crashes::{Crashes, Next};
 use crate::duration::show;
 use crate::worker::{Printer, assigned, revoked};
@@ -316,23 +316,32 @@ impl Child {
         let kill_at = shared
             .timing
             .kill_by(Instant::now(), *shared.trust.borrow());
-        self.end(shared, node, why, kill_at).await;
+        self.end(shared, node, why, shared.stop_signal, kill_at)
+            .await;
     }
 
-    /// SIGKILL at once.
+    /// SIGKILL at once, without the stop signal first.
     async fn kill(mut self, shared: &Shared, node: &Printer, why: &str) {
-        self.end(shared, node, why, Instant::now()).await;
+        self.end(shared, node, why, StopSignal(libc::SIGKILL), Instant::now())
+            .await;
     }
 
-    async fn end(&mut self, shared: &Shared, node: &Printer, why: &str, kill_at: Instant) {
+    async fn end(
+        &mut self,
+        shared: &Shared,
+        node: &Printer,
+        why: &str,
+        signal: StopSignal,
+        kill_at: Instant,
+    ) {
         let asked = Instant::now();
         let pid = self.running.pid;
-        let said = match self.running.stop(shared.stop_signal, kill_at).await {
+        let said = match self.running.stop(signal, kill_at).await {
             Stopped::Exited { status, killed } => {
                 let signal = if killed {
                     "SIGKILL".to_owned()
                 } else {
-                    signal_name(shared.stop_signal.0)
+                    signal_name(signal.0)
                 };
                 Some((signal, describe(status)))
             }
