@@ -99,6 +99,7 @@ pub use lease_core::{ErrorKind, InvalidInput, StoreError};
 ///   [`store_precision`](store::store_precision).
 /// - Operators' controls, bucket history and resizes, with their bounds:
 ///   [`MemberControl`](store::MemberControl), [`QuarantineFor`](store::QuarantineFor),
+///   [`QuarantineReason`](store::QuarantineReason),
 ///   [`Tenure`](store::Tenure), [`EndReason`](store::EndReason),
 ///   [`Generation`](store::Generation), [`ResizeOutcome`](store::ResizeOutcome), and the key
 ///   arithmetic of a resize in [`store::resize`].
@@ -137,7 +138,7 @@ pub mod store {
 
     // Operators' controls on members and buckets, and their bounds.
     pub use lease_core::control::{MAX_QUARANTINE, MAX_WEIGHT};
-    pub use lease_core::{MemberControl, QuarantineFor};
+    pub use lease_core::{MemberControl, QuarantineFor, QuarantineReason};
 
     // A bucket's recorded claims (`LeaseStore::history`), and how many are kept.
     pub use lease_core::history::TENURES_KEPT;

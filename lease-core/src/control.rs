@@ -124,9 +124,79 @@ impl QuarantineFor {
     }
 }
 
+/// Why a bucket is under quarantine, as whoever set it said (`leasectl quarantine --reason`,
+/// or `leasectl run` after a crash loop: the exit and the child's last stderr line): 1 to
+/// [`QuarantineReason::MAX`] characters, kept with the quarantine and shown with it.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct QuarantineReason(String);
+
+impl QuarantineReason {
+    /// The most characters a reason holds.
+    pub const MAX: usize = 1000;
+
+    /// `text` as a reason, or [`InvalidInput::QuarantineReasonLength`].
+    pub fn new(text: impl Into<String>) -> Result<Self, InvalidInput> {
+        let text = text.into();
+        let len = text.chars().count();
+        if len == 0 || len > Self::MAX {
+            return Err(InvalidInput::QuarantineReasonLength {
+                len,
+                max: Self::MAX,
+            });
+        }
+        Ok(Self(text))
+    }
+
+    /// `text` as a reason, cut to its first [`MAX`](Self::MAX) characters (the last of them
+    /// an ellipsis when cut); `None` when empty.
+    pub fn truncated(text: &str) -> Option<Self> {
+        if text.chars().count() <= Self::MAX {
+            return Self::new(text).ok();
+        }
+        let mut cut: String = text.chars().take(Self::MAX - 1).collect();
+        cut.push('…');
+        Self::new(cut).ok()
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for QuarantineReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reasons_are_bounded_and_cut_when_asked() {
+        assert_eq!(
+            QuarantineReason::new("exit code 3").map(|r| r.to_string()),
+            Ok("exit code 3".to_owned())
+        );
+        assert!(QuarantineReason::new("").is_err());
+        let long = "x".repeat(QuarantineReason::MAX + 5);
+        assert_eq!(
+            QuarantineReason::new(long.clone()),
+            Err(InvalidInput::QuarantineReasonLength {
+                len: QuarantineReason::MAX + 5,
+                max: QuarantineReason::MAX
+            })
+        );
+        let cut = QuarantineReason::truncated(&long).map(|r| r.as_str().to_owned());
+        assert_eq!(
+            cut.as_ref().map(|c| c.chars().count()),
+            Some(QuarantineReason::MAX)
+        );
+        assert!(cut.is_some_and(|c| c.ends_with('…')));
+        assert_eq!(QuarantineReason::truncated(""), None);
+    }
 
     #[test]
     fn weights_are_bounded_and_parsed() {

@@ -75,4 +75,12 @@ pub enum InvalidInput {
         /// The longest allowed.
         max: Duration,
     },
+    /// A quarantine's reason that is empty or too long.
+    #[error("a quarantine's reason must be 1 to {max} characters, not {len}")]
+    QuarantineReasonLength {
+        /// Its length in characters.
+        len: usize,
+        /// The most allowed.
+        max: usize,
+    },
 }

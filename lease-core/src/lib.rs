@@ -60,7 +60,7 @@ mod time;
 mod view;
 
 pub use change::{Change, ChangeFeed};
-pub use control::{MemberControl, QuarantineFor, Weight};
+pub use control::{MemberControl, QuarantineFor, QuarantineReason, Weight};
 pub use error::{BackendFailure, Chain, ErrorKind, Operation, StoreError};
 pub use event::{Assignment, OwnershipEvent, RevokeReason};
 pub use failover::{LogPosition, SessionBound};

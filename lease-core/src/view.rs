@@ -1,5 +1,6 @@
 //! What stores return: leases, the heartbeat's compact view and the full snapshot.
 
+use crate::control::QuarantineReason;
 use crate::failover::LogPosition;
 use crate::ids::{Bucket, FencingToken, GroupName, MemberMetadata, NodeId, SessionId, ShardCount};
 use crate::resize::{self, Generation};
@@ -331,6 +332,8 @@ pub struct BucketInfo {
     pub state: BucketState,
     /// Until when the bucket is under quarantine (unclaimable), when it is at `observed_at`.
     pub quarantined_until: Option<Timestamp>,
+    /// Why, when the quarantine running at `observed_at` was given a reason (Q5).
+    pub quarantine_reason: Option<QuarantineReason>,
 }
 
 /// One member row in a [`GroupSnapshot`]: a node's membership of the group, with its node's

@@ -77,7 +77,7 @@ use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
 use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
-use lease_core::{AdminStore, MemberControl, QuarantineFor, Weight};
+use lease_core::{AdminStore, MemberControl, QuarantineFor, QuarantineReason, Weight};
 use lease_core::{
     BackendFailure, Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, GroupStamp,
     Heartbeat, Incarnation, Lease, MemberMetadata, NodeId, NodesSnapshot, Operation, ResizeOutcome,
@@ -749,15 +749,16 @@ impl AdminStore for PgLeaseStore {
         .await
     }
 
-    async fn quarantine(
+    async fn quarantine_with_reason(
         &self,
         group: &GroupName,
         bucket: Bucket,
         duration: Option<QuarantineFor>,
+        reason: Option<QuarantineReason>,
     ) -> Result<(), StoreError> {
         let at = self.at();
         self.with_conn(Operation::Quarantine, async |c| {
-            ops::quarantine(c, at, group, bucket, duration)
+            ops::quarantine(c, at, group, bucket, duration, reason.as_ref())
                 .await
                 .map(drop)
         })

@@ -22,7 +22,9 @@ use lease_core::{
     StoreError, Takeover, Timestamp, Ttl, ViewStamp,
 };
 use lease_core::{EndReason, Tenure, TenureEnd};
-use lease_core::{LogPosition, MemberControl, QuarantineFor, SessionBound, Weight};
+use lease_core::{
+    LogPosition, MemberControl, QuarantineFor, QuarantineReason, SessionBound, Weight,
+};
 use uuid::Uuid;
 
 use crate::error::{corrupt, from_diesel};
@@ -706,7 +708,7 @@ pub async fn snapshot(
             mode: mode(Operation::Snapshot, &m.mode)?,
         });
     }
-    let info = |(b, owner, session, token, quarantined_until): ShardRow| {
+    let info = |(b, owner, session, token, quarantined_until, reason): ShardRow| {
         let expires_at = owner
             .zip(session)
             .and_then(|key| sessions.get(&key).copied());
@@ -724,6 +726,13 @@ pub async fn snapshot(
             state,
             // Q1: while it runs (a quarantine that ended keeps its value until replaced).
             quarantined_until: quarantined_until.filter(|&end| now < end),
+            // Q5: the running quarantine's reason.
+            quarantine_reason: match (quarantined_until.filter(|&end| now < end), reason) {
+                (Some(_), Some(text)) => Some(QuarantineReason::new(text).map_err(|e| {
+                    corrupt(Operation::Snapshot, format!("quarantine reason: {e}"))
+                })?),
+                _ => None,
+            },
         })
     };
     let buckets = shard_rows
@@ -732,7 +741,7 @@ pub async fn snapshot(
         .collect::<Result<Vec<_>, StoreError>>()?;
     let mut draining = old_rows
         .into_iter()
-        .map(|(b, owner, session, token)| info((b, owner, session, token, None)))
+        .map(|(b, owner, session, token)| info((b, owner, session, token, None, None)))
         .collect::<Result<Vec<_>, StoreError>>()?;
     // Rows of a generation whose every bucket is retired wait for a claim or the next resize
     // to delete them: the drain is over (Z3), so they are not shown.
@@ -751,8 +760,15 @@ pub async fn snapshot(
     })
 }
 
-/// A bucket row: bucket, owner, session, token and the end of its quarantine.
-type ShardRow = (i32, Option<Uuid>, Option<Uuid>, i64, Option<Timestamp>);
+/// A bucket row: bucket, owner, session, token, and the end and reason of its quarantine.
+type ShardRow = (
+    i32,
+    Option<Uuid>,
+    Option<Uuid>,
+    i64,
+    Option<Timestamp>,
+    Option<String>,
+);
 /// A bucket row of the draining generation: bucket, owner, session, token.
 type OldRow = (i32, Option<Uuid>, Option<Uuid>, i64);
 type GroupRow = (i32, i64, Option<i32>);
@@ -801,6 +817,7 @@ async fn snapshot_reads(
             shards::owner_session,
             shards::token,
             shards::quarantined_until,
+            shards::quarantine_reason,
         ))
         .load(conn)
         .await?;
@@ -1011,7 +1028,8 @@ pub async fn evict(
     leave_as(conn, at, group, node, None, Operation::Evict).await
 }
 
-/// [`AdminStore::quarantine`](lease_core::AdminStore::quarantine) on `conn`: one statement.
+/// [`AdminStore::quarantine_with_reason`](lease_core::AdminStore::quarantine_with_reason) on
+/// `conn`: one statement (`lease.quarantine`, migration 12).
 /// `true` if it set or lifted a quarantine (the group's counter moved), `false` if it lifted
 /// a bucket not under quarantine (Q3: nothing written). `at` is the client clock's time
 /// (`None`: the server's).
@@ -1021,6 +1039,7 @@ pub async fn quarantine(
     group: &GroupName,
     bucket: Bucket,
     duration: Option<QuarantineFor>,
+    reason: Option<&QuarantineReason>,
 ) -> Result<bool, StoreError> {
     let op = Operation::Quarantine;
     let row: Option<sql::QuarantineRow> = Prepared(
@@ -1033,7 +1052,8 @@ pub async fn quarantine(
                     i64::try_from(d.get().as_micros()).unwrap_or(i64::MAX),
                 )
             }))
-            .bind::<Nullable<Timestamptz>, _>(at),
+            .bind::<Nullable<Timestamptz>, _>(at)
+            .bind::<Nullable<Text>, _>(reason.map(QuarantineReason::as_str)),
     )
     .get_result(conn)
     .await

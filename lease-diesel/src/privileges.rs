@@ -352,6 +352,14 @@ const NEEDS: &[Need] = &[
         monitor: &[],
         fencing: &[],
     },
+    // The same with the quarantine's reason (migration 12), which this release calls; the
+    // one above stays for the previous release's binaries.
+    Need {
+        on: Object::Function("lease.quarantine(text, bigint, interval, timestamptz, text)"),
+        worker: &["EXECUTE"],
+        monitor: &[],
+        fencing: &[],
+    },
     // A node's hand-over of its session to its next process (HO1: it locks the node row and
     // moves its groups' counters, which a worker may update).
     Need {

@@ -51,6 +51,7 @@ diesel::table! {
         updated_at -> Timestamptz,
         last_node -> Nullable<Uuid>,
         quarantined_until -> Nullable<Timestamptz>,
+        quarantine_reason -> Nullable<Text>,
         tenures -> BigInt,
     }
 }

@@ -875,7 +875,7 @@ pub(crate) struct SetWeightRow {
 /// null). No row: no such group; otherwise the group's count (a bucket at or above it was out
 /// of range: nothing written) and whether anything changed.
 pub(crate) const QUARANTINE: &str =
-    "SELECT q.shard_count, q.changed FROM lease.quarantine($1, $2, $3, $4) AS q";
+    "SELECT q.shard_count, q.changed FROM lease.quarantine($1, $2, $3, $4, $5) AS q";
 
 /// Row of [`QUARANTINE`].
 #[derive(QueryableByName, Debug)]

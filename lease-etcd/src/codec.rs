@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::DateTime;
 use lease_core::{
     Bucket, Change, EndReason, FencingToken, Generation, GroupName, Incarnation, MemberMetadata,
-    MemberMode, NodeId, SessionId, ShardCount, Tenure, TenureEnd, Tenures, Timestamp,
+    MemberMode, NodeId, QuarantineReason, SessionId, ShardCount, Tenure, TenureEnd, Tenures,
+    Timestamp,
 };
 use lease_rules::{BucketRow, GroupState, MemberRow, NodeRow};
 use serde::{Deserialize, Serialize};
@@ -136,6 +137,10 @@ struct GroupDoc {
     m: Vec<MemberDoc>,
     c: Vec<(Uuid, u32, String)>,
     q: Vec<(u32, i64)>,
+    /// Q5: the reasons of the quarantines that have one (absent in documents written before
+    /// reasons were kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    qr: Vec<(u32, String)>,
     /// The changes the write that stored this document sent (W1): what watchers deliver.
     ch: Vec<String>,
 }
@@ -178,6 +183,11 @@ pub fn encode_group(g: &GroupState, changes: &[Change]) -> Vec<u8> {
             .iter()
             .map(|(b, t)| (b.0, micros(*t)))
             .collect(),
+        qr: g
+            .quarantine_reasons
+            .iter()
+            .map(|(b, r)| (b.0, r.as_str().to_owned()))
+            .collect(),
         ch: changes.iter().filter_map(encode_change).collect(),
     };
     serde_json::to_vec(&doc).unwrap_or_default()
@@ -213,6 +223,14 @@ pub fn decode_group(bytes: &[u8]) -> Result<GroupHead, DecodeError> {
         .into_iter()
         .map(|(b, t)| Ok((Bucket(b), time(t)?)))
         .collect::<Result<BTreeMap<_, _>, DecodeError>>()?;
+    let quarantine_reasons = doc
+        .qr
+        .into_iter()
+        .map(|(b, r)| {
+            let reason = QuarantineReason::new(r).map_err(|e| bad("a quarantine's reason", e))?;
+            Ok((Bucket(b), reason))
+        })
+        .collect::<Result<BTreeMap<_, _>, DecodeError>>()?;
     let count = shards(doc.n)?;
     let previous = doc.prev.map(shards).transpose()?;
     let old_len = match (doc.old, previous) {
@@ -236,6 +254,15 @@ pub fn decode_group(bytes: &[u8]) -> Result<GroupHead, DecodeError> {
             "a bucket out of its generation's range",
         ));
     }
+    if quarantine_reasons
+        .keys()
+        .any(|b| !quarantines.contains_key(b))
+    {
+        return Err(bad(
+            "a group document",
+            "a quarantine's reason with no quarantine",
+        ));
+    }
     Ok(GroupHead {
         state: GroupState {
             shards: count,
@@ -247,6 +274,7 @@ pub fn decode_group(bytes: &[u8]) -> Result<GroupHead, DecodeError> {
             version: doc.ver,
             controls,
             quarantines,
+            quarantine_reasons,
         },
         old: doc.old,
         changes: doc.ch.iter().filter_map(|c| decode_change(c)).collect(),
@@ -408,6 +436,11 @@ mod tests {
             version: 9,
             controls: [(w, (3, MemberMode::Cordoned))].into(),
             quarantines: [(Bucket(3), at(60))].into(),
+            quarantine_reasons: [(
+                Bucket(3),
+                QuarantineReason::new("exit code 3").expect("a reason"),
+            )]
+            .into(),
         }
     }
 

@@ -57,9 +57,9 @@ use futures_util::StreamExt;
 use lease_core::{
     AdminStore, BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName,
     GroupSnapshot, GroupStamp, Heartbeat, Incarnation, Lease, MemberControl, MemberMetadata,
-    NodeId, NodesSnapshot, Operation, QuarantineFor, ResizeOutcome, SessionBound, SessionId,
-    ShardCount, StoreError, SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerStore,
-    store_precision,
+    NodeId, NodesSnapshot, Operation, QuarantineFor, QuarantineReason, ResizeOutcome, SessionBound,
+    SessionId, ShardCount, StoreError, SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight,
+    WorkerStore, store_precision,
 };
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
@@ -311,14 +311,15 @@ impl AdminStore for MemoryLeaseStore {
         self.run(Operation::Control, |s, _| s.control(group, node, control))
     }
 
-    async fn quarantine(
+    async fn quarantine_with_reason(
         &self,
         group: &GroupName,
         bucket: Bucket,
         duration: Option<QuarantineFor>,
+        reason: Option<QuarantineReason>,
     ) -> Result<(), StoreError> {
         self.run(Operation::Quarantine, |s, now| {
-            s.quarantine(now, group, bucket, duration)
+            s.quarantine(now, group, bucket, duration, reason)
         })
     }
 

@@ -4,7 +4,9 @@ use lease_core::{
     Bucket, BucketInfo, Change, GroupName, GroupSnapshot, MemberInfo, NodeId, NodeInfo,
     NodesSnapshot, ShardCount, StoreError, Timestamp, store_precision,
 };
-use lease_core::{MemberControl, QuarantineFor, SessionId, Tenure, Tenures, Weight};
+use lease_core::{
+    MemberControl, QuarantineFor, QuarantineReason, SessionId, Tenure, Tenures, Weight,
+};
 use lease_core::{ResizeOutcome, resize};
 
 use crate::rows::*;
@@ -53,6 +55,7 @@ impl State {
             .enumerate()
             .map(|(i, row)| BucketInfo {
                 quarantined_until: None,
+                quarantine_reason: None,
                 ..g.bucket_info(nodes, i, row, now)
             })
             .collect();
@@ -138,6 +141,7 @@ impl State {
             .collect();
         // Q4: bucket numbers change meaning.
         g.quarantines.clear();
+        g.quarantine_reasons.clear();
         g.old = std::mem::replace(&mut g.buckets, buckets);
         // T4: the new generation starts with no history.
         for row in &mut g.old {
@@ -204,13 +208,15 @@ impl State {
         self.control(group, node, MemberControl::Weight(weight))
     }
 
-    /// [`AdminStore::quarantine`](lease_core::AdminStore::quarantine) at the store's time `now`.
+    /// [`AdminStore::quarantine_with_reason`](lease_core::AdminStore::quarantine_with_reason)
+    /// at the store's time `now`.
     pub fn quarantine(
         &mut self,
         now: Timestamp,
         group: &GroupName,
         bucket: Bucket,
         duration: Option<QuarantineFor>,
+        reason: Option<QuarantineReason>,
     ) -> Result<(), StoreError> {
         let state = self;
         let g = state.group_mut(group)?;
@@ -231,11 +237,19 @@ impl State {
             Some(d) => {
                 g.quarantines
                     .insert(bucket, store_precision(now + d.as_chrono()));
+                // Q5: the new quarantine's reason, or none.
+                match reason {
+                    Some(reason) => g.quarantine_reasons.insert(bucket, reason),
+                    None => g.quarantine_reasons.remove(&bucket),
+                };
             }
             None => {
                 g.quarantines.remove(&bucket);
             }
         }
+        let quarantines = &g.quarantines;
+        g.quarantine_reasons
+            .retain(|b, _| quarantines.contains_key(b));
         g.bump();
         state.notify(group, Change::Controlled);
         Ok(())

@@ -106,6 +106,9 @@ impl GroupState {
             expires_at: session.map(|n| n.expires_at),
             state,
             quarantined_until: self.quarantined(Bucket(i as u32), now),
+            quarantine_reason: self
+                .quarantined(Bucket(i as u32), now)
+                .and_then(|_| self.quarantine_reasons.get(&Bucket(i as u32)).cloned()),
         }
     }
 

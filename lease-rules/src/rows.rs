@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use lease_core::Generation;
 use lease_core::Tenures;
 use lease_core::{
-    Bucket, Change, GroupName, Incarnation, MemberMetadata, MemberMode, NodeId, SessionId,
-    ShardCount, StoreError, Timestamp,
+    Bucket, Change, GroupName, Incarnation, MemberMetadata, MemberMode, NodeId, QuarantineReason,
+    SessionId, ShardCount, StoreError, Timestamp,
 };
 
 use crate::history::History;
@@ -98,6 +98,8 @@ pub struct GroupState {
     /// Q1: buckets of the current generation under quarantine, and when it ends (past ends
     /// are ignored, and dropped by the next quarantine call).
     pub quarantines: BTreeMap<Bucket, Timestamp>,
+    /// Q5: the reasons of the quarantines that have one (only of buckets in `quarantines`).
+    pub quarantine_reasons: BTreeMap<Bucket, QuarantineReason>,
 }
 
 /// Whether `node`'s session is `session` and live.

@@ -43,6 +43,7 @@ impl State {
                         version: 0,
                         controls: BTreeMap::new(),
                         quarantines: BTreeMap::new(),
+                        quarantine_reasons: BTreeMap::new(),
                     },
                 );
                 Ok(())

@@ -14,7 +14,7 @@ use lease_core::{
 };
 use lease_core::{Clock, ManualClock, Timestamp, Ttl, store_precision};
 use lease_core::{GroupSnapshot, GroupStamp, Heartbeat, Lease, NodesSnapshot};
-use lease_core::{MemberControl, QuarantineFor, SessionBound, Tenure};
+use lease_core::{MemberControl, QuarantineFor, QuarantineReason, SessionBound, Tenure};
 
 /// A [`Clock`] that reads tokio's clock, so a store's expiry follows `tokio::time::pause` and
 /// `advance` in tests. Starts at the same instant as [`ManualClock::new`].
@@ -280,6 +280,19 @@ impl<S: AdminStore> AdminStore for FaultyStore<S> {
     ) -> Result<(), StoreError> {
         self.gate(Operation::Control).await?;
         self.inner.control(group, node, control).await
+    }
+
+    async fn quarantine_with_reason(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        duration: Option<QuarantineFor>,
+        reason: Option<QuarantineReason>,
+    ) -> Result<(), StoreError> {
+        self.gate(Operation::Quarantine).await?;
+        self.inner
+            .quarantine_with_reason(group, bucket, duration, reason)
+            .await
     }
 
     async fn quarantine(

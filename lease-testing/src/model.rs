@@ -24,7 +24,9 @@ use lease_core::{
     BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo,
     MemberLoad, MemberMode, NodeInfo, NodesSnapshot, ViewStamp,
 };
-use lease_core::{EndReason, MemberControl, QuarantineFor, Tenure, Tenures, Weight};
+use lease_core::{
+    EndReason, MemberControl, QuarantineFor, QuarantineReason, Tenure, Tenures, Weight,
+};
 use lease_core::{Generation, ResizeOutcome};
 use lease_core::{Timestamp, Ttl, store_precision};
 
@@ -36,6 +38,8 @@ struct ModelBucket {
     last_node: Option<NodeId>,
     /// Q1: when its quarantine ends.
     quarantine: Option<Timestamp>,
+    /// Q5: the reason that quarantine was set with.
+    quarantine_reason: Option<QuarantineReason>,
     /// T1-T3: its last tenures.
     tenures: Tenures,
 }
@@ -201,6 +205,7 @@ impl ModelGroup {
             expires_at,
             state,
             quarantined_until: b.quarantined(now),
+            quarantine_reason: b.quarantined(now).and_then(|_| b.quarantine_reason.clone()),
         }
     }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use lease::store::{
     GroupSnapshot, MAX_WEIGHT, MemberControl, MemberMode, NodesSnapshot, QuarantineFor,
+    QuarantineReason,
 };
 use lease::{Bucket, GroupName, NodeId, Weight};
 
@@ -85,6 +86,15 @@ pub struct QuarantineArgs {
     /// How long, e.g. `5m` (at most a year).
     #[arg(long = "for", value_name = "DURATION", value_parser = parse_quarantine)]
     duration: QuarantineFor,
+    /// Why, kept with the quarantine and shown by `status` and `status --why` (1 to 1000
+    /// characters).
+    #[arg(long, value_parser = parse_reason)]
+    reason: Option<QuarantineReason>,
+}
+
+/// A `--reason` value.
+fn parse_reason(text: &str) -> Result<QuarantineReason, String> {
+    QuarantineReason::new(text).map_err(|e| e.to_string())
 }
 
 /// A `--weight` value: a whole number from 0 to [`MAX_WEIGHT`]. A number outside that range
@@ -281,12 +291,16 @@ pub async fn weight(args: WeightArgs) -> Result<(), Failure> {
     output::line(&done).map_err(|e| e.failure_after(&done))
 }
 
-async fn set_quarantine(args: &BucketArgs, duration: Option<QuarantineFor>) -> Result<(), Failure> {
+async fn set_quarantine(
+    args: &BucketArgs,
+    duration: Option<QuarantineFor>,
+    reason: Option<QuarantineReason>,
+) -> Result<(), Failure> {
     let group = group_arg(&args.group)?;
     let store = args.db.open().await?;
     let bucket = Bucket(args.bucket);
     store
-        .quarantine(&group, bucket, duration)
+        .quarantine_with_reason(&group, bucket, duration, reason)
         .await
         .map_err(store_failure)?;
     let snap = store.snapshot(&group).await.map_err(store_failure)?;
@@ -323,12 +337,12 @@ async fn set_quarantine(args: &BucketArgs, duration: Option<QuarantineFor>) -> R
 
 /// `leasectl quarantine`.
 pub async fn quarantine(args: QuarantineArgs) -> Result<(), Failure> {
-    set_quarantine(&args.bucket, Some(args.duration)).await
+    set_quarantine(&args.bucket, Some(args.duration), args.reason).await
 }
 
 /// `leasectl unquarantine`.
 pub async fn unquarantine(args: BucketArgs) -> Result<(), Failure> {
-    set_quarantine(&args, None).await
+    set_quarantine(&args, None, None).await
 }
 
 #[cfg(test)]

@@ -206,6 +206,7 @@ fn bucket_json(b: &BucketInfo) -> Value {
         "expires_at": b.expires_at.map(rfc3339),
         "state": b.state.as_str(),
         "quarantined_until": b.quarantined_until.map(rfc3339),
+        "quarantine_reason": b.quarantine_reason.as_ref().map(|r| r.as_str()),
     })
 }
 
@@ -339,7 +340,14 @@ fn draining_lines(snap: &GroupSnapshot) -> Vec<String> {
 
 fn bucket_row(snap: &GroupSnapshot, b: &BucketInfo) -> String {
     let quarantine = b.quarantined_until.map_or_else(String::new, |until| {
-        format!(", quarantined for {}", left(snap.observed_at, Some(until)))
+        let reason = b
+            .quarantine_reason
+            .as_ref()
+            .map_or_else(String::new, |r| format!(": {}", shortened(r.as_str())));
+        format!(
+            ", quarantined for {}{reason}",
+            left(snap.observed_at, Some(until))
+        )
     });
     format!(
         "{:>6}  {:<36}  {:>6}  {:>10}  {}{quarantine}",
@@ -350,6 +358,21 @@ fn bucket_row(snap: &GroupSnapshot, b: &BucketInfo) -> String {
         b.state.as_str()
     )
 }
+
+/// A quarantine's reason as a table row shows it: its first line, at most
+/// [`REASON_SHOWN`] characters (`status --why` and `--json` give all of it).
+fn shortened(reason: &str) -> String {
+    let line = reason.lines().next().unwrap_or_default();
+    if line.chars().count() <= REASON_SHOWN && line.len() == reason.len() {
+        return line.to_owned();
+    }
+    let mut short: String = line.chars().take(REASON_SHOWN).collect();
+    short.push('…');
+    short
+}
+
+/// How many characters of a quarantine's reason a table row shows.
+const REASON_SHOWN: usize = 80;
 
 fn status_table(snap: &GroupSnapshot) -> String {
     let mut lines = vec![

@@ -50,9 +50,15 @@ pub fn explain(snap: &GroupSnapshot, bucket: Bucket, history: &[Tenure]) -> Opti
     if let Some(until) = info.quarantined_until {
         out.push(format!(
             "It is under quarantine until {} (in {}): nobody may claim it before then, unless \
-             `leasectl unquarantine` lifts it.",
+             `leasectl unquarantine` lifts it.{}",
             rfc3339(until),
-            span(until - at)
+            span(until - at),
+            info.quarantine_reason
+                .as_ref()
+                .map_or_else(String::new, |r| format!(
+                    " The quarantine's reason: {:?}.",
+                    r.as_str()
+                ))
         ));
     }
     let next = next(snap, info, history);
@@ -75,6 +81,9 @@ pub fn json(snap: &GroupSnapshot, bucket: Bucket, history: &[Tenure], why: &Why)
         "token": info.map(|b| b.token.get()),
         "since": current(info, history).map(|t| rfc3339(t.began_at)),
         "quarantined_until": info.and_then(|b| b.quarantined_until).map(rfc3339),
+        "quarantine_reason": info
+            .and_then(|b| b.quarantine_reason.as_ref())
+            .map(|r| r.as_str()),
         "history": history.iter().map(|t| json!({
             "owner": t.owner.to_string(),
             "token": t.token.get(),

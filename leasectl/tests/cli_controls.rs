@@ -42,6 +42,20 @@ fn bad_control_values_exit_2_and_name_the_flag() {
             ],
             "--for",
         ),
+        (
+            &[
+                "quarantine",
+                "--group",
+                "g",
+                "--bucket",
+                "0",
+                "--for",
+                "5m",
+                "--reason",
+                "",
+            ],
+            "--reason",
+        ),
         (&["worker", "--group", "g:4", "--weight", "x"], "--weight"),
     ];
     for (args, said) in cases {
@@ -145,6 +159,8 @@ async fn controls_steer_live_workers_from_another_process() {
         "0",
         "--for",
         "5m",
+        "--reason",
+        "a poison message at offset 42",
     ]);
     assert!(said.contains("revokes it (reason quarantined)"), "{said}");
     wait_for("bucket 0 revoked", limit, || {
@@ -157,6 +173,10 @@ async fn controls_steer_live_workers_from_another_process() {
     });
     let status = ok(&["status", "--group", "orders"]);
     assert!(status.contains("unowned, quarantined for "), "{status}");
+    assert!(
+        status.contains(": a poison message at offset 42"),
+        "{status}"
+    );
     // The paragraph is wrapped: compare it unwrapped.
     let why = |bucket: &str| -> String {
         ok(&["status", "--group", "orders", "--why", bucket])
@@ -169,6 +189,7 @@ async fn controls_steer_live_workers_from_another_process() {
         "Bucket 0 of orders is unowned.",
         "released because it was under quarantine",
         "It is under quarantine until",
+        "The quarantine's reason: \"a poison message at offset 42\".",
         "Next: nobody claims it before",
     ] {
         assert!(said.contains(part), "{part:?} not in: {said}");

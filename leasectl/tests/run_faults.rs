@@ -205,12 +205,29 @@ async fn a_crash_looping_bucket_is_quarantined_and_the_others_run_on() {
     }
     assert_eq!(a.held(), vec![0, 1, 3]);
     // The store has it: status shows the quarantine.
+    // The store has it, with its reason: status and status --why show both.
     let (code, status, _) = support::run(&["status", "--group", "c"], Some(&db.url));
     assert_eq!(code, 0, "{status}");
-    assert!(status.contains("quarantined"), "{status}");
+    assert!(
+        status.contains("quarantined for") && status.contains("its child crashed 3 times"),
+        "{status}"
+    );
     let (code, why, _) = support::run(&["status", "--group", "c", "--why", "2"], Some(&db.url));
     assert_eq!(code, 0, "{why}");
-    assert!(why.contains("quarantine"), "{why}");
+    // The paragraph is wrapped: compare with its lines joined.
+    let joined = why.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        joined.contains("under quarantine")
+            && joined.contains("The quarantine's reason: \"its child crashed 3 times"),
+        "{why}"
+    );
+    let (code, why_json, _) = support::run(
+        &["status", "--group", "c", "--why", "2", "--json"],
+        Some(&db.url),
+    );
+    assert_eq!(code, 0, "{why_json}");
+    let why_json: serde_json::Value = serde_json::from_str(&why_json).expect("JSON");
+    assert_eq!(why_json["quarantine_reason"], reason, "{why_json}");
     eprintln!("{status}\n{why}");
 }
 

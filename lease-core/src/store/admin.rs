@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::control::{MemberControl, QuarantineFor};
+use crate::control::{MemberControl, QuarantineFor, QuarantineReason};
 use crate::error::StoreError;
 use crate::history::Tenure;
 use crate::ids::{Bucket, GroupName, NodeId, ShardCount};
@@ -86,12 +86,30 @@ pub trait AdminStore: Send + Sync {
     ///   [`StoreError::BucketOutOfRange`], an unknown group with
     ///   [`StoreError::GroupNotFound`]; each writes nothing. A resize lifts every quarantine
     ///   of the group (bucket numbers change meaning).
+    /// - **Q5** A quarantine keeps the reason it was set with while it runs: a snapshot shows
+    ///   it with its end ([`BucketInfo::quarantine_reason`](crate::BucketInfo)); a quarantine
+    ///   that replaces it replaces its reason too (with none when given none), and it goes
+    ///   with the quarantine (lifted, ended, or lifted by a resize).
+    async fn quarantine_with_reason(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        duration: Option<QuarantineFor>,
+        reason: Option<QuarantineReason>,
+    ) -> Result<(), StoreError>;
+
+    /// [`quarantine_with_reason`](Self::quarantine_with_reason) with no reason: put `bucket`
+    /// of `group` under quarantine for `duration` (from the store's time now), or lift its
+    /// quarantine (`None`).
     async fn quarantine(
         &self,
         group: &GroupName,
         bucket: Bucket,
         duration: Option<QuarantineFor>,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        self.quarantine_with_reason(group, bucket, duration, None)
+            .await
+    }
 
     /// The last tenures of `bucket` of `group`'s current generation, oldest first: which node
     /// held it, from when, with which token, and how each holding ended. What `leasectl status
@@ -189,6 +207,18 @@ impl<S: AdminStore + ?Sized> AdminStore for Arc<S> {
         control: MemberControl,
     ) -> Result<(), StoreError> {
         (**self).control(group, node, control).await
+    }
+
+    async fn quarantine_with_reason(
+        &self,
+        group: &GroupName,
+        bucket: Bucket,
+        duration: Option<QuarantineFor>,
+        reason: Option<QuarantineReason>,
+    ) -> Result<(), StoreError> {
+        (**self)
+            .quarantine_with_reason(group, bucket, duration, reason)
+            .await
     }
 
     async fn quarantine(

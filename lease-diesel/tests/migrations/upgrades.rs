@@ -22,6 +22,16 @@ use crate::support::process;
 /// where the previous release left the schema.
 const DOWNS: &[(&str, &str)] = &[
     (
+        "20261210000012",
+        include_str!("../../../migrations/2026-12-10-000012_quarantine_reasons/down.sql"),
+    ),
+    (
+        "20261209000011",
+        include_str!(
+            "../../../migrations/2026-12-09-000011_sessions_kept_across_failovers/down.sql"
+        ),
+    ),
+    (
         "20261208000010",
         include_str!("../../../migrations/2026-12-08-000010_draining_counts/down.sql"),
     ),
@@ -42,6 +52,19 @@ const DOWNS: &[(&str, &str)] = &[
 /// The objects each of [`DOWNS`]' migrations added, as the privilege list names them: the
 /// previous release's grants are today's without them.
 const ADDED: &[(&str, &[&str])] = &[
+    (
+        "20261210000012",
+        &["lease.quarantine(text, bigint, interval, timestamptz, text)"],
+    ),
+    (
+        "20261209000011",
+        &[
+            "lease.wal_offset(",
+            "lease.revivable(",
+            "lease.record_timeline(",
+            "timestamptz[], uuid, bigint, bigint)",
+        ],
+    ),
     ("20261208000010", &[]),
     ("20261207000009", &["lease.tenures", "lease.mode_of("]),
     (
@@ -70,6 +93,21 @@ const ADDED: &[(&str, &[&str])] = &[
 
 /// Undo the engine's migrations from the newest down to `version` included, each with its
 /// `down.sql`, and forget their versions: the schema of the release before `version`.
+/// Undo only the migration `version` with its `down.sql`, and forget its version: for a test
+/// whose statements need the later migrations' objects (`down.sql` files of later migrations
+/// do not depend on it).
+async fn undo_only(admin: &mut AsyncPgConnection, version: &str) {
+    let Some((v, down)) = DOWNS.iter().find(|(v, _)| *v == version) else {
+        panic!("no down.sql for {version}");
+    };
+    exec(admin, down).await;
+    exec(
+        admin,
+        &format!("DELETE FROM lease.engine_migrations WHERE version = '{v}'"),
+    )
+    .await;
+}
+
 async fn undo_through(admin: &mut AsyncPgConnection, version: &str) {
     for (v, down) in DOWNS {
         exec(admin, down).await;
@@ -218,8 +256,14 @@ async fn migration_8_keeps_the_rows_and_the_roles_of_the_previous_release() {
 
     assert_eq!(
         owner.migrate().await.expect("migrate"),
-        ["20261206000008", "20261207000009", "20261208000010"],
-        "only migrations 8, 9 and 10 (undone with it) were missing"
+        [
+            "20261206000008",
+            "20261207000009",
+            "20261208000010",
+            "20261209000011",
+            "20261210000012"
+        ],
+        "only migrations 8 to 12 (undone with it) were missing"
     );
     // From here the roles hold only what they were granted, by the previous release's grants
     // and by the migration (Postgres lets PUBLIC execute every new function by default).
@@ -436,8 +480,13 @@ async fn migration_9_gives_owned_buckets_their_tenure_and_keeps_the_roles() {
 
     assert_eq!(
         owner.migrate().await.expect("migrate"),
-        ["20261207000009", "20261208000010"],
-        "only migrations 9 and 10 (undone with it) were missing"
+        [
+            "20261207000009",
+            "20261208000010",
+            "20261209000011",
+            "20261210000012"
+        ],
+        "only migrations 9 to 12 (undone with it) were missing"
     );
     exec(&mut admin, REVOKE_PUBLIC_DEFAULTS).await;
     let monitor = store(&url_as(&db.url, &monitor_role));
@@ -639,7 +688,8 @@ async fn migration_10_counts_the_old_buckets_of_a_drain_in_progress() {
         some
     );
 
-    undo_through(&mut admin, "20261208000010").await;
+    // Only migration 10: the heartbeat of this release (migration 11's) stays to be called.
+    undo_only(&mut admin, "20261208000010").await;
     assert!(
         flag(
             &mut admin,

@@ -52,15 +52,29 @@ async fn a_claim_never_takes_a_bucket_quarantined_after_its_snapshot() {
     // Meanwhile bucket 1 goes under quarantine (committed), and bucket 2's quarantine is in
     // flight when the claim walks.
     assert!(
-        ops::quarantine(&mut operator, None, &group, Bucket(1), quarantine_for(60))
-            .await
-            .expect("quarantine bucket 1")
+        ops::quarantine(
+            &mut operator,
+            None,
+            &group,
+            Bucket(1),
+            quarantine_for(60),
+            None
+        )
+        .await
+        .expect("quarantine bucket 1")
     );
     exec(&mut operator, "BEGIN").await;
     assert!(
-        ops::quarantine(&mut operator, None, &group, Bucket(2), quarantine_for(60))
-            .await
-            .expect("quarantine bucket 2")
+        ops::quarantine(
+            &mut operator,
+            None,
+            &group,
+            Bucket(2),
+            quarantine_for(60),
+            None
+        )
+        .await
+        .expect("quarantine bucket 2")
     );
     exec(&mut gate, "COMMIT").await;
     // The claim walks past bucket 2 and then waits for the group's change counter, which the
@@ -295,9 +309,16 @@ async fn a_quarantine_racing_a_resize_lands_in_one_generation() {
 
     // A quarantine in flight; the resize waits for it, then lifts it.
     exec(&mut operator, "BEGIN").await;
-    ops::quarantine(&mut operator, None, &group, Bucket(1), quarantine_for(60))
-        .await
-        .expect("quarantine");
+    ops::quarantine(
+        &mut operator,
+        None,
+        &group,
+        Bucket(1),
+        quarantine_for(60),
+        None,
+    )
+    .await
+    .expect("quarantine");
     let resize = {
         let group = group.clone();
         blocked(&mut admin, resizer_pid, async move {
@@ -345,8 +366,15 @@ async fn a_quarantine_racing_a_resize_lands_in_one_generation() {
     let quarantine = {
         let group = group.clone();
         blocked(&mut admin, operator_pid, async move {
-            let result =
-                ops::quarantine(&mut operator, None, &group, Bucket(2), quarantine_for(60)).await;
+            let result = ops::quarantine(
+                &mut operator,
+                None,
+                &group,
+                Bucket(2),
+                quarantine_for(60),
+                None,
+            )
+            .await;
             (result, operator)
         })
         .await
@@ -393,7 +421,15 @@ async fn a_quarantine_racing_a_resize_lands_in_one_generation() {
     let quarantine = {
         let group = group.clone();
         blocked(&mut admin, operator_pid, async move {
-            ops::quarantine(&mut operator, None, &group, Bucket(12), quarantine_for(60)).await
+            ops::quarantine(
+                &mut operator,
+                None,
+                &group,
+                Bucket(12),
+                quarantine_for(60),
+                None,
+            )
+            .await
         })
         .await
     };

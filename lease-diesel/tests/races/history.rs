@@ -292,7 +292,7 @@ async fn a_release_ends_as_quarantined_a_bucket_quarantined_after_its_snapshot()
         .await
     };
     assert!(
-        ops::quarantine(&mut admin, None, &group, held[1], quarantine_for(60))
+        ops::quarantine(&mut admin, None, &group, held[1], quarantine_for(60), None)
             .await
             .expect("quarantine")
     );

@@ -263,7 +263,8 @@ async fn a_quarantine_that_ended_and_was_lifted_is_never_answered_unchanged() {
             None,
             &group,
             Bucket(1),
-            Some(lease_core::QuarantineFor::new(Duration::from_millis(500)).expect("duration"))
+            Some(lease_core::QuarantineFor::new(Duration::from_millis(500)).expect("duration")),
+            None,
         )
         .await
         .expect("quarantine")
@@ -279,7 +280,7 @@ async fn a_quarantine_that_ended_and_was_lifted_is_never_answered_unchanged() {
         .expect("bucket 1's quarantine");
     wait_server_past(&mut admin, end).await;
     assert!(
-        !ops::quarantine(&mut admin, None, &group, Bucket(1), None)
+        !ops::quarantine(&mut admin, None, &group, Bucket(1), None, None)
             .await
             .expect("lift"),
         "lifting a quarantine that ended wrote"

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use async_trait::async_trait;
 use lease_core::{
     AdminStore, Bucket, GroupName, GroupSnapshot, MemberControl, NodeId, NodesSnapshot, Operation,
-    QuarantineFor, ResizeOutcome, ShardCount, StoreError, Tenure,
+    QuarantineFor, QuarantineReason, ResizeOutcome, ShardCount, StoreError, Tenure,
 };
 
 use super::{EtcdLeaseStore, MAX_SHARDS, Scope, too_large};
@@ -90,17 +90,18 @@ impl AdminStore for EtcdLeaseStore {
         .await
     }
 
-    async fn quarantine(
+    async fn quarantine_with_reason(
         &self,
         group: &GroupName,
         bucket: Bucket,
         duration: Option<QuarantineFor>,
+        reason: Option<QuarantineReason>,
     ) -> Result<(), StoreError> {
         self.run(
             Operation::Quarantine,
             Scope::Group(group),
             true,
-            |s, now| s.quarantine(now, group, bucket, duration),
+            |s, now| s.quarantine(now, group, bucket, duration, reason.clone()),
         )
         .await
     }

@@ -1,7 +1,7 @@
 //! Conformance cases of the operators' controls: weights and modes (K1-K3, C11), quarantine
-//! (Q1-Q4, C10) and sticky claims (C9).
+//! (Q1-Q5, C10) and sticky claims (C9).
 
-use lease_core::{Bucket, MemberControl, MemberMode, QuarantineFor, Weight};
+use lease_core::{Bucket, MemberControl, MemberMode, QuarantineFor, QuarantineReason, Weight};
 use lease_core::{BucketState, Clock, ErrorKind, LeaseStore, ManualClock, NodeId};
 
 use super::{
@@ -268,6 +268,76 @@ pub async fn quarantine_is_checked_and_lifted_by_resizes<S: LeaseStore>(
         snap.buckets
     );
     assert_eq!(beat(&store, &g, a).await.view.quarantined, 0);
+}
+
+/// Q5: a quarantine keeps its reason while it runs; a replacement replaces it (with none
+/// when given none); a lift, its end and a resize take it away.
+pub async fn a_quarantine_keeps_its_reason_while_it_runs<S: LeaseStore>(
+    store: S,
+    clock: ManualClock,
+) {
+    let g = setup(&store, "orders", 4).await;
+    let [a] = workers(1)[..] else { unreachable!() };
+    beat(&store, &g, a).await;
+    let reason = |text: &str| Some(QuarantineReason::new(text).expect("a valid reason"));
+    let shown = |snap: &lease_core::GroupSnapshot, b: usize| {
+        snap.buckets[b]
+            .quarantine_reason
+            .as_ref()
+            .map(|r| r.as_str().to_owned())
+    };
+    store
+        .quarantine_with_reason(&g, Bucket(1), quarantine_for(60), reason("exit code 3"))
+        .await
+        .expect("quarantine");
+    store
+        .quarantine_with_reason(&g, Bucket(2), quarantine_for(5), reason("poison"))
+        .await
+        .expect("quarantine");
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert_eq!(shown(&snap, 1).as_deref(), Some("exit code 3"));
+    assert_eq!(shown(&snap, 2).as_deref(), Some("poison"));
+    assert_eq!(shown(&snap, 0), None, "a bucket never quarantined");
+    // A replacement with another reason, then with none.
+    store
+        .quarantine_with_reason(&g, Bucket(1), quarantine_for(60), reason("by hand"))
+        .await
+        .expect("quarantine");
+    assert_eq!(
+        shown(&store.snapshot(&g).await.expect("snapshot"), 1).as_deref(),
+        Some("by hand")
+    );
+    store
+        .quarantine(&g, Bucket(1), quarantine_for(60))
+        .await
+        .expect("quarantine");
+    assert_eq!(shown(&store.snapshot(&g).await.expect("snapshot"), 1), None);
+    // Its end takes it away; a new quarantine without a reason does not bring it back.
+    clock.advance(secs(6));
+    assert_eq!(shown(&store.snapshot(&g).await.expect("snapshot"), 2), None);
+    store
+        .quarantine(&g, Bucket(2), quarantine_for(60))
+        .await
+        .expect("quarantine");
+    assert_eq!(shown(&store.snapshot(&g).await.expect("snapshot"), 2), None);
+    // A lift, then a resize.
+    store
+        .quarantine_with_reason(&g, Bucket(3), quarantine_for(60), reason("lifted"))
+        .await
+        .expect("quarantine");
+    store.quarantine(&g, Bucket(3), None).await.expect("lift");
+    assert_eq!(shown(&store.snapshot(&g).await.expect("snapshot"), 3), None);
+    store
+        .quarantine_with_reason(&g, Bucket(0), quarantine_for(60), reason("resized"))
+        .await
+        .expect("quarantine");
+    resize(&store, &g, 4, 8).await;
+    let snap = store.snapshot(&g).await.expect("snapshot");
+    assert!(
+        snap.buckets.iter().all(|b| b.quarantine_reason.is_none()),
+        "a reason survived the resize: {:?}",
+        snap.buckets
+    );
 }
 
 /// C9: a claim takes the buckets its node last held first, ahead of lower ones in its claim

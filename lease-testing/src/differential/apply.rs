@@ -267,9 +267,15 @@ pub async fn apply_to_store(
             group: g,
             bucket,
             ms,
+            reason,
         } => outcome(
             store
-                .quarantine(&group(g), Bucket(bucket), Op::quarantine_for(ms))
+                .quarantine_with_reason(
+                    &group(g),
+                    Bucket(bucket),
+                    Op::quarantine_for(ms),
+                    Op::quarantine_reason(bucket, ms, reason),
+                )
                 .await,
             |()| Outcome::Done,
         ),

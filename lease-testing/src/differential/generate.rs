@@ -112,8 +112,9 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
               prop::sample::select(vec![MemberMode::Active, MemberMode::Cordoned, MemberMode::Draining]))
             .prop_map(|((group, worker), weight, mode)| Op::Control { group, worker, weight, mode }),
         2 => (g.clone().prop_flat_map(move |group| (Just(group), bucket_in(group))),
-              prop_oneof![3 => prop::sample::select(vec![500u64, 3_000]).prop_map(Some), 1 => Just(None)])
-            .prop_map(|((group, bucket), ms)| Op::Quarantine { group, bucket, ms }),
+              prop_oneof![3 => prop::sample::select(vec![500u64, 3_000]).prop_map(Some), 1 => Just(None)],
+              any::<bool>())
+            .prop_map(|((group, bucket), ms, reason)| Op::Quarantine { group, bucket, ms, reason }),
         2 => g.clone().prop_flat_map(move |group| (Just(group), bucket_in(group)))
             .prop_map(|(group, bucket)| Op::History { group, bucket }),
         1 => (w.clone(), process(), prop::sample::select(vec![1_000u64, 3_000]))

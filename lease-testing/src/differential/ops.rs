@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lease_core::{MemberControl, MemberMode, QuarantineFor, Takeover, Weight};
+use lease_core::{MemberControl, MemberMode, QuarantineFor, QuarantineReason, Takeover, Weight};
 
 /// One operation of a sequence. `process` picks which process of the node id acts; joins,
 /// claims, releases and leaves name the session that process last got from a heartbeat (a
@@ -136,7 +136,8 @@ pub enum Op {
         /// How long the session is kept, in milliseconds.
         keep_ms: u64,
     },
-    /// `quarantine(group, bucket, duration)`: for `ms` milliseconds, or lift (`None`).
+    /// `quarantine_with_reason(group, bucket, duration, reason)`: for `ms` milliseconds, or
+    /// lift (`None`), with a reason naming the bucket when `reason`.
     Quarantine {
         /// Index into [`GROUPS`](super::GROUPS).
         group: usize,
@@ -144,6 +145,8 @@ pub enum Op {
         bucket: u32,
         /// Milliseconds, `None` to lift.
         ms: Option<u64>,
+        /// Whether it is given a reason (Q5).
+        reason: bool,
     },
     /// `history(group, bucket)`.
     History {
@@ -166,6 +169,17 @@ impl Op {
     /// The duration a [`Op::Quarantine`] sets.
     pub(super) fn quarantine_for(ms: Option<u64>) -> Option<QuarantineFor> {
         ms.and_then(|ms| QuarantineFor::new(Duration::from_millis(ms)).ok())
+    }
+
+    /// The reason a [`Op::Quarantine`] sets: one per bucket and duration, so a replacement
+    /// changes it.
+    pub(super) fn quarantine_reason(
+        bucket: u32,
+        ms: Option<u64>,
+        reason: bool,
+    ) -> Option<QuarantineReason> {
+        let ms = ms.filter(|_| reason)?;
+        QuarantineReason::new(format!("bucket {bucket}, {ms} ms")).ok()
     }
 }
 

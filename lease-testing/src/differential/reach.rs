@@ -230,9 +230,10 @@ impl Reach {
     }
 }
 
-/// The seed of the checked part of a backend's run: among the first 400 seeds, one whose first
-/// 48 sequences reach every risky state at least once (`reach_of_seed`).
-pub const REACH_SEED: u64 = 282;
+/// The seed of the checked part of a backend's run: the first seed whose first 48 sequences
+/// reach every risky state at least once (`reach_of_seed`; chosen again whenever the generator
+/// changes, as when quarantines gained reasons).
+pub const REACH_SEED: u64 = 3;
 
 /// How many sequences the checked part runs.
 pub const REACH_CASES: u32 = 48;

@@ -134,6 +134,7 @@ impl Model {
         // Q4: a resize lifts every quarantine; T4: and clears the history.
         for b in &mut g.old {
             b.quarantine = None;
+            b.quarantine_reason = None;
             b.tenures = Tenures::default();
         }
         g.shards = to;
@@ -202,12 +203,13 @@ impl Model {
             })
     }
 
-    /// See [`AdminStore::quarantine`](lease_core::AdminStore::quarantine).
+    /// See [`AdminStore::quarantine_with_reason`](lease_core::AdminStore::quarantine_with_reason).
     pub fn quarantine(
         &mut self,
         group: &GroupName,
         bucket: Bucket,
         duration: Option<QuarantineFor>,
+        reason: Option<QuarantineReason>,
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let now = store_precision(now);
@@ -221,6 +223,8 @@ impl Model {
             });
         };
         b.quarantine = duration.map(|d| store_precision(now + d.as_chrono()));
+        // Q5: a quarantine's reason is the one it was set with; a lift takes it away.
+        b.quarantine_reason = duration.and(reason);
         Ok(())
     }
 }

@@ -10,8 +10,9 @@ use std::sync::{Mutex, PoisonError};
 use async_trait::async_trait;
 use lease_core::{
     AdminStore, Bucket, FencingToken, GroupName, GroupSnapshot, GroupStamp, Heartbeat, Incarnation,
-    Lease, MemberControl, MemberMetadata, NodeId, NodesSnapshot, QuarantineFor, ResizeOutcome,
-    SessionId, ShardCount, StoreError, Takeover, Tenure, Timestamp, Ttl, Weight, WorkerStore,
+    Lease, MemberControl, MemberMetadata, NodeId, NodesSnapshot, QuarantineFor, QuarantineReason,
+    ResizeOutcome, SessionId, ShardCount, StoreError, Takeover, Tenure, Timestamp, Ttl, Weight,
+    WorkerStore,
 };
 use lease_core::{Clock, ManualClock, SessionBound};
 
@@ -185,13 +186,14 @@ impl AdminStore for ModelStore {
         self.with(|m, _| m.control(group, node, control))
     }
 
-    async fn quarantine(
+    async fn quarantine_with_reason(
         &self,
         group: &GroupName,
         bucket: Bucket,
         duration: Option<QuarantineFor>,
+        reason: Option<QuarantineReason>,
     ) -> Result<(), StoreError> {
-        self.with(|m, now| m.quarantine(group, bucket, duration, now))
+        self.with(|m, now| m.quarantine(group, bucket, duration, reason.clone(), now))
     }
 
     async fn history(&self, group: &GroupName, bucket: Bucket) -> Result<Vec<Tenure>, StoreError> {

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lease::store::{Chain, QuarantineFor};
+use lease::store::{Chain, QuarantineFor, QuarantineReason};
 use lease::{Assignment, BucketLease, GroupName, NodeId, OwnershipHandler, RevokeReason};
 use serde_json::json;
 use tokio::sync::watch;
@@ -214,7 +214,12 @@ impl Group {
         match self
             .shared
             .store
-            .quarantine(&self.group, bucket, Some(duration))
+            .quarantine_with_reason(
+                &self.group,
+                bucket,
+                Some(duration),
+                QuarantineReason::truncated(&reason),
+            )
             .await
         {
             Ok(()) => {
