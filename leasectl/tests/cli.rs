@@ -233,11 +233,13 @@ async fn a_worker_prints_json_serves_metrics_and_stops_on_sigterm() {
                 "token",
                 "expires_at",
                 "state",
-                "quarantined_until"
+                "quarantined_until",
+                "quarantine_reason"
             ]
         );
         assert_eq!(b["state"], "live");
         assert!(b["quarantined_until"].is_null());
+        assert!(b["quarantine_reason"].is_null());
         assert!(b["owner"].is_string() && b["expires_at"].is_string() && b["token"] == 1);
         assert_eq!(
             &b["session"], session,

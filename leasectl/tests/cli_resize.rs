@@ -582,6 +582,7 @@ async fn json_shapes() {
         "expires_at",
         "state",
         "quarantined_until",
+        "quarantine_reason",
     ];
     let draining = s["draining"].as_array().expect("draining");
     assert_eq!(draining.len(), 4);
