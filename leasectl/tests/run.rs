@@ -117,3 +117,48 @@ async fn a_killed_supervisor_takes_its_children_with_it() {
     eprintln!("smallest margin: {margin:?} s");
     assert!(margin.is_some(), "no bucket moved");
 }
+
+/// A resize: the old generation's children are stopped (revoked as resharded) before the new
+/// generation's start, each new child with the old buckets its keys come from in
+/// `LEASE_PARENTS`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_starts_the_new_buckets_children_with_their_parents() {
+    let db = lease_testdb::database().await;
+    let work = Workdir::new("resize");
+    let a = Supervisor::start("a", &db.url, &flags("z:2", &[]), &work, "work");
+    until_working(&a, &work, 2, Duration::from_secs(30), "before the resize");
+    let (code, out, err) = support::run(
+        &[
+            "resize", "--group", "z", "--from", "2", "--to", "4", "--apply",
+        ],
+        Some(&db.url),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let resized = until(Duration::from_secs(30), || {
+        let passed = a.passed();
+        (0..4).all(|b| {
+            passed.iter().any(|l| {
+                l.starts_with(&format!("[z/{b}] working on bucket {b} "))
+                    && l.ends_with(&format!(" after buckets {}", b % 2))
+            })
+        })
+    });
+    assert!(resized.is_some(), "{:?}\n{}", a.passed(), a.dump());
+    let resharded = a
+        .named("revoked")
+        .iter()
+        .filter(|e| e["reason"] == "resharded")
+        .count();
+    assert_eq!(resharded, 2, "{}", a.dump());
+    // The old buckets' children (tokens 1) ended before the new ones of their keys started.
+    let log = work.lines();
+    for b in 0..4u32 {
+        let old = log.of(b % 2).iter().find(|l| l.token == 1);
+        // A new bucket starts at its parents' highest token, plus one (Z4): token 2.
+        let new = log.of(b).iter().find(|l| l.token == 2);
+        let (Some(old), Some(new)) = (old, new) else {
+            panic!("bucket {b}: no old or new child in {log:#?}");
+        };
+        assert!(old.last < new.first, "bucket {b}: {old:?} then {new:?}");
+    }
+}

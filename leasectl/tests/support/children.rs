@@ -34,7 +34,9 @@ def line(kind, pid=None):
 line("start")
 if mode == "fork" and os.fork() == 0:
     line("grand", os.getpid())
-print(f"working on bucket {bucket} with token {token}", flush=True)
+parents = os.environ.get("LEASE_PARENTS")
+print(f"working on bucket {bucket} with token {token}"
+      + (f" after buckets {parents}" if parents is not None else ""), flush=True)
 if mode.startswith("crash:") and mode[6:] == bucket:
     print(f"poison in bucket {bucket}", file=sys.stderr, flush=True)
     line("end")
