@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::children::{Supervisor, Workdir, until};
+use support::children::{Supervisor, Workdir, freeze_idle, until};
 
 const FAST: &[&str] = &["--ttl", "3s", "--renew", "1s", "--grace", "1s"];
 
@@ -107,4 +107,30 @@ async fn a_child_that_does_not_acknowledge_is_killed_and_started_again() {
     let margin = work.lines().check().unwrap_or_else(|e| panic!("{e}"));
     eprintln!("--events without acknowledgement: killed and restarted; margin {margin:?} s");
     assert!(margin.is_some());
+}
+
+/// Frozen database connections: the renewals hang, so the one child is stopped before the
+/// trust deadline (every bucket it works with it), and started again, hearing its buckets,
+/// once a renewal moves the deadline. No overlap with the peer meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_connections_stop_the_child_before_the_trust_deadline() {
+    let db = lease_testdb::database().await;
+    let work = Workdir::new("events-frozen");
+    let a = Supervisor::start_events("a", &db.url, &flags("f:4"), &work, "ack");
+    until_holding(&a, &work, 4, "alone");
+    let frozen = freeze_idle(&db.url, &db.name).await;
+    let b = Supervisor::start_events("b", &db.url, &flags("f:4"), &work, "ack");
+    until_holding(&b, &work, 2, "with a's connections frozen");
+    drop(frozen);
+    until_holding(&a, &work, 2, "thawed");
+    let stopped = a.named("child-stopped");
+    assert!(
+        stopped
+            .iter()
+            .any(|e| e["why"] == "no renewal before the trust deadline"),
+        "{}",
+        a.dump()
+    );
+    let margin = work.lines().check().unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("--events with frozen connections: margin {margin:?} s");
 }

@@ -7,8 +7,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use diesel_async::{AsyncConnection, AsyncPgConnection};
-use support::children::{Supervisor, Workdir, is_gone, signal, until, until_working};
+use support::children::{Supervisor, Workdir, freeze_idle, is_gone, signal, until, until_working};
 
 /// ttl 3 s, renew 1 s (margin 0.5 s): 1.25 s of room for --grace.
 const FAST: &[&str] = &["--ttl", "3s", "--renew", "1s", "--grace", "1s"];
@@ -82,28 +81,7 @@ async fn frozen_database_connections_stop_the_children_in_time() {
     let work = Workdir::new("frozen");
     let a = Supervisor::start("a", &db.url, &flags("f:4", &[]), &work, "work");
     until_working(&a, &work, 4, Duration::from_secs(30), "alone");
-    let mut admin = AsyncPgConnection::establish(&db.url).await.expect("admin");
-    // Frozen when all idle: a process frozen mid-statement would hold row locks nobody can
-    // take over (a limit of any database).
-    let frozen = loop {
-        let pids: Vec<i32> = lease_testdb::backends(&mut admin, &db.name)
-            .await
-            .into_iter()
-            .map(|b| b.pid)
-            .collect();
-        assert!(!pids.is_empty(), "a has no connection");
-        let frozen = lease_testdb::Frozen::freeze(pids);
-        let states = lease_testdb::backends(&mut admin, &db.name).await;
-        if states
-            .iter()
-            .filter(|b| frozen.pids().contains(&b.pid))
-            .all(|b| b.state == "idle")
-        {
-            break frozen;
-        }
-        drop(frozen);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let frozen = freeze_idle(&db.url, &db.name).await;
     let before = a.child_pids();
     let b = Supervisor::start("b", &db.url, &flags("f:4", &[]), &work, "work");
     // Either a's renewals hang until its children must stop (and b takes the buckets), or

@@ -67,6 +67,9 @@ pub async fn conduct(
     let mut acks: Option<mpsc::UnboundedReceiver<Ack>> = None;
     let mut trust = shared.trust.clone();
     let mut open_groups = groups;
+    // Closed once every sender is gone: not polled again (it would answer at once, for ever).
+    let mut notes_open = true;
+    let mut trust_open = true;
     let timing = shared.timing;
     loop {
         if open_groups == 0 && held.is_empty() {
@@ -97,7 +100,8 @@ pub async fn conduct(
         let wake = [
             ack_by,
             stop_at.filter(|_| child.is_some()),
-            restart_at.filter(|_| child.is_none()),
+            // A restart still to wait for (one due, the trust too short, waits for a renewal).
+            restart_at.filter(|&at| child.is_none() && at > Instant::now()),
         ]
         .into_iter()
         .flatten()
@@ -109,7 +113,13 @@ pub async fn conduct(
             }
         };
         tokio::select! {
-            note = notes.recv() => match note {
+            // A renewal: a child waiting for trust may start.
+            changed = trust.changed(), if trust_open => {
+                if changed.is_err() {
+                    trust_open = false;
+                }
+            }
+            note = notes.recv(), if notes_open => match note {
                 Some(Note::Lease(printer, lease)) => {
                     let assignment = lease.assignment();
                     let (fields, readable) = assigned(assignment);
@@ -124,7 +134,11 @@ pub async fn conduct(
                     revocations.push(async move { (watched_key, watched.revoked().await) });
                     held.insert(key, Held { printer, lease, ack_by: None });
                 }
-                Some(Note::GroupDone) | None => open_groups = open_groups.saturating_sub(1),
+                Some(Note::GroupDone) => open_groups = open_groups.saturating_sub(1),
+                None => {
+                    notes_open = false;
+                    open_groups = 0;
+                }
             },
             Some((key, reason)) = revocations.next() => {
                 if let Some(h) = held.get_mut(&key) {

@@ -454,3 +454,30 @@ pub fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Freeze (SIGSTOP) every server process serving database `name` at `url` (the supervisors'
+/// connections), at a moment when all are idle: a process frozen mid-statement would hold row
+/// locks nobody can take over (a limit of any database). Resumed when dropped.
+pub async fn freeze_idle(url: &str, name: &str) -> lease_testdb::Frozen {
+    use diesel_async::{AsyncConnection, AsyncPgConnection};
+    let mut admin = AsyncPgConnection::establish(url).await.expect("admin");
+    loop {
+        let pids: Vec<i32> = lease_testdb::backends(&mut admin, name)
+            .await
+            .into_iter()
+            .map(|b| b.pid)
+            .collect();
+        assert!(!pids.is_empty(), "no connection to freeze");
+        let frozen = lease_testdb::Frozen::freeze(pids);
+        let states = lease_testdb::backends(&mut admin, name).await;
+        if states
+            .iter()
+            .filter(|b| frozen.pids().contains(&b.pid))
+            .all(|b| b.state == "idle")
+        {
+            return frozen;
+        }
+        drop(frozen);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
