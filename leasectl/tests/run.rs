@@ -6,7 +6,9 @@ mod support;
 
 use std::time::Duration;
 
-use support::children::{Supervisor, Workdir, is_gone, signal, until, until_working};
+use support::children::{
+    Supervisor, Workdir, children_with, is_gone, signal, until, until_every, until_working,
+};
 
 /// ttl 3 s, renew 1 s (margin 0.5 s): 1.25 s of room for --grace.
 const FAST: &[&str] = &["--ttl", "3s", "--renew", "1s", "--grace", "1s"];
@@ -104,14 +106,27 @@ async fn a_killed_supervisor_takes_its_children_with_it() {
     });
     assert!(grandchildren.is_some(), "{:#?}", work.lines());
     pids.extend(work.lines().grandchildren);
+    let watchdog = children_with(a.pid(), "__watchdog");
+    assert_eq!(watchdog.len(), 1, "a's watchdog: {watchdog:?}");
+    // Timed from before `kill(1)` runs: an upper bound.
+    let killed = std::time::Instant::now();
     signal(a.pid(), "KILL");
-    let gone = until(Duration::from_secs(5), || pids.iter().all(|&p| is_gone(p)));
+    let gone = until_every(Duration::from_millis(1), Duration::from_secs(5), || {
+        pids.iter().all(|&p| is_gone(p))
+    })
+    .map(|_| killed.elapsed());
     let gone = gone.unwrap_or_else(|| panic!("children {pids:?} outlived their supervisor"));
     eprintln!(
-        "SIGKILL of the supervisor: its {} children gone within {gone:?}",
+        "SIGKILL of the supervisor: its {} children and grandchildren gone within {gone:?}",
         pids.len()
     );
     assert!(gone < Duration::from_secs(1), "{gone:?}");
+    // The watchdog, its work done, is gone too.
+    let watchdog_gone = until(Duration::from_secs(5), || is_gone(watchdog[0]));
+    assert!(
+        watchdog_gone.is_some(),
+        "the watchdog outlived its supervisor"
+    );
     until_working(&b, &work, 6, Duration::from_secs(20), "after a was killed");
     let margin = work.lines().check().unwrap_or_else(|e| panic!("{e}"));
     eprintln!("smallest margin: {margin:?} s");
@@ -161,4 +176,31 @@ async fn a_resize_starts_the_new_buckets_children_with_their_parents() {
         };
         assert!(old.last < new.first, "bucket {b}: {old:?} then {new:?}");
     }
+}
+
+/// A second signal stops the supervisor at once, while a child ignores the first one's stop
+/// signal: it exits 1, without leaving, and its children die with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_stops_at_once_and_the_children_die_with_it() {
+    let db = lease_testdb::database().await;
+    let work = Workdir::new("second");
+    let mut a = Supervisor::start("a", &db.url, &flags("x:2", &[]), &work, "stubborn");
+    until_working(&a, &work, 2, Duration::from_secs(30), "alone");
+    let pids = a.child_pids();
+    signal(a.pid(), "TERM");
+    // The first signal's stops are under way (SIGTERM ignored, SIGKILL due after 1 s).
+    let stopping = until(Duration::from_secs(5), || a.stderr().contains("stopping"));
+    assert!(stopping.is_some(), "{}", a.dump());
+    signal(a.pid(), "TERM");
+    assert_eq!(a.wait_exit(Duration::from_secs(5)), Some(1), "{}", a.dump());
+    assert!(
+        a.stderr().contains("stopped at once by a second signal"),
+        "{}",
+        a.dump()
+    );
+    let gone = until(Duration::from_secs(2), || pids.iter().all(|&p| is_gone(p)));
+    assert!(
+        gone.is_some(),
+        "children {pids:?} outlived their supervisor"
+    );
 }

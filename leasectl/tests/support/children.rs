@@ -442,7 +442,16 @@ pub fn until_working(sup: &Supervisor, work: &Workdir, n: usize, limit: Duration
 
 /// Wait until `cond` holds, polling every 20 ms, for at most `limit`: how long it took, or
 /// `None`.
-pub fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+pub fn until(limit: Duration, cond: impl FnMut() -> bool) -> Option<Duration> {
+    until_every(Duration::from_millis(20), limit, cond)
+}
+
+/// [`until`], polling every `step`.
+pub fn until_every(
+    step: Duration,
+    limit: Duration,
+    mut cond: impl FnMut() -> bool,
+) -> Option<Duration> {
     let start = Instant::now();
     loop {
         if cond() {
@@ -451,7 +460,7 @@ pub fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration
         if start.elapsed() >= limit {
             return None;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(step);
     }
 }
 
@@ -480,4 +489,24 @@ pub async fn freeze_idle(url: &str, name: &str) -> lease_testdb::Frozen {
         drop(frozen);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The processes whose parent is `ppid` and whose command line holds `word`.
+pub fn children_with(ppid: u32, word: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let parent = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            parent == Some(ppid) && String::from_utf8_lossy(&cmdline).contains(word)
+        })
+        .collect()
 }
