@@ -34,8 +34,9 @@ mod names {
         EndReason, Generation, GroupBeat, GroupSnapshot, GroupStamp, GroupView, Heartbeat,
         Incarnation, Lease, LeaseStore, LogPosition, MAX_QUARANTINE, MAX_WEIGHT, ManualClock,
         MemberControl, MemberInfo, MemberLoad, MemberMode, NodeInfo, NodesSnapshot, Operation,
-        QuarantineFor, ResizeOutcome, SessionBound, SessionId, SystemClock, TENURES_KEPT, Takeover,
-        Tenure, TenureEnd, Tenures, Timestamp, ViewStamp, WorkerStore, store_precision,
+        QuarantineFor, QuarantineReason, ResizeOutcome, SessionBound, SessionId, SystemClock,
+        TENURES_KEPT, Takeover, Tenure, TenureEnd, Tenures, Timestamp, ViewStamp, WorkerStore,
+        store_precision,
     };
     #[cfg(feature = "mock")]
     use lease::store::{MockAdminStore, MockWorkerStore};
