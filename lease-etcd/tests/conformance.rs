@@ -167,6 +167,7 @@ mod leases {
             "a_view_that_counted_a_quarantine_is_given_again_once_it_ends",
             StepsTheClock,
         ),
+        ("a_quarantine_keeps_its_reason_while_it_runs", StepsTheClock),
     ];
 
     /// A case added to the suite is run here or excluded with its reason, never missed.
