@@ -99,7 +99,7 @@ pub async fn work(g: Arc<Group>, lease: BucketLease) {
                 if g.after_crash(&assignment, next, &message, &[]).await {
                     quarantined = true;
                 }
-                restart_at = Some(Instant::now() + restart_delay(next));
+                restart_at = Some(Instant::now() + next.delay());
                 continue;
             }
         };
@@ -162,18 +162,9 @@ pub async fn work(g: Arc<Group>, lease: BucketLease) {
                 if g.after_crash(&assignment, next, &said, &tail).await {
                     quarantined = true;
                 }
-                restart_at = Some(now + restart_delay(next));
+                restart_at = Some(now + next.delay());
             }
         }
-    }
-}
-
-/// How long after a child ended the next one may start (a quarantine that could not be set
-/// retries at the longest backoff).
-fn restart_delay(next: Next) -> Duration {
-    match next {
-        Next::Restart(after) => after,
-        Next::Quarantine { .. } => super::crashes::MAX_BACKOFF,
     }
 }
 

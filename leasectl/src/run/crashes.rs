@@ -32,6 +32,17 @@ pub enum Next {
     },
 }
 
+impl Next {
+    /// How long until the next child may start: the restart's wait, or the longest backoff
+    /// when a quarantine was due (it could not be set, or there is no bucket to blame).
+    pub fn delay(self) -> Duration {
+        match self {
+            Next::Restart(after) => after,
+            Next::Quarantine { .. } => MAX_BACKOFF,
+        }
+    }
+}
+
 /// The crashes of one bucket's children on this supervisor.
 #[derive(Debug)]
 pub struct Crashes {

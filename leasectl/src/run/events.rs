@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use super::bucket::Shared;
 use super::children::{Running, StopSignal, Stopped, crashed, describe, signal_name, supervised};
-use super::crashes::{Crashes, Next};
+use super::crashes::Crashes;
 use crate::duration::show;
 use crate::worker::{Printer, assigned, revoked};
 
@@ -90,8 +90,7 @@ pub async fn conduct(
                 }
                 Err(e) => {
                     node.error(&format!("cannot start {:?}: {e}", shared.template.argv[0]));
-                    restart_at =
-                        Some(Instant::now() + restart(crashes.ended(Instant::now(), true)));
+                    restart_at = Some(Instant::now() + crashes.ended(Instant::now(), true).delay());
                 }
             }
         }
@@ -190,7 +189,7 @@ pub async fn conduct(
                     Ok(s) => (describe(*s), crashed(*s)),
                     Err(e) => (format!("lost ({e})"), true),
                 };
-                let after = restart(crashes.ended(now, crash));
+                let after = crashes.ended(now, crash).delay();
                 restart_at = Some(now + after);
                 let pid = c.as_ref().map_or(0, |c| c.running.pid);
                 node.emit(
@@ -224,15 +223,6 @@ pub async fn conduct(
                 }
             }
         }
-    }
-}
-
-/// The wait before the child starts again (a quarantine has no bucket to name here: the
-/// longest backoff instead).
-fn restart(next: Next) -> Duration {
-    match next {
-        Next::Restart(after) => after,
-        Next::Quarantine { .. } => super::crashes::MAX_BACKOFF,
     }
 }
 
