@@ -18,8 +18,17 @@ kills=()
 printf '| run | SIGSTOP: margin of the moves the stop caused (s) | SIGSTOP: smallest margin of any move (s) | SIGSTOP: watchdog kill after the stop | SIGKILL: children gone within |\n'
 printf '|---|---|---|---|---|\n'
 for i in $(seq 1 "$runs"); do
-    stop=$(cargo test -q -p leasectl --test run_faults a_stopped_supervisor -- --nocapture 2>&1)
-    kill=$(cargo test -q -p leasectl --test run a_killed_supervisor -- --nocapture 2>&1)
+    # A failing test fails the run, with its output (not a silent exit under `set -e`).
+    if ! stop=$(cargo test -q -p leasectl --test run_faults a_stopped_supervisor -- --nocapture 2>&1); then
+        echo "run $i: the SIGSTOP test failed:" >&2
+        tail -40 <<<"$stop" >&2
+        exit 1
+    fi
+    if ! kill=$(cargo test -q -p leasectl --test run a_killed_supervisor -- --nocapture 2>&1); then
+        echo "run $i: the SIGKILL test failed:" >&2
+        tail -40 <<<"$kill" >&2
+        exit 1
+    fi
     stopped=$(sed -n 's/.*margin of the moves the stop caused: \([0-9.]*\) s.*/\1/p' <<<"$stop")
     margin=$(sed -n 's/.*smallest margin of any move.*: \([0-9.]*\) s.*/\1/p' <<<"$stop")
     killed=$(sed -n 's/.*the watchdog killed a.s children \(.*\) after the stop.*/\1/p' <<<"$stop")
