@@ -45,7 +45,8 @@
 //!   again (one [`StoreCall::Join`] each) and claims nothing before the next heartbeat gives
 //!   its view. A group missing from a heartbeat of the same session was left behind the
 //!   node's back (an operator evicted the node from it): its buckets are revoked
-//!   ([`RevokeReason::Lost`], revocations still queued included) and it is joined again.
+//!   ([`RevokeReason::Lost`], revocations still queued included, but for the fence's) and
+//!   it is joined again.
 //!   A group listed in a heartbeat that the node does not run (a session taken over from a
 //!   predecessor that ran it, HO3) is left at once ([`Report::LeftUnrun`]).
 //! - **Revoke before release.** A shed bucket is released only after its revocation was
@@ -55,7 +56,8 @@
 //! - **A new session revokes everything first.** A heartbeat answering with a session other
 //!   than the one the machine knew (a new one, or one whose start it never heard of) means
 //!   nothing held before is ours, in any group: every bucket is revoked before anything else
-//!   ([`RevokeReason::Expired`], revocations still queued included), and each group's join
+//!   ([`RevokeReason::Expired`], revocations still queued included, but for those the
+//!   trust deadline queued, which keep saying `Fenced`), and each group's join
 //!   waits for its revocations.
 //! - **Reconciliation.** Once a tick completes, what each application holds is what the store
 //!   says the node owns in its group, less what is being released.
@@ -81,7 +83,7 @@
 //!   everywhere else: a revocation delivered at or past it says [`RevokeReason::Fenced`]
 //!   (never a shutdown, a shed, a resize's), and every revocation still queued when the node
 //!   finds its session gone says [`RevokeReason::Expired`] (`Lost` when it was evicted from
-//!   the group). With [`Rules::keep_on_stop`], a graceful stop
+//!   the group) unless the fence queued it. With [`Rules::keep_on_stop`], a graceful stop
 //!   skips the leaves and ends with one [`StoreCall::HandOver`] (rule HO1), unless a
 //!   revocation was not acknowledged in time (a stuck bucket): then every group leaves, and
 //!   nothing is handed over (the choice is made for every group at once, when no revocation

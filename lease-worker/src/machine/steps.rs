@@ -191,10 +191,15 @@ impl Steps {
     }
 
     /// Give every queued revocation `reason`: the application must not act on the reason it
-    /// was queued with (the lease is not trusted any more, or not ours).
+    /// was queued with (the lease is not trusted any more, or not ours). One queued by the
+    /// node's fence keeps saying so: the node stopped trusting the lease by its own clock
+    /// before the store said why, and the application hears the first cause (a frozen process
+    /// whose renewal answers while its fenced revocations are still going out).
     pub(super) fn set_revoke_reasons(&mut self, to: RevokeReason) {
         for step in &mut self.queue {
-            if let Step::Deliver(Delivery::Revoke { reason, .. }) = step {
+            if let Step::Deliver(Delivery::Revoke { reason, .. }) = step
+                && *reason != RevokeReason::Fenced
+            {
                 *reason = to;
             }
         }
