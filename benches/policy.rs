@@ -45,6 +45,7 @@ fn settled(n: u32, w: u32) -> (GroupView, NodeId, Vec<Bucket>) {
         previous: None,
         draining: 0,
         quarantined: 0,
+        loaded: Vec::new(),
     };
     (view, members[me as usize].worker, mine)
 }

@@ -156,6 +156,13 @@ pub mod store {
     }
 }
 
+/// The load-aware policy: share the applications' measured loads, not bucket counts (see
+/// [`lease_core::balance`]), and the loads themselves.
+pub mod balance {
+    pub use lease_core::balance::*;
+    pub use lease_core::load::{HalfLife, Load, Smoothed, worth_publishing};
+}
+
 /// The fair-share policy: pure, no I/O, no clock; every worker computes the same targets from
 /// the same view (`lease_core::policy`).
 pub mod policy {

@@ -165,6 +165,10 @@ pub enum Operation {
     SetWeight,
     /// [`evict`](crate::AdminStore::evict).
     Evict,
+    /// [`claim_buckets`](crate::WorkerStore::claim_buckets).
+    ClaimBuckets,
+    /// [`publish_loads`](crate::WorkerStore::publish_loads).
+    PublishLoads,
 }
 
 impl Operation {
@@ -188,6 +192,8 @@ impl Operation {
             Self::History => "history",
             Self::SetWeight => "set_weight",
             Self::Evict => "evict",
+            Self::ClaimBuckets => "claim_buckets",
+            Self::PublishLoads => "publish_loads",
         }
     }
 }

@@ -83,4 +83,20 @@ pub enum InvalidInput {
         /// The most allowed.
         max: usize,
     },
+    /// A load that is negative, not a number, infinite or too large.
+    #[error("load {value} is out of range; it must be a number between 0 and {max}")]
+    LoadOutOfRange {
+        /// The value given, as text.
+        value: String,
+        /// The largest load, in units.
+        max: u64,
+    },
+    /// A load's half-life of zero or longer than allowed.
+    #[error("half-life {value:?} is out of range; it must be above 0 and at most {max:?}")]
+    HalfLifeOutOfRange {
+        /// The value given.
+        value: Duration,
+        /// The longest allowed.
+        max: Duration,
+    },
 }

@@ -9,7 +9,8 @@
 //!
 //! The store contract is written on [`LeaseStore`] ("# Contract" sections) and checked by the
 //! conformance suite of `lease-testing`, which every backend runs. The policy in [`policy`] is
-//! pure: it turns a heartbeat's view into a [`Plan`]. This crate does no I/O, reads no clock
+//! pure: it turns a heartbeat's view into a [`Plan`]; [`balance`] is its load-aware
+//! form, which shares the applications' measured loads instead of bucket counts. This crate does no I/O, reads no clock
 //! and needs no async runtime: the worker runtime is `lease-worker`, the backends
 //! `lease-memory` and `lease-diesel`.
 //!
@@ -44,6 +45,7 @@
 
 #![warn(missing_docs)]
 
+pub mod balance;
 mod change;
 pub mod control;
 mod error;
@@ -52,6 +54,7 @@ mod failover;
 pub mod history;
 mod ids;
 mod invalid;
+pub mod load;
 pub mod ownership_log;
 pub mod policy;
 pub mod resize;
@@ -69,6 +72,7 @@ pub use ids::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionId, ShardCount,
 };
 pub use invalid::InvalidInput;
+pub use load::{HalfLife, Load, Smoothed};
 pub use policy::{Plan, plan};
 pub use resize::{Generation, ResizeOutcome};
 pub use store::{AdminStore, LeaseStore, Takeover, WorkerStore};
@@ -76,6 +80,7 @@ pub use store::{AdminStore, LeaseStore, Takeover, WorkerStore};
 pub use store::{MockAdminStore, MockWorkerStore};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, Ttl, store_precision};
 pub use view::{
-    BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupStamp, GroupView, Heartbeat, Lease,
-    MemberInfo, MemberLoad, MemberMode, NodeInfo, NodesSnapshot, ViewStamp,
+    BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupStamp, GroupView, Heartbeat,
+    LOADED_LISTED, Lease, MemberInfo, MemberLoad, MemberMode, NodeInfo, NodesSnapshot, ViewStamp,
+    list_loaded,
 };

@@ -258,6 +258,7 @@ mod tests {
             previous: None,
             draining: 0,
             quarantined: 0,
+            loaded: Vec::new(),
         }
     }
 
@@ -337,6 +338,8 @@ mod tests {
             owned,
             weight,
             mode,
+            load: 0,
+            hottest: Default::default(),
         }
     }
 
@@ -633,6 +636,7 @@ mod tests {
                         previous: None,
                         draining: 0,
                         quarantined: 0,
+                        loaded: Vec::new(),
                     };
                     let p = plan(&v, worker(i as u32), &held[i]);
                     for b in &p.shed {

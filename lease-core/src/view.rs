@@ -3,6 +3,7 @@
 use crate::control::QuarantineReason;
 use crate::failover::LogPosition;
 use crate::ids::{Bucket, FencingToken, GroupName, MemberMetadata, NodeId, SessionId, ShardCount};
+use crate::load::Load;
 use crate::resize::{self, Generation};
 use crate::time::Timestamp;
 
@@ -33,16 +34,23 @@ pub struct MemberLoad {
     pub weight: u32,
     /// Whether it claims, keeps or sheds (see [`MemberMode`]).
     pub mode: MemberMode,
+    /// The sum of the loads recorded on its buckets, in millionths of a unit, as of its last
+    /// [`publish_loads`](crate::WorkerStore::publish_loads) (P3); 0 if it never published.
+    pub load: u64,
+    /// The largest load recorded on one of its buckets, as of the same publication.
+    pub hottest: Load,
 }
 
 impl MemberLoad {
-    /// A member of weight 1, active, owning `owned` buckets.
+    /// A member of weight 1, active, owning `owned` buckets, with no load published.
     pub fn new(worker: NodeId, owned: u32) -> Self {
         Self {
             worker,
             owned,
             weight: 1,
             mode: MemberMode::Active,
+            load: 0,
+            hottest: Load::ZERO,
         }
     }
 }
@@ -109,7 +117,16 @@ pub struct GroupView {
     /// Buckets of the current generation under quarantine: nobody may claim them, and their
     /// owner gives them up. The policy shares the others.
     pub quarantined: u32,
+    /// Of the claimable buckets (quarantined ones excluded), those with a recorded load above
+    /// 0 (P4), hottest first (by bucket between equals), at most [`LOADED_LISTED`] of them:
+    /// what the load-aware policy hands out by name.
+    pub loaded: Vec<(Bucket, Load)>,
 }
+
+/// The most claimable buckets with a load a view lists ([`GroupView::loaded`]): enough for
+/// the hand-offs of several ticks, and a bound on the heartbeat's size whatever the shard
+/// count.
+pub const LOADED_LISTED: usize = 256;
 
 impl GroupView {
     /// The view of a group of `shard_count` buckets never resized, with these members.
@@ -122,6 +139,7 @@ impl GroupView {
             previous: None,
             draining: 0,
             quarantined: 0,
+            loaded: Vec::new(),
         }
     }
 
@@ -334,6 +352,8 @@ pub struct BucketInfo {
     pub quarantined_until: Option<Timestamp>,
     /// Why, when the quarantine running at `observed_at` was given a reason (Q5).
     pub quarantine_reason: Option<QuarantineReason>,
+    /// The load last recorded on the bucket (P2, P4); [`Load::ZERO`] if none was.
+    pub load: Load,
 }
 
 /// One member row in a [`GroupSnapshot`]: a node's membership of the group, with its node's
@@ -360,6 +380,10 @@ pub struct MemberInfo {
     pub weight: u32,
     /// What an operator asked of the member.
     pub mode: MemberMode,
+    /// Its work at its last publication (P3): the sum of its buckets' loads, in millionths.
+    pub load: u64,
+    /// Its hottest bucket's load at its last publication.
+    pub hottest: Load,
 }
 
 /// Everything a store knows about a group, at one instant of its clock.
@@ -395,6 +419,8 @@ impl GroupSnapshot {
                 owned: m.owned,
                 weight: m.weight,
                 mode: m.mode,
+                load: m.load,
+                hottest: m.hottest,
             })
             .collect()
     }
@@ -425,6 +451,12 @@ impl GroupSnapshot {
             )
             .unwrap_or(u32::MAX),
             quarantined: u32::try_from(quarantined).unwrap_or(u32::MAX),
+            loaded: list_loaded(
+                self.buckets
+                    .iter()
+                    .filter(|b| b.state != BucketState::Live && b.quarantined_until.is_none())
+                    .map(|b| (b.bucket, b.load)),
+            ),
         }
     }
 
@@ -487,4 +519,17 @@ impl GroupSnapshot {
             })
             .collect()
     }
+}
+
+/// [`GroupView::loaded`] of the claimable buckets `claimable` with their recorded loads: those
+/// above 0, hottest first (by bucket between equals), at most [`LOADED_LISTED`]. Every store
+/// lists them with this, so that views agree to the bucket.
+pub fn list_loaded(claimable: impl IntoIterator<Item = (Bucket, Load)>) -> Vec<(Bucket, Load)> {
+    let mut out: Vec<(Bucket, Load)> = claimable
+        .into_iter()
+        .filter(|&(_, l)| l > Load::ZERO)
+        .collect();
+    out.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    out.truncate(LOADED_LISTED);
+    out
 }

@@ -57,6 +57,7 @@ mod conninfo;
 pub mod diagnose;
 mod error;
 mod feed;
+mod loads;
 mod migrate;
 pub mod ops;
 mod prepared;
@@ -77,7 +78,7 @@ use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
 use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
-use lease_core::{AdminStore, MemberControl, QuarantineFor, QuarantineReason, Weight};
+use lease_core::{AdminStore, Load, MemberControl, QuarantineFor, QuarantineReason, Weight};
 use lease_core::{
     BackendFailure, Bucket, ChangeFeed, Clock, FencingToken, GroupName, GroupSnapshot, GroupStamp,
     Heartbeat, Incarnation, Lease, MemberMetadata, NodeId, NodesSnapshot, Operation, ResizeOutcome,
@@ -606,6 +607,35 @@ impl WorkerStore for PgLeaseStore {
         let at = self.at();
         self.with_conn(Operation::Claim, async |c| {
             ops::claim(c, at, group, worker, session, want, takeover).await
+        })
+        .await
+    }
+
+    async fn claim_buckets(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        buckets: &[Bucket],
+        takeover: Takeover,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let at = self.at();
+        self.with_conn(Operation::ClaimBuckets, async |c| {
+            ops::claim_buckets(c, at, group, worker, session, buckets, takeover).await
+        })
+        .await
+    }
+
+    async fn publish_loads(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        loads: &[(Bucket, Load)],
+    ) -> Result<u32, StoreError> {
+        let at = self.at();
+        self.with_conn(Operation::PublishLoads, async |c| {
+            loads::publish_loads(c, at, group, worker, session, loads).await
         })
         .await
     }

@@ -17,9 +17,9 @@ use diesel_async::{
 };
 use lease_core::{
     Bucket, BucketInfo, BucketState, FencingToken, Generation, GroupBeat, GroupName, GroupSnapshot,
-    GroupStamp, GroupView, Heartbeat, Incarnation, Lease, MemberInfo, MemberLoad, MemberMetadata,
-    MemberMode, NodeId, NodeInfo, NodesSnapshot, Operation, ResizeOutcome, SessionId, ShardCount,
-    StoreError, Takeover, Timestamp, Ttl, ViewStamp,
+    GroupStamp, GroupView, Heartbeat, Incarnation, Lease, Load, MemberInfo, MemberLoad,
+    MemberMetadata, MemberMode, NodeId, NodeInfo, NodesSnapshot, Operation, ResizeOutcome,
+    SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl, ViewStamp,
 };
 use lease_core::{EndReason, Tenure, TenureEnd};
 use lease_core::{
@@ -35,7 +35,11 @@ fn shard_count_of(op: Operation, group: &GroupName, n: i32) -> Result<ShardCount
     shard_count(op, group, n)
 }
 
-fn shard_count(op: Operation, group: &GroupName, n: i32) -> Result<ShardCount, StoreError> {
+pub(crate) fn shard_count(
+    op: Operation,
+    group: &GroupName,
+    n: i32,
+) -> Result<ShardCount, StoreError> {
     ShardCount::try_from_i64(i64::from(n))
         .map_err(|_| corrupt(op, format!("group {group:?} has shard count {n}")))
 }
@@ -48,6 +52,20 @@ fn bucket(op: Operation, n: i32) -> Result<Bucket, StoreError> {
 
 fn count(op: Operation, n: i32) -> Result<u32, StoreError> {
     u32::try_from(n).map_err(|_| corrupt(op, format!("owned count {n}")))
+}
+
+/// A load as stored (P2, P3): whole millionths, never negative (the columns' CHECK).
+pub(crate) fn load(op: Operation, n: i64) -> Result<Load, StoreError> {
+    u64::try_from(n)
+        .ok()
+        .filter(|&m| m <= Load::MAX.micros())
+        .map(Load::from_micros)
+        .ok_or_else(|| corrupt(op, format!("load {n}")))
+}
+
+/// A member's work as stored (P3): a sum of loads.
+fn work(op: Operation, n: i64) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|_| corrupt(op, format!("member load {n}")))
 }
 
 /// A member's weight as stored (K1).
@@ -64,7 +82,7 @@ fn mode(op: Operation, name: &str) -> Result<MemberMode, StoreError> {
     MemberMode::from_name(name).ok_or_else(|| corrupt(op, format!("member mode {name:?}")))
 }
 
-fn not_found(group: &GroupName) -> StoreError {
+pub(crate) fn not_found(group: &GroupName) -> StoreError {
     StoreError::GroupNotFound {
         group: group.clone(),
     }
@@ -449,13 +467,21 @@ fn group_beat(
     let loads = row.loads.unwrap_or_default();
     let weights = row.weights.unwrap_or_default();
     let modes = row.modes.unwrap_or_default();
-    if workers.len() != loads.len()
-        || workers.len() != weights.len()
-        || workers.len() != modes.len()
+    let works = row.member_loads.unwrap_or_default();
+    let hottest = row.member_hottest.unwrap_or_default();
+    if [
+        loads.len(),
+        weights.len(),
+        modes.len(),
+        works.len(),
+        hottest.len(),
+    ]
+    .iter()
+    .any(|&n| n != workers.len())
     {
         return Err(corrupt(
             op,
-            "member, load, weight and mode lists differ in length".into(),
+            "member, count, weight, mode and load lists differ in length".into(),
         ));
     }
     let mut members = vec![MemberLoad {
@@ -463,15 +489,32 @@ fn group_beat(
         owned: own_load,
         weight: weight(op, row.my_weight.ok_or_else(missing)?)?,
         mode: mode(op, &row.my_mode.ok_or_else(missing)?)?,
+        load: work(op, row.my_load.ok_or_else(missing)?)?,
+        hottest: load(op, row.my_hottest.ok_or_else(missing)?)?,
     }];
-    for (((&w, &n), &wt), m) in workers.iter().zip(&loads).zip(&weights).zip(&modes) {
+    for (i, &w) in workers.iter().enumerate() {
         members.push(MemberLoad {
             worker: NodeId::from_uuid(w),
-            owned: count(op, n)?,
-            weight: weight(op, wt)?,
-            mode: mode(op, m)?,
+            owned: count(op, loads[i])?,
+            weight: weight(op, weights[i])?,
+            mode: mode(op, &modes[i])?,
+            load: work(op, works[i])?,
+            hottest: load(op, hottest[i])?,
         });
     }
+    let loaded_buckets = bucket_list(op, &row.loaded_buckets.unwrap_or_default())?;
+    let loaded_loads = row.loaded_loads.unwrap_or_default();
+    if loaded_buckets.len() != loaded_loads.len() {
+        return Err(corrupt(
+            op,
+            "loaded bucket and load lists differ in length".into(),
+        ));
+    }
+    let loaded = loaded_buckets
+        .into_iter()
+        .zip(loaded_loads)
+        .map(|(b, l)| Ok((b, load(op, l)?)))
+        .collect::<Result<Vec<_>, StoreError>>()?;
     members.sort_by_key(|m| m.worker);
     let held: u32 = members.iter().map(|m| m.owned).sum();
     let draining = u32::try_from(row.draining.ok_or_else(missing)?)
@@ -499,6 +542,7 @@ fn group_beat(
             previous,
             draining,
             quarantined: quarantined.len() as u32,
+            loaded,
         },
         owned,
         stamp: stamp(op, row.stamp_version, row.until)?,
@@ -546,6 +590,57 @@ pub async fn claim(
     want: u32,
     takeover: Takeover,
 ) -> Result<Vec<Lease>, StoreError> {
+    take(conn, at, group, worker, session, want, None, takeover).await
+}
+
+/// [`WorkerStore::claim_buckets`](lease_core::WorkerStore::claim_buckets) on `conn`: one
+/// statement, [`claim`]'s, with the buckets named.
+pub async fn claim_buckets(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+    group: &GroupName,
+    worker: NodeId,
+    session: SessionId,
+    buckets: &[Bucket],
+    takeover: Takeover,
+) -> Result<Vec<Lease>, StoreError> {
+    let mut named = buckets.to_vec();
+    named.sort_unstable();
+    named.dedup();
+    let want = named.len() as u32;
+    take(
+        conn,
+        at,
+        group,
+        worker,
+        session,
+        want,
+        Some(&named),
+        takeover,
+    )
+    .await
+}
+
+/// A claim of the first `want` claimable buckets, or of those of `named` (then `want` is
+/// their number).
+#[allow(clippy::too_many_arguments)]
+async fn take(
+    conn: &mut AsyncPgConnection,
+    at: Option<Timestamp>,
+    group: &GroupName,
+    worker: NodeId,
+    session: SessionId,
+    want: u32,
+    named: Option<&[Bucket]>,
+    takeover: Takeover,
+) -> Result<Vec<Lease>, StoreError> {
+    // Out of i32, a bucket is out of every range: -1 says so to the statement (C13).
+    let op = match named {
+        Some(_) => Operation::ClaimBuckets,
+        None => Operation::Claim,
+    };
+    let numbers: Option<Vec<i32>> =
+        named.map(|n| n.iter().map(|b| i32::try_from(b.0).unwrap_or(-1)).collect());
     let row: Option<sql::ClaimRow> = Prepared(
         diesel::sql_query(sql::CLAIM.as_str())
             .bind::<Text, _>(group.as_str())
@@ -560,13 +655,23 @@ pub async fn claim(
                     i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
                 )),
                 _ => None,
-            }),
+            })
+            .bind::<Nullable<Array<Integer>>, _>(numbers.as_deref()),
     )
     .get_result(conn)
     .await
     .optional()
-    .map_err(|e| from_diesel(Operation::Claim, e))?;
+    .map_err(|e| from_diesel(op, e))?;
     let row = row.ok_or_else(|| not_found(group))?;
+    // C13: a named bucket out of range took nothing.
+    let range = u32::try_from(row.shard_count).unwrap_or(0);
+    if let Some(&bucket) = named.and_then(|n| n.iter().find(|b| b.0 >= range)) {
+        return Err(StoreError::BucketOutOfRange {
+            group: group.clone(),
+            bucket,
+            shard_count: shard_count(op, group, row.shard_count)?,
+        });
+    }
     let (Some(_session), Some(expires_at)) = (row.session_id, row.expires_at) else {
         return Err(StoreError::SessionExpired {
             group: group.clone(),
@@ -574,9 +679,9 @@ pub async fn claim(
         });
     };
     leases(
-        Operation::Claim,
+        op,
         worker,
-        shard_count(Operation::Claim, group, row.shard_count)?,
+        shard_count(op, group, row.shard_count)?,
         &row.buckets,
         &row.tokens,
         expires_at,
@@ -706,9 +811,11 @@ pub async fn snapshot(
                 .map_err(|e| corrupt(Operation::Snapshot, format!("node metadata: {e}")))?,
             weight: weight(Operation::Snapshot, m.weight)?,
             mode: mode(Operation::Snapshot, &m.mode)?,
+            load: work(Operation::Snapshot, m.load)?,
+            hottest: load(Operation::Snapshot, m.hottest)?,
         });
     }
-    let info = |(b, owner, session, token, quarantined_until, reason): ShardRow| {
+    let info = |(b, owner, session, token, quarantined_until, reason, recorded): ShardRow| {
         let expires_at = owner
             .zip(session)
             .and_then(|key| sessions.get(&key).copied());
@@ -733,6 +840,8 @@ pub async fn snapshot(
                 })?),
                 _ => None,
             },
+            // P4: the load last recorded, whoever holds the bucket now.
+            load: load(Operation::Snapshot, recorded)?,
         })
     };
     let buckets = shard_rows
@@ -741,7 +850,7 @@ pub async fn snapshot(
         .collect::<Result<Vec<_>, StoreError>>()?;
     let mut draining = old_rows
         .into_iter()
-        .map(|(b, owner, session, token)| info((b, owner, session, token, None, None)))
+        .map(|(b, owner, session, token)| info((b, owner, session, token, None, None, 0)))
         .collect::<Result<Vec<_>, StoreError>>()?;
     // Rows of a generation whose every bucket is retired wait for a claim or the next resize
     // to delete them: the drain is over (Z3), so they are not shown.
@@ -760,7 +869,8 @@ pub async fn snapshot(
     })
 }
 
-/// A bucket row: bucket, owner, session, token, and the end and reason of its quarantine.
+/// A bucket row: bucket, owner, session, token, the end and reason of its quarantine, and
+/// its load.
 type ShardRow = (
     i32,
     Option<Uuid>,
@@ -768,6 +878,7 @@ type ShardRow = (
     i64,
     Option<Timestamp>,
     Option<String>,
+    i64,
 );
 /// A bucket row of the draining generation: bucket, owner, session, token.
 type OldRow = (i32, Option<Uuid>, Option<Uuid>, i64);
@@ -818,6 +929,7 @@ async fn snapshot_reads(
             shards::token,
             shards::quarantined_until,
             shards::quarantine_reason,
+            shards::load,
         ))
         .load(conn)
         .await?;

@@ -53,6 +53,7 @@ diesel::table! {
         quarantined_until -> Nullable<Timestamptz>,
         quarantine_reason -> Nullable<Text>,
         tenures -> BigInt,
+        load -> BigInt,
     }
 }
 

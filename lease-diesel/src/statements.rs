@@ -80,8 +80,46 @@ SELECT h.session_id, h.heartbeat_at, h.expires_at, h.started, h.mine, h.timeline
        h.stamp_version, h.until, h.shard_count, h.generation, h.previous_count, h.draining,
        h.workers, h.loads, h.buckets, h.tokens, h.old_buckets, h.old_tokens, h.weights,
        h.modes, h.my_weight, h.my_mode, h.quarantined, h.quarantined_held, h.position_offset,
-       h.crossed
+       h.crossed, gl.member_loads, gl.member_hottest, gl.my_load, gl.my_hottest,
+       gl.loaded_buckets, gl.loaded_loads
   FROM lease.heartbeat($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) AS h
+  LEFT JOIN LATERAL (
+    -- P3, P4: the members' work at their last publications (parallel to h.workers), the
+    -- node's own, and the claimable buckets with a load (as C2 and C10 say what is claimable:
+    -- no live member's session holds it, no quarantine runs at the heartbeat's time), hottest
+    -- first, at most 256 (LOADED_LISTED). Read with this statement's snapshot, which
+    -- lease.heartbeat's own queries may postdate: loads only steer the policy, and a claim
+    -- judges claimability again.
+    SELECT ARRAY(SELECT COALESCE(m.load, 0)
+                   FROM unnest(h.workers) WITH ORDINALITY AS w(node_id, i)
+                   LEFT JOIN lease.members m
+                     ON m.group_name = h.group_name AND m.node_id = w.node_id
+                  ORDER BY w.i) AS member_loads,
+           ARRAY(SELECT COALESCE(m.hottest, 0)
+                   FROM unnest(h.workers) WITH ORDINALITY AS w(node_id, i)
+                   LEFT JOIN lease.members m
+                     ON m.group_name = h.group_name AND m.node_id = w.node_id
+                  ORDER BY w.i) AS member_hottest,
+           COALESCE((SELECT m.load FROM lease.members m
+                      WHERE m.group_name = h.group_name AND m.node_id = $1), 0) AS my_load,
+           COALESCE((SELECT m.hottest FROM lease.members m
+                      WHERE m.group_name = h.group_name AND m.node_id = $1), 0) AS my_hottest,
+           COALESCE(f.buckets, '{}') AS loaded_buckets, COALESCE(f.loads, '{}') AS loaded_loads
+      FROM (SELECT array_agg(c.bucket ORDER BY c.load DESC, c.bucket) AS buckets,
+                   array_agg(c.load ORDER BY c.load DESC, c.bucket) AS loads
+              FROM (SELECT s.bucket, s.load FROM lease.shards s
+                     WHERE s.group_name = h.group_name AND s.load > 0
+                       AND (s.quarantined_until IS NULL OR s.quarantined_until <= h.heartbeat_at)
+                       AND NOT EXISTS (SELECT 1 FROM lease.nodes y
+                                         JOIN lease.members x
+                                           ON x.group_name = s.group_name
+                                          AND x.node_id = y.node_id
+                                        WHERE y.node_id = s.owner_node
+                                          AND y.session_id = s.owner_session
+                                          AND y.expires_at > h.heartbeat_at)
+                     ORDER BY s.load DESC, s.bucket
+                     LIMIT 256) AS c) AS f
+  ) AS gl ON h.group_name IS NOT NULL
 "#;
 
 /// A steady heartbeat as one plain statement (rule H8's fast path): renew node `$1`'s live
@@ -218,6 +256,24 @@ pub(crate) struct HeartbeatRow {
     /// and why (V4).
     #[diesel(sql_type = Nullable<Text>)]
     pub crossed: Option<String>,
+    /// The other live members' work at their last publications (P3), parallel to `workers`.
+    #[diesel(sql_type = Nullable<Array<BigInt>>)]
+    pub member_loads: Option<Vec<i64>>,
+    /// Their hottest buckets' loads, parallel to `workers`.
+    #[diesel(sql_type = Nullable<Array<BigInt>>)]
+    pub member_hottest: Option<Vec<i64>>,
+    /// The node's own work at its last publication.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub my_load: Option<i64>,
+    /// The node's own hottest bucket's load then.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub my_hottest: Option<i64>,
+    /// The claimable buckets with a load (P4), hottest first.
+    #[diesel(sql_type = Nullable<Array<Integer>>)]
+    pub loaded_buckets: Option<Vec<i32>>,
+    /// Their loads, parallel to `loaded_buckets`.
+    #[diesel(sql_type = Nullable<Array<BigInt>>)]
+    pub loaded_loads: Option<Vec<i64>>,
 }
 
 /// Make node `$2` a member of group `$1` under its live session `$3` (rules J1-J3). `$4` client
@@ -276,8 +332,9 @@ pub(crate) struct JoinRow {
 /// then from 0: C3), raising each one's token. `$1` group, `$2` node, `$3` how many, `$4`
 /// client time, `$5` session, `$6` the node's claim seed, `$7` whether dead sessions' buckets
 /// may be taken, `$8` if not null, only if the server's clock advanced by at most `$8` since
-/// the session's last renewal (C7: otherwise `owners` is empty, so only unowned buckets are).
-/// No row: the group does not exist; a null session: `$5` is not the node's live session, or
+/// the session's last renewal (C7: otherwise `owners` is empty, so only unowned buckets are),
+/// `$9` null, or the buckets the claim names (C12: only those, `$3` their number; C13: none
+/// is taken if one is out of range, and the caller tells it by the shard count). No row: the group does not exist; a null session: `$5` is not the node's live session, or
 /// the node is no member of the group (C1).
 ///
 /// The node's row is share-locked first (a renewal, or a claimer ending the session, waits for
@@ -392,8 +449,12 @@ WITH RECURSIVE me AS (
      WHERE me.expires_at > c.t
 ), may AS (
     -- C11: a cordoned or draining member claims nothing, judged on the latest committed
-    -- state now that the member row is locked.
+    -- state now that the member row is locked. C13: nor does a claim that names a bucket out
+    -- of range (the caller tells it by the shard count returned).
     SELECT mine.t FROM mine WHERE lease.may_claim($1, $2)
+       AND ($9::int[] IS NULL
+            OR NOT EXISTS (SELECT 1 FROM unnest($9::int[]) AS named(b), lease.groups g
+                            WHERE g.name = $1 AND (named.b < 0 OR named.b >= g.shard_count)))
 ), epoch AS (
     -- Failover: nothing is claimed until the server's timeline was first seen (by a heartbeat)
     -- one maximum ttl of the group's members ago, so that every worker of an old primary has
@@ -585,6 +646,10 @@ impl Side {
 /// C10, in every walk: a bucket under quarantine at the claim's clock reading is skipped.
 const NOT_QUARANTINED: &str = "(s.quarantined_until IS NULL OR s.quarantined_until <= start.t)";
 
+/// C12, in every walk: when the claim names its buckets (`$9`, null for a claim by count),
+/// only those.
+const NAMED: &str = "($9::int[] IS NULL OR s.bucket = ANY($9::int[]))";
+
 /// A walk's `LIMIT`: `$3` less the candidates the walks named found (never below 0: the
 /// orphaned walks take up to their limit per dead session, so they may find more than `$3`).
 fn still_wanted(found_before: &[&str]) -> String {
@@ -617,6 +682,7 @@ fn unowned_walk(name: &str, sticky: bool, side: Side, limit: &str) -> String {
      WHERE s.group_name = $1 AND s.owner_session IS NULL AND {last_node}
        AND {side}
        AND {NOT_QUARANTINED}
+       AND {NAMED}
        AND EXISTS (SELECT 1 FROM epoch)
        AND s.bucket % start.g NOT IN (SELECT r FROM old_block)
      ORDER BY s.bucket
@@ -643,6 +709,7 @@ fn orphaned_walk(name: &str, sticky: bool, side: Side, limit: &str) -> String {
                      WHERE s.group_name = $1 AND s.owner_session = d.owner_session
                        AND {side}
                        AND {NOT_QUARANTINED}
+                       AND {NAMED}
                      ORDER BY s.bucket
                      LIMIT {limit}
                        FOR UPDATE OF s SKIP LOCKED) AS o
@@ -969,7 +1036,7 @@ pub(crate) struct NowRow {
 /// active without a row), by node id. `$1` group.
 pub(crate) const SNAPSHOT_MEMBERS: &str = r#"
 SELECT m.node_id, n.session_id, m.joined_at, n.heartbeat_at, n.expires_at, m.owned, n.metadata,
-       COALESCE(k.weight, 1) AS weight, COALESCE(k.mode, 'active') AS mode
+       COALESCE(k.weight, 1) AS weight, COALESCE(k.mode, 'active') AS mode, m.load, m.hottest
   FROM lease.members m JOIN lease.nodes n ON n.node_id = m.node_id
   LEFT JOIN lease.member_controls k ON k.group_name = m.group_name AND k.node_id = m.node_id
  WHERE m.group_name = $1
@@ -997,6 +1064,12 @@ pub(crate) struct SnapshotMemberRow {
     pub weight: i32,
     #[diesel(sql_type = Text)]
     pub mode: String,
+    /// Its work at its last publication (P3).
+    #[diesel(sql_type = BigInt)]
+    pub load: i64,
+    /// Its hottest bucket's load then.
+    #[diesel(sql_type = BigInt)]
+    pub hottest: i64,
 }
 
 /// Every node row (whether its session was handed over too) with the groups it is a member of

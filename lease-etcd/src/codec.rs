@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::DateTime;
 use lease_core::{
-    Bucket, Change, EndReason, FencingToken, Generation, GroupName, Incarnation, MemberMetadata,
-    MemberMode, NodeId, QuarantineReason, SessionId, ShardCount, Tenure, TenureEnd, Tenures,
-    Timestamp,
+    Bucket, Change, EndReason, FencingToken, Generation, GroupName, Incarnation, Load,
+    MemberMetadata, MemberMode, NodeId, QuarantineReason, SessionId, ShardCount, Tenure, TenureEnd,
+    Tenures, Timestamp,
 };
 use lease_rules::{BucketRow, GroupState, MemberRow, NodeRow};
 use serde::{Deserialize, Serialize};
@@ -141,6 +141,10 @@ struct GroupDoc {
     /// reasons were kept).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     qr: Vec<(u32, String)>,
+    /// P3: the members' work at their last publications (load, hottest), of those with one
+    /// (absent in documents written before loads were kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    ml: Vec<(Uuid, u64, u64)>,
     /// The changes the write that stored this document sent (W1): what watchers deliver.
     ch: Vec<String>,
 }
@@ -188,6 +192,12 @@ pub fn encode_group(g: &GroupState, changes: &[Change]) -> Vec<u8> {
             .iter()
             .map(|(b, r)| (b.0, r.as_str().to_owned()))
             .collect(),
+        ml: g
+            .members
+            .iter()
+            .filter(|(_, m)| m.load > 0 || m.hottest > Load::ZERO)
+            .map(|(w, m)| (w.as_uuid(), m.load, m.hottest.micros()))
+            .collect(),
         ch: changes.iter().filter_map(encode_change).collect(),
     };
     serde_json::to_vec(&doc).unwrap_or_default()
@@ -196,16 +206,20 @@ pub fn encode_group(g: &GroupState, changes: &[Change]) -> Vec<u8> {
 /// Decode a group's document.
 pub fn decode_group(bytes: &[u8]) -> Result<GroupHead, DecodeError> {
     let doc: GroupDoc = serde_json::from_slice(bytes).map_err(|e| bad("a group document", e))?;
+    let work: BTreeMap<Uuid, (u64, u64)> = doc.ml.iter().map(|&(w, l, h)| (w, (l, h))).collect();
     let members = doc
         .m
         .into_iter()
         .map(|(w, joined, held, held_old)| {
+            let (load, hottest) = work.get(&w).copied().unwrap_or_default();
             Ok((
                 NodeId::from_uuid(w),
                 MemberRow {
                     joined_at: time(joined)?,
                     held: held.into_iter().map(Bucket).collect(),
                     held_old: held_old.into_iter().map(Bucket).collect(),
+                    load,
+                    hottest: load_of(hottest)?,
                 },
             ))
         })
@@ -316,9 +330,16 @@ pub fn changes_of(bytes: &[u8]) -> Vec<Change> {
 /// A tenure: owner, token, began, and its end (at, reason).
 type TenureDoc = (Uuid, i64, i64, Option<(i64, String)>);
 
-/// A bucket row: owner (node, session), token, last node, tenures.
+/// A bucket row: owner (node, session), token, last node, tenures, and its load (P4; absent
+/// in pages written before loads were kept).
 #[derive(Serialize, Deserialize)]
-struct RowDoc(Option<(Uuid, Uuid)>, i64, Option<Uuid>, Vec<TenureDoc>);
+struct RowDoc(
+    Option<(Uuid, Uuid)>,
+    i64,
+    Option<Uuid>,
+    Vec<TenureDoc>,
+    #[serde(default)] u64,
+);
 
 /// Encode a page of bucket rows.
 pub fn encode_page(rows: &[BucketRow]) -> Vec<u8> {
@@ -342,6 +363,7 @@ pub fn encode_page(rows: &[BucketRow]) -> Vec<u8> {
                         )
                     })
                     .collect(),
+                r.load.micros(),
             )
         })
         .collect();
@@ -352,7 +374,7 @@ pub fn encode_page(rows: &[BucketRow]) -> Vec<u8> {
 pub fn decode_page(bytes: &[u8]) -> Result<Vec<BucketRow>, DecodeError> {
     let docs: Vec<RowDoc> = serde_json::from_slice(bytes).map_err(|e| bad("a bucket page", e))?;
     docs.into_iter()
-        .map(|RowDoc(owner, token, last, tenures)| {
+        .map(|RowDoc(owner, token, last, tenures, load)| {
             let tenures = tenures
                 .into_iter()
                 .map(|(owner, token, began, ended)| {
@@ -377,9 +399,18 @@ pub fn decode_page(bytes: &[u8]) -> Result<Vec<BucketRow>, DecodeError> {
                 token,
                 last_node: last.map(NodeId::from_uuid),
                 tenures: Tenures::from(tenures),
+                load: load_of(load)?,
             })
         })
         .collect()
+}
+
+/// A load as stored: whole millionths, at most [`Load::MAX`].
+fn load_of(micros: u64) -> Result<Load, DecodeError> {
+    if micros > Load::MAX.micros() {
+        return Err(bad("a load", micros));
+    }
+    Ok(Load::from_micros(micros))
 }
 
 #[cfg(test)]
@@ -418,6 +449,8 @@ mod tests {
         buckets[2].last_node = Some(w);
         buckets[2].tenures.begin(w, FencingToken(7), at(3));
         buckets[2].tenures.end(at(4), EndReason::Drained);
+        buckets[2].load = Load::from_micros(2_500_000);
+        buckets[0].load = Load::from_micros(7);
         GroupState {
             shards: ShardCount::new(4).expect("a count"),
             buckets,
@@ -427,6 +460,8 @@ mod tests {
                     joined_at: at(2),
                     held: [Bucket(2)].into(),
                     held_old: [Bucket(1)].into(),
+                    load: 2_500_000,
+                    hottest: Load::from_micros(2_500_000),
                 },
             )]
             .into(),
@@ -470,6 +505,27 @@ mod tests {
             decode_page(&encode_page(&g.buckets)).expect("decodes"),
             g.buckets
         );
+    }
+
+    #[test]
+    fn documents_of_the_previous_release_read_with_no_load() {
+        let w = Uuid::from_u128(1);
+        let page = format!(r#"[[["{w}","{w}"],3,"{w}",[]],[null,0,null,[]]]"#);
+        let rows = decode_page(page.as_bytes()).expect("a page with no loads decodes");
+        assert_eq!(rows.len(), 2);
+        assert!(rows.iter().all(|r| r.load == Load::ZERO));
+        let mut g = group();
+        g.members.values_mut().for_each(|m| {
+            m.load = 0;
+            m.hottest = Load::ZERO;
+        });
+        let doc = String::from_utf8(encode_group(&g, &[])).expect("json");
+        assert!(
+            !doc.contains("\"ml\""),
+            "no member loads written when none: {doc}"
+        );
+        let head = decode_group(doc.as_bytes()).expect("decodes");
+        assert!(head.state.members.values().all(|m| m.load == 0));
     }
 
     #[test]

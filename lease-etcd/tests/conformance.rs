@@ -54,6 +54,8 @@ mod leases {
         history_keeps_the_last_tenures,
         history_is_checked_and_cleared_by_resizes,
         an_eviction_releases_the_node_s_buckets_whatever_its_session,
+        named_claims_take_only_the_named_claimable_buckets,
+        published_loads_are_recorded_on_owned_buckets_and_shown,
     );
 
     /// Why a case cannot run in production mode.
@@ -168,6 +170,10 @@ mod leases {
             StepsTheClock,
         ),
         ("a_quarantine_keeps_its_reason_while_it_runs", StepsTheClock),
+        (
+            "a_bucket_keeps_its_load_until_its_next_owner_records_one",
+            StepsTheClock,
+        ),
     ];
 
     /// A case added to the suite is run here or excluded with its reason, never missed.

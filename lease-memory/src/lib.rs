@@ -56,7 +56,7 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use lease_core::{
     AdminStore, BackendFailure, Bucket, Change, ChangeFeed, Clock, FencingToken, GroupName,
-    GroupSnapshot, GroupStamp, Heartbeat, Incarnation, Lease, MemberControl, MemberMetadata,
+    GroupSnapshot, GroupStamp, Heartbeat, Incarnation, Lease, Load, MemberControl, MemberMetadata,
     NodeId, NodesSnapshot, Operation, QuarantineFor, QuarantineReason, ResizeOutcome, SessionBound,
     SessionId, ShardCount, StoreError, SystemClock, Takeover, Tenure, Timestamp, Ttl, Weight,
     WorkerStore, store_precision,
@@ -213,6 +213,19 @@ impl WorkerStore for MemoryLeaseStore {
         })
     }
 
+    async fn claim_buckets(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        buckets: &[Bucket],
+        takeover: Takeover,
+    ) -> Result<Vec<Lease>, StoreError> {
+        self.run(Operation::ClaimBuckets, |s, now| {
+            s.claim_buckets(now, group, worker, session, buckets, takeover)
+        })
+    }
+
     async fn release(
         &self,
         group: &GroupName,
@@ -222,6 +235,18 @@ impl WorkerStore for MemoryLeaseStore {
     ) -> Result<Vec<Bucket>, StoreError> {
         self.run(Operation::Release, |s, now| {
             s.release(now, group, worker, session, buckets)
+        })
+    }
+
+    async fn publish_loads(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        loads: &[(Bucket, Load)],
+    ) -> Result<u32, StoreError> {
+        self.run(Operation::PublishLoads, |s, now| {
+            s.publish_loads(now, group, worker, session, loads)
         })
     }
 

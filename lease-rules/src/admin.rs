@@ -4,10 +4,10 @@ use lease_core::{
     Bucket, BucketInfo, Change, GroupName, GroupSnapshot, MemberInfo, NodeId, NodeInfo,
     NodesSnapshot, ShardCount, StoreError, Timestamp, store_precision,
 };
+use lease_core::{Load, ResizeOutcome, resize};
 use lease_core::{
     MemberControl, QuarantineFor, QuarantineReason, SessionId, Tenure, Tenures, Weight,
 };
-use lease_core::{ResizeOutcome, resize};
 
 use crate::rows::*;
 
@@ -39,6 +39,8 @@ impl State {
                     metadata: n.metadata.clone(),
                     weight,
                     mode,
+                    load: m.load,
+                    hottest: m.hottest,
                 })
             })
             .collect();
@@ -48,7 +50,8 @@ impl State {
             .enumerate()
             .map(|(i, row)| g.bucket_info(nodes, i, row, now))
             .collect();
-        // Quarantines are of the current generation's buckets only (Q4).
+        // Quarantines are of the current generation's buckets only (Q4), and so are loads
+        // (P2: the old generation's are not listed).
         let draining = g
             .old
             .iter()
@@ -56,6 +59,7 @@ impl State {
             .map(|(i, row)| BucketInfo {
                 quarantined_until: None,
                 quarantine_reason: None,
+                load: Load::ZERO,
                 ..g.bucket_info(nodes, i, row, now)
             })
             .collect();

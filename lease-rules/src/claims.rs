@@ -1,12 +1,31 @@
-//! Ownership: claims, releases and the fencing check (C, R, F).
+//! Ownership: claims, releases, the fencing check and the loads recorded on buckets (C, R, F,
+//! P).
 
 use lease_core::EndReason;
 use lease_core::{
-    Bucket, Change, FencingToken, GroupName, Lease, MemberMode, NodeId, SessionId, StoreError,
-    Takeover, Timestamp,
+    Bucket, Change, FencingToken, GroupName, Lease, Load, MemberMode, NodeId, SessionId,
+    StoreError, Takeover, Timestamp,
 };
 
 use crate::rows::*;
+
+/// Which claimable buckets a claim takes.
+#[derive(Clone, Copy)]
+enum Pick<'a> {
+    /// The first ones in claim order, at most this many (C3, C9).
+    First(u32),
+    /// Every one of these that is claimable (C12).
+    Named(&'a [Bucket]),
+}
+
+impl Pick<'_> {
+    fn allows(self, bucket: Bucket) -> bool {
+        match self {
+            Self::First(_) => true,
+            Self::Named(named) => named.contains(&bucket),
+        }
+    }
+}
 
 impl State {
     /// [`WorkerStore::claim`](lease_core::WorkerStore::claim) at the store's time `now`.
@@ -19,9 +38,103 @@ impl State {
         want: u32,
         takeover: Takeover,
     ) -> Result<Vec<Lease>, StoreError> {
+        self.take(now, group, worker, session, Pick::First(want), takeover)
+    }
+
+    /// [`WorkerStore::claim_buckets`](lease_core::WorkerStore::claim_buckets) at the store's
+    /// time `now`.
+    pub fn claim_buckets(
+        &mut self,
+        now: Timestamp,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        buckets: &[Bucket],
+        takeover: Takeover,
+    ) -> Result<Vec<Lease>, StoreError> {
+        self.take(now, group, worker, session, Pick::Named(buckets), takeover)
+    }
+
+    /// [`WorkerStore::publish_loads`](lease_core::WorkerStore::publish_loads) at the store's
+    /// time `now`.
+    pub fn publish_loads(
+        &mut self,
+        now: Timestamp,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        loads: &[(Bucket, Load)],
+    ) -> Result<u32, StoreError> {
+        let (nodes, g) = self.split(group)?;
+        // P2: a bucket out of range fails the call before anything is written.
+        if let Some(&(bucket, _)) = loads.iter().find(|(b, _)| !g.shards.contains(*b)) {
+            return Err(StoreError::BucketOutOfRange {
+                group: group.clone(),
+                bucket,
+                shard_count: g.shards,
+            });
+        }
+        // P1.
+        let Some(me) = g.live_member_mut(nodes, worker, session, now) else {
+            return Err(StoreError::SessionExpired {
+                group: group.clone(),
+                worker,
+            });
+        };
+        let held = me.held.clone();
+        // For a bucket listed twice, the last load.
+        let asked: std::collections::BTreeMap<Bucket, Load> = loads.iter().copied().collect();
+        let mut recorded = 0u32;
+        let mut changed = false;
+        for (&bucket, &load) in asked.iter().filter(|(b, _)| held.contains(b)) {
+            let row = &mut g.buckets[bucket.0 as usize];
+            changed |= row.load != load;
+            row.load = load;
+            recorded += 1;
+        }
+        // P3: the member's work, from the loads on what it holds now.
+        let total = Load::sum(held.iter().map(|b| &g.buckets[b.0 as usize].load));
+        let hottest = held
+            .iter()
+            .map(|b| g.buckets[b.0 as usize].load)
+            .max()
+            .unwrap_or(Load::ZERO);
+        if let Some(me) = g.members.get_mut(&worker) {
+            changed |= (me.load, me.hottest) != (total, hottest);
+            me.load = total;
+            me.hottest = hottest;
+        }
+        // P5: a change moves the counter; no wake-up.
+        if changed {
+            g.bump();
+        }
+        Ok(recorded)
+    }
+
+    /// Claim by C1-C13: the first `want` claimable buckets in claim order, or the named ones
+    /// that are claimable.
+    fn take(
+        &mut self,
+        now: Timestamp,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        pick: Pick<'_>,
+        takeover: Takeover,
+    ) -> Result<Vec<Lease>, StoreError> {
         let state = self;
         let (quiet_from, floor) = (state.history.quiet_from(), state.history.floor());
         let (nodes, g) = state.split(group)?;
+        // C13: a named bucket out of range fails the call before anything else.
+        if let Pick::Named(named) = pick
+            && let Some(&bucket) = named.iter().find(|&&b| !g.shards.contains(b))
+        {
+            return Err(StoreError::BucketOutOfRange {
+                group: group.clone(),
+                bucket,
+                shard_count: g.shards,
+            });
+        }
         let (expires_at, renewed_at) = match g.live_member_mut(nodes, worker, session, now) {
             Some(_) => nodes
                 .get(&worker)
@@ -77,10 +190,14 @@ impl State {
             .filter(|&i| g.quarantined(Bucket(i as u32), now).is_none())
             // C8: the resize barrier, with the takeover C7 allows now.
             .filter(|&i| g.parents_retired(nodes, i, now, effective))
+            // C12: only the named ones, when buckets are named.
+            .filter(|&i| pick.allows(Bucket(i as u32)))
             // C9: the buckets it last held first.
             .partition(|&i| g.buckets[i].last_node == Some(worker));
         picked.extend(others);
-        picked.truncate(want as usize);
+        if let Pick::First(want) = pick {
+            picked.truncate(want as usize);
+        }
         picked.sort_unstable();
         let mut won = Vec::with_capacity(picked.len());
         for i in picked {

@@ -4,7 +4,7 @@ use lease_core::Weight;
 use lease_core::resize;
 use lease_core::{
     Bucket, BucketInfo, BucketState, FencingToken, GroupBeat, GroupName, GroupView, Lease,
-    MemberLoad, MemberMode, NodeId, SessionId, Takeover, Timestamp, ViewStamp,
+    MemberLoad, MemberMode, NodeId, SessionId, Takeover, Timestamp, ViewStamp, list_loaded,
 };
 
 use crate::history::History;
@@ -109,6 +109,7 @@ impl GroupState {
             quarantine_reason: self
                 .quarantined(Bucket(i as u32), now)
                 .and_then(|_| self.quarantine_reasons.get(&Bucket(i as u32)).cloned()),
+            load: row.load,
         }
     }
 
@@ -211,6 +212,8 @@ impl GroupState {
                     owned: m.held.len() as u32,
                     weight,
                     mode,
+                    load: m.load,
+                    hottest: m.hottest,
                 }
             })
             .collect();
@@ -251,6 +254,17 @@ impl GroupState {
                 previous: self.previous,
                 draining,
                 quarantined: quarantined.len() as u32,
+                // P4: the claimable buckets' loads, as C2 and C10 say what is claimable.
+                loaded: list_loaded(
+                    self.buckets
+                        .iter()
+                        .enumerate()
+                        .filter(|&(i, row)| {
+                            !self.is_owned_live(nodes, row, now)
+                                && self.quarantined(Bucket(i as u32), now).is_none()
+                        })
+                        .map(|(i, row)| (Bucket(i as u32), row.load)),
+                ),
             },
             owned,
             stamp: ViewStamp::new(self.version, until),

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use lease_core::Generation;
 use lease_core::Tenures;
 use lease_core::{
-    Bucket, Change, GroupName, Incarnation, MemberMetadata, MemberMode, NodeId, QuarantineReason,
-    SessionId, ShardCount, StoreError, Timestamp,
+    Bucket, Change, GroupName, Incarnation, Load, MemberMetadata, MemberMode, NodeId,
+    QuarantineReason, SessionId, ShardCount, StoreError, Timestamp,
 };
 
 use crate::history::History;
@@ -22,6 +22,8 @@ pub struct BucketRow {
     pub last_node: Option<NodeId>,
     /// T1-T3: its last tenures (the current generation's only: T4).
     pub tenures: Tenures,
+    /// P2, P4: the load last recorded on it, whoever holds it now.
+    pub load: Load,
 }
 
 /// A node's session: the only row a renewal writes.
@@ -73,6 +75,10 @@ pub struct MemberRow {
     /// Buckets of the draining generation recorded under the session (moved here from `held`
     /// by a resize); exact the same way.
     pub held_old: BTreeSet<Bucket>,
+    /// P3: the sum of its buckets' loads at its last publication, in millionths.
+    pub load: u64,
+    /// P3: its hottest bucket's load at its last publication.
+    pub hottest: Load,
 }
 
 /// A group.

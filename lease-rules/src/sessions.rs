@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use lease_core::EndReason;
 use lease_core::Generation;
 use lease_core::{
-    BackendFailure, Bucket, Change, GroupName, GroupStamp, Heartbeat, Incarnation, MemberMetadata,
-    NodeId, Operation, SessionBound, SessionId, ShardCount, StoreError, Timestamp, Ttl,
+    BackendFailure, Bucket, Change, GroupName, GroupStamp, Heartbeat, Incarnation, Load,
+    MemberMetadata, NodeId, Operation, SessionBound, SessionId, ShardCount, StoreError, Timestamp,
+    Ttl,
 };
 
 use crate::history::KEPT;
@@ -235,6 +236,8 @@ impl State {
                 joined_at: now,
                 held: BTreeSet::new(),
                 held_old: BTreeSet::new(),
+                load: 0,
+                hottest: Load::ZERO,
             },
         );
         g.bump();

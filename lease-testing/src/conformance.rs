@@ -14,8 +14,8 @@
 //! list and [`CASES`] ever differ, so no backend can miss a case.
 //!
 //! The cases live in one file per rule family (`groups`, `sessions`, `claims`, `releases`,
-//! `fencing`, `views`, `resizes`, `controls`, `history`, `members`, and `walks` for the ways a
-//! claim finds its buckets); this file holds the lists, the macros and the helpers they share.
+//! `fencing`, `views`, `resizes`, `controls`, `history`, `members`, `loads`, and `walks` for
+//! the ways a claim finds its buckets); this file holds the lists, the macros and the helpers they share.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -38,6 +38,7 @@ mod controls;
 mod fencing;
 mod groups;
 mod history;
+mod loads;
 mod members;
 mod releases;
 mod resizes;
@@ -49,6 +50,7 @@ pub use controls::*;
 pub use fencing::*;
 pub use groups::*;
 pub use history::*;
+pub use loads::*;
 pub use members::*;
 pub use releases::*;
 pub use resizes::*;
@@ -135,6 +137,9 @@ pub const CASES: &[&str] = &[
     "a_view_that_counted_a_quarantine_is_given_again_once_it_ends",
     "a_node_sets_its_own_weight_only_under_its_live_session",
     "an_eviction_releases_the_node_s_buckets_whatever_its_session",
+    "named_claims_take_only_the_named_claimable_buckets",
+    "published_loads_are_recorded_on_owned_buckets_and_shown",
+    "a_bucket_keeps_its_load_until_its_next_owner_records_one",
 ];
 
 /// The name of every case of the resize contract (Z1-Z5 and what they change in the other
@@ -277,6 +282,9 @@ macro_rules! conformance_suite {
             a_view_that_counted_a_quarantine_is_given_again_once_it_ends,
             a_node_sets_its_own_weight_only_under_its_live_session,
             an_eviction_releases_the_node_s_buckets_whatever_its_session,
+            named_claims_take_only_the_named_claimable_buckets,
+            published_loads_are_recorded_on_owned_buckets_and_shown,
+            a_bucket_keeps_its_load_until_its_next_owner_records_one,
         );
     };
 }

@@ -13,7 +13,7 @@ use lease_core::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionId, ShardCount,
 };
 use lease_core::{Clock, ManualClock, Timestamp, Ttl, store_precision};
-use lease_core::{GroupSnapshot, GroupStamp, Heartbeat, Lease, NodesSnapshot};
+use lease_core::{GroupSnapshot, GroupStamp, Heartbeat, Lease, Load, NodesSnapshot};
 use lease_core::{MemberControl, QuarantineFor, QuarantineReason, SessionBound, Tenure};
 
 /// A [`Clock`] that reads tokio's clock, so a store's expiry follows `tokio::time::pause` and
@@ -187,6 +187,20 @@ impl<S: WorkerStore> WorkerStore for FaultyStore<S> {
             .await
     }
 
+    async fn claim_buckets(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        buckets: &[Bucket],
+        takeover: Takeover,
+    ) -> Result<Vec<Lease>, StoreError> {
+        self.gate(Operation::ClaimBuckets).await?;
+        self.inner
+            .claim_buckets(group, worker, session, buckets, takeover)
+            .await
+    }
+
     async fn release(
         &self,
         group: &GroupName,
@@ -196,6 +210,19 @@ impl<S: WorkerStore> WorkerStore for FaultyStore<S> {
     ) -> Result<Vec<Bucket>, StoreError> {
         self.gate(Operation::Release).await?;
         self.inner.release(group, worker, session, buckets).await
+    }
+
+    async fn publish_loads(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        loads: &[(Bucket, Load)],
+    ) -> Result<u32, StoreError> {
+        self.gate(Operation::PublishLoads).await?;
+        self.inner
+            .publish_loads(group, worker, session, loads)
+            .await
     }
 
     async fn leave(

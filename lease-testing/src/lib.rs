@@ -9,6 +9,8 @@
 //! - [`runtime`]: worker-level scenarios (cold start, join, graceful stop, crash, self-fencing,
 //!   errors, misbehaving applications) on real workers, and the [`runtime_suite!`] macro that
 //!   runs them all on a backend, on tokio's paused clock or on real time.
+//! - [`balance_sim`]: a pool balancing skewed loads tick by tick, for the load policy's
+//!   benchmark and property tests.
 //! - [`faults`]: a fault-injecting store wrapper and a clock following tokio's paused time.
 //! - [`RecordingHandler`]: a worker handler that records into an ownership log.
 //! - [`Counters`]: a metrics recorder that counts what the worker reports.
@@ -19,6 +21,7 @@
 
 #![warn(missing_docs)]
 
+pub mod balance_sim;
 pub mod conformance;
 pub mod counters;
 pub mod coverage;

@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 mod admin;
 mod failover;
+mod loads;
 mod store;
 pub use store::{ModelFailovers, ModelStore};
 
@@ -21,8 +22,8 @@ use lease_core::{
     ShardCount, Takeover,
 };
 use lease_core::{
-    BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupView, Heartbeat, Lease, MemberInfo,
-    MemberLoad, MemberMode, NodeInfo, NodesSnapshot, ViewStamp,
+    BucketInfo, BucketState, GroupBeat, GroupSnapshot, GroupView, Heartbeat, Lease, Load,
+    MemberInfo, MemberLoad, MemberMode, NodeInfo, NodesSnapshot, ViewStamp, list_loaded,
 };
 use lease_core::{
     EndReason, MemberControl, QuarantineFor, QuarantineReason, Tenure, Tenures, Weight,
@@ -42,6 +43,8 @@ struct ModelBucket {
     quarantine_reason: Option<QuarantineReason>,
     /// T1-T3: its last tenures.
     tenures: Tenures,
+    /// P2, P4: the load last recorded on it.
+    load: Load,
 }
 
 impl ModelBucket {
@@ -83,6 +86,8 @@ struct ModelGroup {
     old: Vec<ModelBucket>,
     /// K1: the controls set, by node (absent: weight 1, active).
     controls: BTreeMap<NodeId, (u32, MemberMode)>,
+    /// P3: each member's work at its last publication (absent: none), cleared when it joins.
+    work: BTreeMap<NodeId, (u64, Load)>,
 }
 
 /// The node's session if it is live at `now`.
@@ -206,6 +211,7 @@ impl ModelGroup {
             state,
             quarantined_until: b.quarantined(now),
             quarantine_reason: b.quarantined(now).and_then(|_| b.quarantine_reason.clone()),
+            load: b.load,
         }
     }
 
@@ -217,11 +223,14 @@ impl ModelGroup {
             .filter(|&&w| live_node(nodes, w, now).is_some())
             .map(|&w| {
                 let (weight, mode) = self.control(w);
+                let (load, hottest) = self.work.get(&w).copied().unwrap_or_default();
                 MemberLoad {
                     worker: w,
                     owned: self.owned_by(nodes, w, now).len() as u32,
                     weight,
                     mode,
+                    load,
+                    hottest,
                 }
             })
             .collect();
@@ -256,6 +265,15 @@ impl ModelGroup {
                 previous: self.previous,
                 draining: self.draining(nodes, now),
                 quarantined,
+                loaded: list_loaded(
+                    self.buckets
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, b)| {
+                            self.live_owner(nodes, b, now).is_none() && b.quarantined(now).is_none()
+                        })
+                        .map(|(i, b)| (Bucket(i as u32), b.load)),
+                ),
             },
             quarantined: owned
                 .iter()
@@ -335,6 +353,7 @@ impl Model {
                         previous: None,
                         old: Vec::new(),
                         controls: BTreeMap::new(),
+                        work: BTreeMap::new(),
                     },
                 );
                 Ok(())
@@ -502,7 +521,11 @@ impl Model {
                 worker: node,
             });
         }
-        g.members.entry(node).or_insert(now);
+        if !g.members.contains_key(&node) {
+            g.members.insert(node, now);
+            // A new member row: nothing published under it yet.
+            g.work.remove(&node);
+        }
         Ok(())
     }
 
@@ -516,6 +539,20 @@ impl Model {
         takeover: Takeover,
         now: Timestamp,
     ) -> Result<Vec<Lease>, StoreError> {
+        self.take(group, worker, session, Err(want), takeover, now)
+    }
+
+    /// A claim of the first `want` claimable buckets in claim order (`Err(want)`), or of the
+    /// named ones that are claimable (`Ok(named)`, C12).
+    fn take(
+        &mut self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        pick: Result<&[Bucket], u32>,
+        takeover: Takeover,
+        now: Timestamp,
+    ) -> Result<Vec<Lease>, StoreError> {
         let now = store_precision(now);
         let nodes = &self.nodes;
         let timelines = &self.timelines;
@@ -525,6 +562,16 @@ impl Model {
             .ok_or_else(|| StoreError::GroupNotFound {
                 group: group.clone(),
             })?;
+        // C13.
+        if let Ok(named) = pick
+            && let Some(&bucket) = named.iter().find(|&&b| !g.shards.contains(b))
+        {
+            return Err(StoreError::BucketOutOfRange {
+                group: group.clone(),
+                bucket,
+                shard_count: g.shards,
+            });
+        }
         let renewed_at = g
             .live_as(nodes, worker, session, now)
             .map(|n| n.heartbeat_at)
@@ -569,10 +616,14 @@ impl Model {
             .filter(|&i| g.buckets[i].quarantined(now).is_none())
             // C8: the resize barrier.
             .filter(|&i| g.parents_retired(nodes, i, now, effective))
+            // C12: only the named ones, if any are.
+            .filter(|&i| pick.ok().is_none_or(|n| n.contains(&Bucket(i as u32))))
             // C9: the buckets it last held first.
             .partition(|&i| g.buckets[i].last_node == Some(worker));
         claimable.extend(others);
-        claimable.truncate(want as usize);
+        if let Err(want) = pick {
+            claimable.truncate(want as usize);
+        }
         claimable.sort_unstable();
         let mut won = Vec::new();
         for i in claimable {

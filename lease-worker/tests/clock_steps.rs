@@ -130,6 +130,7 @@ impl Run {
                     previous: None,
                     draining: 0,
                     quarantined: 0,
+                    loaded: Vec::new(),
                 },
                 owned: Vec::new(),
                 stamp: ViewStamp::default(),

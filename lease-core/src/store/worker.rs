@@ -14,12 +14,13 @@ use crate::failover::SessionBound;
 use crate::ids::{
     Bucket, FencingToken, GroupName, Incarnation, MemberMetadata, NodeId, SessionId, ShardCount,
 };
+use crate::load::Load;
 use crate::time::Ttl;
 use crate::view::{GroupStamp, Heartbeat, Lease};
 
 /// What a node's runtime needs of the store: its session (heartbeats, hand-over), its
-/// memberships (join, leave), its buckets (claim, release), its own weight, the fencing
-/// check and the change feed. The rules every operation keeps (G1-G9, and V1-V3 after a
+/// memberships (join, leave), its buckets (claim, release), its own weight, its buckets'
+/// loads, the fencing check and the change feed. The rules every operation keeps (G1-G9, and V1-V3 after a
 /// failover) are written on [`LeaseStore`](crate::LeaseStore); each method lists its own.
 #[cfg_attr(any(test, feature = "mock"), mockall::automock)]
 #[async_trait]
@@ -182,6 +183,27 @@ pub trait WorkerStore: Send + Sync {
         takeover: Takeover,
     ) -> Result<Vec<Lease>, StoreError>;
 
+    /// Claim, of `buckets`, those that are claimable, for `worker`'s live session `session`:
+    /// how the load-aware policy takes the buckets it chose (a hot one, say) instead of the
+    /// first ones in claim order.
+    ///
+    /// # Contract
+    ///
+    /// - **C12** Every rule of [`claim`](Self::claim) holds (C1, C2, C4-C8, C10, C11, and V2
+    ///   and V3 after a failover), except that the buckets taken are not the first `want` in
+    ///   claim order (C3, C9) but every listed bucket of the current generation that is
+    ///   claimable. A bucket listed twice counts once; none listed takes none.
+    /// - **C13** A bucket outside `0..shards` fails the call with
+    ///   [`StoreError::BucketOutOfRange`]; nothing is written.
+    async fn claim_buckets(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        buckets: &[Bucket],
+        takeover: Takeover,
+    ) -> Result<Vec<Lease>, StoreError>;
+
     /// Give up those of `buckets` that `worker` owns under `session`, so others can claim them
     /// at once.
     ///
@@ -299,6 +321,40 @@ pub trait WorkerStore: Send + Sync {
         weight: Weight,
     ) -> Result<(), StoreError>;
 
+    /// Record the loads `worker`'s application measured on buckets it owns in `group`, under
+    /// its live session `session`, and its work as the load-aware policy weighs it.
+    ///
+    /// # Contract
+    ///
+    /// - **P1** `session` must be the node's live session and the node a member of the group,
+    ///   or the call fails with [`StoreError::SessionExpired`] and writes nothing.
+    /// - **P2** A bucket outside `0..shards` fails the call with
+    ///   [`StoreError::BucketOutOfRange`]; nothing is written. Of the listed buckets, each one
+    ///   of the current generation the session owns gets its load recorded (for one listed
+    ///   twice, the last); the others are left alone. Returns how many buckets were recorded
+    ///   (one listed twice counts once).
+    /// - **P3** Then the member's work is computed again from the loads recorded on the
+    ///   buckets of the current generation it owns: their sum and the largest
+    ///   ([`MemberLoad::load`](crate::MemberLoad::load),
+    ///   [`MemberLoad::hottest`](crate::MemberLoad::hottest)), which views list from then on.
+    ///   Claims and releases leave it as it is: it is the work at the member's last
+    ///   publication (a worker publishes again after its buckets changed, even with no load
+    ///   to record).
+    /// - **P4** A recorded load stays on its bucket until its next owner records another:
+    ///   through release, leave, a dead session's takeover and claims; a claimable bucket's
+    ///   load is listed by views ([`GroupView::loaded`](crate::GroupView::loaded)). Owners,
+    ///   tokens and sessions are untouched, and the session is not extended.
+    /// - **P5** When the member's work or a recorded load changed, the group's change
+    ///   counter moves (so H8 gives views again); no wake-up is sent, as loads are planned on
+    ///   at the next renew tick.
+    async fn publish_loads(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        loads: &[(Bucket, Load)],
+    ) -> Result<u32, StoreError>;
+
     /// Subscribe to `group`'s wake-ups (joins, leaves, releases, resizes). `None` if the store has no
     /// change feed; workers then re-plan on their renew interval only (and say so in their
     /// `lease_polling_fallback` gauge). A store that cannot push wake-ups in its configuration
@@ -370,6 +426,19 @@ impl<S: WorkerStore + ?Sized> WorkerStore for Arc<S> {
         (**self).claim(group, worker, session, want, takeover).await
     }
 
+    async fn claim_buckets(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        buckets: &[Bucket],
+        takeover: Takeover,
+    ) -> Result<Vec<Lease>, StoreError> {
+        (**self)
+            .claim_buckets(group, worker, session, buckets, takeover)
+            .await
+    }
+
     async fn release(
         &self,
         group: &GroupName,
@@ -420,5 +489,15 @@ impl<S: WorkerStore + ?Sized> WorkerStore for Arc<S> {
         weight: Weight,
     ) -> Result<(), StoreError> {
         (**self).set_weight(group, node, session, weight).await
+    }
+
+    async fn publish_loads(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        loads: &[(Bucket, Load)],
+    ) -> Result<u32, StoreError> {
+        (**self).publish_loads(group, worker, session, loads).await
     }
 }

@@ -1,4 +1,4 @@
-//! Upgrades from the previous release (migrations 7 to 10, each undone with its `down.sql`):
+//! Upgrades from the previous release (migrations 7 to 13, each undone with its `down.sql`):
 //! the rows it left are kept and the roles its `leasectl grant` set up keep working.
 
 use std::time::Duration;
@@ -21,6 +21,10 @@ use crate::support::process;
 /// The newest migrations' versions and `down.sql`, newest first: what a test undoes to stand
 /// where the previous release left the schema.
 const DOWNS: &[(&str, &str)] = &[
+    (
+        "20261211000013",
+        include_str!("../../../migrations/2026-12-11-000013_bucket_loads/down.sql"),
+    ),
     (
         "20261210000012",
         include_str!("../../../migrations/2026-12-10-000012_quarantine_reasons/down.sql"),
@@ -52,6 +56,7 @@ const DOWNS: &[(&str, &str)] = &[
 /// The objects each of [`DOWNS`]' migrations added, as the privilege list names them: the
 /// previous release's grants are today's without them.
 const ADDED: &[(&str, &[&str])] = &[
+    ("20261211000013", &[]),
     (
         "20261210000012",
         &["lease.quarantine(text, bigint, interval, timestamptz, text)"],
@@ -261,9 +266,10 @@ async fn migration_8_keeps_the_rows_and_the_roles_of_the_previous_release() {
             "20261207000009",
             "20261208000010",
             "20261209000011",
-            "20261210000012"
+            "20261210000012",
+            "20261211000013"
         ],
-        "only migrations 8 to 12 (undone with it) were missing"
+        "only migrations 8 to 13 (undone with it) were missing"
     );
     // From here the roles hold only what they were granted, by the previous release's grants
     // and by the migration (Postgres lets PUBLIC execute every new function by default).
@@ -484,9 +490,10 @@ async fn migration_9_gives_owned_buckets_their_tenure_and_keeps_the_roles() {
             "20261207000009",
             "20261208000010",
             "20261209000011",
-            "20261210000012"
+            "20261210000012",
+            "20261211000013"
         ],
-        "only migrations 9 to 12 (undone with it) were missing"
+        "only migrations 9 to 13 (undone with it) were missing"
     );
     exec(&mut admin, REVOKE_PUBLIC_DEFAULTS).await;
     let monitor = store(&url_as(&db.url, &monitor_role));

@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use lease_core::SessionBound;
 use lease_core::{
-    Bucket, ChangeFeed, FencingToken, GroupName, GroupStamp, Heartbeat, Incarnation, Lease,
+    Bucket, ChangeFeed, FencingToken, GroupName, GroupStamp, Heartbeat, Incarnation, Lease, Load,
     MemberMetadata, NodeId, Operation, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl,
     Weight, WorkerStore,
 };
@@ -69,6 +69,44 @@ impl WorkerStore for EtcdLeaseStore {
         self.run(Operation::Claim, Scope::Group(group), true, |s, now| {
             s.claim(now, group, worker, session, want, takeover)
         })
+        .await
+    }
+
+    async fn claim_buckets(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        buckets: &[Bucket],
+        takeover: Takeover,
+    ) -> Result<Vec<Lease>, StoreError> {
+        // As for claim.
+        let takeover = match (self.leases(), takeover) {
+            (true, Takeover::AllowedWithin(_)) => Takeover::Allowed,
+            (_, t) => t,
+        };
+        self.run(
+            Operation::ClaimBuckets,
+            Scope::Group(group),
+            true,
+            |s, now| s.claim_buckets(now, group, worker, session, buckets, takeover),
+        )
+        .await
+    }
+
+    async fn publish_loads(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        loads: &[(Bucket, Load)],
+    ) -> Result<u32, StoreError> {
+        self.run(
+            Operation::PublishLoads,
+            Scope::Group(group),
+            true,
+            |s, now| s.publish_loads(now, group, worker, session, loads),
+        )
         .await
     }
 

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use lease_core::{
-    Bucket, FencingToken, GroupBeat, GroupName, GroupStamp, Heartbeat, LeaseStore, MemberMetadata,
-    SessionId, StoreError, Takeover, Ttl, ViewStamp,
+    Bucket, FencingToken, GroupBeat, GroupName, GroupStamp, Heartbeat, LeaseStore, Load,
+    MemberMetadata, SessionId, StoreError, Takeover, Ttl, ViewStamp,
 };
 use uuid::Uuid;
 
@@ -210,6 +210,38 @@ pub async fn apply_to_store(
                 .await,
             Outcome::Leases,
         ),
+        Op::ClaimBuckets {
+            group: g,
+            worker: w,
+            process: p,
+            ref buckets,
+            takeover,
+        } => {
+            let bs: Vec<Bucket> = buckets.iter().copied().map(Bucket).collect();
+            outcome(
+                store
+                    .claim_buckets(&group(g), worker(w), sessions.of(w, p), &bs, takeover)
+                    .await,
+                Outcome::Leases,
+            )
+        }
+        Op::PublishLoads {
+            group: g,
+            worker: w,
+            process: p,
+            ref loads,
+        } => {
+            let loads: Vec<(Bucket, Load)> = loads
+                .iter()
+                .map(|&(b, units)| (Bucket(b), Load::from_micros(units * 1_000_000)))
+                .collect();
+            outcome(
+                store
+                    .publish_loads(&group(g), worker(w), sessions.of(w, p), &loads)
+                    .await,
+                Outcome::Recorded,
+            )
+        }
         Op::Release {
             group: g,
             worker: w,

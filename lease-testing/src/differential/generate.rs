@@ -99,8 +99,17 @@ pub fn op_strategy(state: &Reference) -> BoxedStrategy<Op> {
             .prop_map(|(group, worker, process, ttl_ms, want)| Op::Tick { group, worker, process, ttl_ms, want }),
         2 => (g.clone(), w.clone(), process(), 0u32..6, takeovers())
             .prop_map(|(group, worker, process, want, takeover)| Op::Claim { group, worker, process, want, takeover }),
-        1 => (buckets, w.clone(), process())
+        1 => (buckets.clone(), w.clone(), process())
             .prop_map(|((group, buckets), worker, process)| Op::Release { group, worker, process, buckets }),
+        1 => (buckets.clone(), w.clone(), process(), takeovers())
+            .prop_map(|((group, buckets), worker, process, takeover)| Op::ClaimBuckets { group, worker, process, buckets, takeover }),
+        1 => (buckets, w.clone(), process(), prop::collection::vec(0u64..4, 4))
+            .prop_map(|((group, buckets), worker, process, units)| Op::PublishLoads {
+                group,
+                worker,
+                process,
+                loads: buckets.into_iter().zip(units).collect(),
+            }),
         3 => owned_release,
         2 => (g.clone(), w.clone(), prop_oneof![3 => process().prop_map(Some), 1 => Just(None)])
             .prop_map(|(group, worker, process)| Op::Leave { group, worker, process }),

@@ -64,6 +64,31 @@ pub enum Op {
         /// Which claimable buckets it may take (C7).
         takeover: Takeover,
     },
+    /// `claim_buckets(group, worker, session, buckets, takeover)`.
+    ClaimBuckets {
+        /// Index into [`GROUPS`](super::GROUPS).
+        group: usize,
+        /// Worker index.
+        worker: usize,
+        /// Process index.
+        process: usize,
+        /// Buckets named (some may be out of range).
+        buckets: Vec<u32>,
+        /// Which claimable buckets it may take (C7).
+        takeover: Takeover,
+    },
+    /// `publish_loads(group, worker, session, loads)`: whole units, so that equal loads
+    /// (and ties in views' lists) happen.
+    PublishLoads {
+        /// Index into [`GROUPS`](super::GROUPS).
+        group: usize,
+        /// Worker index.
+        worker: usize,
+        /// Process index.
+        process: usize,
+        /// (bucket, load in units); buckets may be out of range.
+        loads: Vec<(u32, u64)>,
+    },
     /// `release(group, worker, session, buckets)`.
     Release {
         /// Index into [`GROUPS`](super::GROUPS).
@@ -189,6 +214,8 @@ pub(super) fn op_group(op: &Op) -> usize {
         | Op::Join { group, .. }
         | Op::Tick { group, .. }
         | Op::Claim { group, .. }
+        | Op::ClaimBuckets { group, .. }
+        | Op::PublishLoads { group, .. }
         | Op::Release { group, .. }
         | Op::Leave { group, .. }
         | Op::Snapshot { group }
@@ -207,6 +234,8 @@ pub(super) fn op_worker(op: &Op) -> usize {
         | Op::Join { worker, .. }
         | Op::Tick { worker, .. }
         | Op::Claim { worker, .. }
+        | Op::ClaimBuckets { worker, .. }
+        | Op::PublishLoads { worker, .. }
         | Op::Release { worker, .. }
         | Op::Leave { worker, .. }
         | Op::IsCurrent { worker, .. } => worker,

@@ -26,6 +26,8 @@ pub enum Outcome {
     Leases(Vec<Lease>),
     /// Released buckets.
     Buckets(Vec<Bucket>),
+    /// How many loads a publication recorded.
+    Recorded(u32),
     /// A snapshot.
     Snapshot(GroupSnapshot),
     /// A fencing check.

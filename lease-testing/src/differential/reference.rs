@@ -101,7 +101,10 @@ impl ReferenceStateMachine for ReferenceModel {
         {
             state.shard_counts[*group] = *to;
         }
-        if let Op::Tick { group, worker, .. } | Op::Claim { group, worker, .. } = op {
+        if let Op::Tick { group, worker, .. }
+        | Op::Claim { group, worker, .. }
+        | Op::ClaimBuckets { group, worker, .. } = op
+        {
             let (g, w) = (*group, *worker);
             state
                 .issued

@@ -134,6 +134,12 @@ impl Subject {
                     worker,
                     process,
                     ..
+                }
+                | Op::ClaimBuckets {
+                    group,
+                    worker,
+                    process,
+                    ..
                 },
                 Outcome::Leases(won),
             ) => self.believe_claim((*group, *worker, *process), won),
@@ -213,6 +219,7 @@ impl Subject {
             op,
             Op::Tick { .. }
                 | Op::Claim { .. }
+                | Op::ClaimBuckets { .. }
                 | Op::Release { .. }
                 | Op::Leave { .. }
                 | Op::Resize { .. }

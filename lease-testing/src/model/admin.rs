@@ -27,6 +27,8 @@ impl Model {
                     metadata: n.metadata.clone(),
                     weight,
                     mode,
+                    load: g.work.get(&w).map_or(0, |w| w.0),
+                    hottest: g.work.get(&w).map_or(Load::ZERO, |w| w.1),
                 })
             })
             .collect();

@@ -10,9 +10,9 @@ use std::sync::{Mutex, PoisonError};
 use async_trait::async_trait;
 use lease_core::{
     AdminStore, Bucket, FencingToken, GroupName, GroupSnapshot, GroupStamp, Heartbeat, Incarnation,
-    Lease, MemberControl, MemberMetadata, NodeId, NodesSnapshot, QuarantineFor, QuarantineReason,
-    ResizeOutcome, SessionId, ShardCount, StoreError, Takeover, Tenure, Timestamp, Ttl, Weight,
-    WorkerStore,
+    Lease, Load, MemberControl, MemberMetadata, NodeId, NodesSnapshot, QuarantineFor,
+    QuarantineReason, ResizeOutcome, SessionId, ShardCount, StoreError, Takeover, Tenure,
+    Timestamp, Ttl, Weight, WorkerStore,
 };
 use lease_core::{Clock, ManualClock, SessionBound};
 
@@ -109,6 +109,17 @@ impl WorkerStore for ModelStore {
         self.with(|m, now| m.claim(group, worker, session, want, takeover, now))
     }
 
+    async fn claim_buckets(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        buckets: &[Bucket],
+        takeover: Takeover,
+    ) -> Result<Vec<Lease>, StoreError> {
+        self.with(|m, now| m.claim_buckets(group, worker, session, buckets, takeover, now))
+    }
+
     async fn release(
         &self,
         group: &GroupName,
@@ -117,6 +128,16 @@ impl WorkerStore for ModelStore {
         buckets: &[Bucket],
     ) -> Result<Vec<Bucket>, StoreError> {
         self.with(|m, now| m.release(group, worker, session, buckets, now))
+    }
+
+    async fn publish_loads(
+        &self,
+        group: &GroupName,
+        worker: NodeId,
+        session: SessionId,
+        loads: &[(Bucket, Load)],
+    ) -> Result<u32, StoreError> {
+        self.with(|m, now| m.publish_loads(group, worker, session, loads, now))
     }
 
     async fn leave(

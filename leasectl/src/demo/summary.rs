@@ -161,6 +161,8 @@ mod tests {
                     metadata: MemberMetadata::empty(),
                     weight: 1,
                     mode: Default::default(),
+                    load: 0,
+                    hottest: Default::default(),
                 })
                 .collect(),
             buckets: Vec::new(),
