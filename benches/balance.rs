@@ -1,6 +1,6 @@
 //! Load-aware balance: how fast, and with how many moves, a pool sharing Zipf-skewed loads
 //! gets its busiest member down to the lower bound, under three rules: ours
-//! (`lease::balance::plan`), the count-fair policy, and a rule written after KCL 3.x's (a
+//! (`lease::balance::plan_loads`), the count-fair policy, and a rule written after KCL 3.x's (a
 //! leader, every third tick, moves 60 % of the excess of every worker above the mean when one
 //! leaves a +-10 % band). Deterministic: ticks, a seeded generator, no clock.
 //!

@@ -55,7 +55,9 @@
 pub use lease_worker::{ConfigError, LeaseNode, LeaseNodeBuilder, LeaseWorker, LeaseWorkerBuilder};
 
 // What a started node or worker hands back, and why starting or adding a group can fail.
-pub use lease_worker::{GroupError, GroupHandle, NodeHandle, StartError, WorkerHandle};
+pub use lease_worker::{
+    GroupError, GroupHandle, LoadReporter, NodeHandle, StartError, WorkerHandle,
+};
 
 // The application side: a handler and the events it is told, or a lease per bucket.
 pub use lease_core::{Assignment, OwnershipEvent, RevokeReason};
@@ -65,9 +67,9 @@ pub use lease_worker::{
 };
 
 // The ids and values an application names: a group and its shard count, a node id, a bucket
-// and its fencing token, a ttl, a member's metadata and weight.
+// and its fencing token, a ttl, a member's metadata and weight, a bucket's load.
 pub use lease_core::{
-    Bucket, FencingToken, GroupName, MemberMetadata, NodeId, ShardCount, Ttl, Weight,
+    Bucket, FencingToken, GroupName, Load, MemberMetadata, NodeId, ShardCount, Ttl, Weight,
 };
 
 // The errors an application handles: the store's (with its kind, for matching) and a value's
@@ -126,6 +128,9 @@ pub mod store {
         MemberInfo, MemberLoad, MemberMode, NodeInfo, NodesSnapshot, ViewStamp,
     };
 
+    // The claimable buckets with a load a view lists: how many at most, and in what order.
+    pub use lease_core::{LOADED_LISTED, list_loaded};
+
     // How a backend reports a failure (which operation, what went wrong), and an error chain's
     // one-line rendering.
     pub use lease_core::{BackendFailure, Chain, Operation};
@@ -160,7 +165,7 @@ pub mod store {
 /// [`lease_core::balance`]), and the loads themselves.
 pub mod balance {
     pub use lease_core::balance::*;
-    pub use lease_core::load::{HalfLife, Load, Smoothed, worth_publishing};
+    pub use lease_core::load::{HalfLife, Smoothed, worth_publishing};
 }
 
 /// The fair-share policy: pure, no I/O, no clock; every worker computes the same targets from
@@ -174,8 +179,8 @@ pub mod policy {
 /// a test or a driver of your own. What a group owns, [`Owned`], is at the root.
 pub mod machine {
     pub use lease_worker::machine::{
-        Answered, CLAIM_BATCH, ClockStep, Delivery, Input, Machine, Output, RELEASE_BATCH, Report,
-        Rules, StoreCall,
+        Answered, CLAIM_BATCH, ClockStep, Delivery, Input, LoadRules, Machine, Output,
+        RELEASE_BATCH, Report, Rules, StoreCall,
     };
 }
 

@@ -22,9 +22,9 @@ mod names {
     use lease::{
         Assignment, Bucket, BucketLease, ConfigError, ErrorKind, EventSender, FencingToken,
         GroupError, GroupHandle, GroupName, InvalidInput, LeaseNode, LeaseNodeBuilder, LeaseWorker,
-        LeaseWorkerBuilder, Leases, MemberMetadata, NodeHandle, NodeId, Owned, OwnershipEvent,
-        OwnershipHandler, RevokeReason, ShardCount, StartError, StoreError, Ttl, Weight,
-        WorkerError, WorkerFailed, WorkerHandle, event_channel,
+        LeaseWorkerBuilder, Leases, Load, LoadReporter, MemberMetadata, NodeHandle, NodeId, Owned,
+        OwnershipEvent, OwnershipHandler, RevokeReason, ShardCount, StartError, StoreError, Ttl,
+        Weight, WorkerError, WorkerFailed, WorkerHandle, event_channel,
     };
 
     // The store contract and what its signatures name.
@@ -38,14 +38,18 @@ mod names {
         TENURES_KEPT, Takeover, Tenure, TenureEnd, Tenures, Timestamp, ViewStamp, WorkerStore,
         store_precision,
     };
+    use lease::store::{LOADED_LISTED, list_loaded};
     #[cfg(feature = "mock")]
     use lease::store::{MockAdminStore, MockWorkerStore};
 
     // The policy, the machine, the ownership-log checker.
     use lease::audit::{Entry, Holding, OwnershipLog, Summary};
+    use lease::balance::{
+        Balance, BalanceConfig, HalfLife, LoadPlan, Smoothed, plan_loads, worth_publishing,
+    };
     use lease::machine::{
-        Answered, CLAIM_BATCH, ClockStep, Delivery, Input, Machine, Output, RELEASE_BATCH, Report,
-        Rules, StoreCall,
+        Answered, CLAIM_BATCH, ClockStep, Delivery, Input, LoadRules, Machine, Output,
+        RELEASE_BATCH, Report, Rules, StoreCall,
     };
     use lease::policy::{Plan, Target, minimum_moves, plan, shareable, targets};
 

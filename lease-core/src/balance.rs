@@ -6,7 +6,7 @@
 //!
 //! Loads count only when they tell buckets apart: when no bucket has a load, or every bucket
 //! that has one has the same, this is exactly the count-fair [`policy::plan`] (with its own
-//! shares, modes and weights), and [`plan`] answers [`Balance::Count`].
+//! shares, modes and weights), and [`plan_loads`] answers [`Balance::Count`].
 //!
 //! # Targets
 //!
@@ -117,7 +117,7 @@ impl Member {
 /// loads now (the heartbeat's, with the loads it measured). The shared decisions (targets,
 /// who sheds how much, who claims what) use only the view's numbers, so that every member
 /// reaches the same ones; `mine` only chooses which of `me`'s buckets go.
-pub fn plan(
+pub fn plan_loads(
     view: &GroupView,
     me: NodeId,
     mine: &[(Bucket, Load)],
@@ -554,7 +554,7 @@ mod tests {
         }
 
         fn plan_with(&self, i: usize, config: BalanceConfig) -> LoadPlan {
-            match plan(&self.group, worker(i as u32), &self.held[i], config) {
+            match plan_loads(&self.group, worker(i as u32), &self.held[i], config) {
                 Balance::Load(p) => p,
                 Balance::Count(p) => panic!("a count plan: {p:?}"),
             }
@@ -717,7 +717,7 @@ mod tests {
             for (i, h) in held.iter().enumerate() {
                 let buckets: Vec<Bucket> = h.iter().map(|&(b, _)| b).collect();
                 let expected = policy::plan(&group, worker(i as u32), &buckets);
-                prop_assert_eq!(plan(&group, worker(i as u32), h, BalanceConfig::default()), Balance::Count(expected));
+                prop_assert_eq!(plan_loads(&group, worker(i as u32), h, BalanceConfig::default()), Balance::Count(expected));
             }
         }
 
@@ -737,7 +737,7 @@ mod tests {
             let budget = (p.group.shard_count.get() / 10).max(1) as usize;
             let (mut claimed, mut any, mut shed) = (Vec::new(), 0, 0);
             for (i, h) in p.held.iter().enumerate() {
-                let Balance::Load(l) = plan(&p.group, worker(i as u32), h, BalanceConfig::default()) else {
+                let Balance::Load(l) = plan_loads(&p.group, worker(i as u32), h, BalanceConfig::default()) else {
                     // Every load the same: the count-fair plan, tested above.
                     return Ok(());
                 };

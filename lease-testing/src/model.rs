@@ -521,8 +521,8 @@ impl Model {
                 worker: node,
             });
         }
-        if !g.members.contains_key(&node) {
-            g.members.insert(node, now);
+        if let std::collections::btree_map::Entry::Vacant(e) = g.members.entry(node) {
+            e.insert(now);
             // A new member row: nothing published under it yet.
             g.work.remove(&node);
         }

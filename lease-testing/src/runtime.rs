@@ -57,6 +57,7 @@ mod crashes;
 mod errors;
 mod fencing;
 mod groups;
+mod loads;
 mod nodes;
 mod pool;
 mod resizes;
@@ -67,6 +68,7 @@ pub use crashes::*;
 pub use errors::*;
 pub use fencing::*;
 pub use groups::*;
+pub use loads::*;
 pub use resizes::*;
 pub use stops::*;
 
@@ -168,6 +170,7 @@ macro_rules! __runtime_cases {
             a_failed_hand_over_ends_the_node_with_its_error,
             a_successor_leaves_the_groups_it_does_not_run,
             a_hand_over_after_the_session_ended_fails,
+            reported_loads_share_the_work_not_the_bucket_count,
         );
     };
 }

@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use lease_core::Ttl;
+use lease_core::balance::BalanceConfig;
+use lease_core::{HalfLife, Ttl};
 
-use crate::machine::Rules;
+use crate::machine::{LoadRules, Rules};
 use crate::registry::RunFlag;
 use lease_core::{GroupName, Incarnation, MemberMetadata, NodeId, ShardCount};
 
@@ -66,6 +67,9 @@ pub enum ConfigError {
     /// The hand-over's keep time is out of a ttl's bounds.
     #[error("keep_on_stop: {0}")]
     KeepOnStop(lease_core::InvalidInput),
+    /// The loads' half-life is out of its bounds.
+    #[error("load_half_life: {0}")]
+    LoadHalfLife(lease_core::InvalidInput),
 }
 
 /// A validated worker configuration: a node ([`LeaseNode`]) of one group, the group fixed;
@@ -260,6 +264,11 @@ fn validate(b: &LeaseNodeBuilder) -> Result<Rules, ConfigError> {
         call_timeout: renew_interval.max(ttl_d / 2),
         ack_limit: Some(b.ack_limit.unwrap_or(ttl_d)),
         keep_on_stop,
+        loads: LoadRules {
+            half_life: HalfLife::new(b.load_half_life).map_err(ConfigError::LoadHalfLife)?,
+            balance: b.balance,
+            ..LoadRules::default()
+        },
     })
 }
 
@@ -322,6 +331,8 @@ pub struct LeaseNodeBuilder {
     ack_limit: Option<Duration>,
     cancel: Option<CancellationToken>,
     keep_on_stop: Option<Duration>,
+    load_half_life: Duration,
+    balance: BalanceConfig,
 }
 
 impl LeaseNode {
@@ -344,6 +355,8 @@ impl LeaseNode {
             ack_limit: None,
             cancel: None,
             keep_on_stop: None,
+            load_half_life: HalfLife::DEFAULT.get(),
+            balance: BalanceConfig::default(),
         }
     }
 
@@ -447,6 +460,21 @@ impl LeaseNodeBuilder {
     /// expires. For rolling restarts that move nothing. Needs a stable node id.
     pub fn keep_on_stop(mut self, keep: Duration) -> Self {
         self.keep_on_stop = Some(keep);
+        self
+    }
+
+    /// How fast a bucket's smoothed load forgets a sample the application reported with
+    /// [`GroupHandle::report_load`](crate::GroupHandle::report_load): after one half-life a
+    /// sample weighs half (default 10 s).
+    pub fn load_half_life(mut self, half_life: Duration) -> Self {
+        self.load_half_life = half_life;
+        self
+    }
+
+    /// The load-aware policy's hysteresis band and move budget (default: 10 % and 10 % of
+    /// the group's buckets per tick). Used once a bucket of the group has a load.
+    pub fn balance(mut self, balance: BalanceConfig) -> Self {
+        self.balance = balance;
         self
     }
 

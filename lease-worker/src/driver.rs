@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use lease_core::{
-    BackendFailure, Bucket, Chain, Change, ChangeFeed, FencingToken, GroupName, ShardCount,
+    BackendFailure, Bucket, Chain, Change, ChangeFeed, FencingToken, GroupName, Load, ShardCount,
     StoreError, Weight, WorkerStore,
 };
 use tokio::sync::{mpsc, oneshot, watch};
@@ -37,7 +37,7 @@ mod report;
 mod tests;
 
 use crate::application::{AppCommand, AppEvent, Application, run_app};
-pub use handles::{GroupError, GroupHandle, NodeHandle, WorkerHandle};
+pub use handles::{GroupError, GroupHandle, LoadReporter, NodeHandle, WorkerHandle};
 
 /// A store call in flight: the call, and the task making it.
 struct Call {
@@ -120,6 +120,11 @@ pub(crate) enum Command {
         group: GroupName,
         weight: Weight,
         reply: oneshot::Sender<Result<(), GroupError>>,
+    },
+    ReportLoad {
+        group: GroupName,
+        bucket: Bucket,
+        load: Load,
     },
 }
 
@@ -320,6 +325,13 @@ impl Driver {
                 weight,
                 reply,
             } => self.set_weight(group, weight, reply),
+            Command::ReportLoad {
+                group,
+                bucket,
+                load,
+            } => self
+                .machine
+                .handle(now(), Input::ReportLoad(group, bucket, load)),
         }
     }
 
@@ -657,6 +669,16 @@ impl std::fmt::Debug for Command {
                 .debug_tuple("SetWeight")
                 .field(group)
                 .field(weight)
+                .finish(),
+            Command::ReportLoad {
+                group,
+                bucket,
+                load,
+            } => f
+                .debug_tuple("ReportLoad")
+                .field(group)
+                .field(bucket)
+                .field(load)
                 .finish(),
         }
     }

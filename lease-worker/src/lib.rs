@@ -64,7 +64,7 @@ mod metrics;
 mod registry;
 
 pub use config::{ConfigError, LeaseNode, LeaseNodeBuilder, LeaseWorker, LeaseWorkerBuilder};
-pub use driver::{GroupError, GroupHandle, NodeHandle, WorkerHandle};
+pub use driver::{GroupError, GroupHandle, LoadReporter, NodeHandle, WorkerHandle};
 pub use events::{EventSender, OwnershipHandler, WorkerError, WorkerFailed, event_channel};
 pub use leases::{BucketLease, Leases};
 pub use machine::Owned;

@@ -97,9 +97,9 @@ use std::time::{Duration, Instant};
 use chrono::TimeDelta;
 use lease_core::{
     Assignment, BackendFailure, Bucket, ChangeFeed, FencingToken, Generation, GroupBeat, GroupName,
-    GroupStamp, Heartbeat, Incarnation, Lease, MemberMetadata, MemberMode, NodeId, Operation,
-    RevokeReason, SessionBound, SessionId, ShardCount, StoreError, Takeover, Timestamp, Ttl,
-    ViewStamp, Weight, WorkerStore, policy,
+    GroupStamp, GroupView, Heartbeat, Incarnation, Lease, Load, MemberMetadata, MemberMode, NodeId,
+    Operation, RevokeReason, SessionBound, SessionId, ShardCount, StoreError, Takeover, Timestamp,
+    Ttl, ViewStamp, Weight, WorkerStore,
 };
 
 use crate::events::{WorkerError, WorkerFailed};
@@ -110,12 +110,14 @@ mod calls;
 mod clock;
 mod group;
 mod lifecycle;
+mod loads;
 mod steps;
 mod tick;
 mod writes;
 
 pub use calls::{Answered, ClockStep, Delivery, Input, Output, Report, StoreCall};
 use group::{Group, InFlight, NodeState};
+pub use loads::LoadRules;
 use steps::{Revocations, Revoking, Step, Steps};
 
 /// The most buckets one claim asks for. A group that needs more claims in batches, each after
@@ -166,6 +168,8 @@ pub struct Rules {
     /// On a graceful stop, hand the session over for this long (HO1) instead of leaving the
     /// groups: a successor with the same node id takes it over with its buckets.
     pub keep_on_stop: Option<Ttl>,
+    /// How the node smooths, publishes and balances its buckets' loads.
+    pub loads: LoadRules,
 }
 
 /// A stop's hand-over of the session (rule HO1), once every group's buckets are revoked.
@@ -628,8 +632,31 @@ impl Machine {
                     }
                 }
             }
+            Input::ReportLoad(group, bucket, load) => {
+                let half_life = self.rules.loads.half_life;
+                if let Some(i) = self.index(&group)
+                    && self.groups[i].held.contains_key(&bucket)
+                {
+                    self.groups[i].loads.sample(now, bucket, load, half_life);
+                }
+            }
+            Input::LoadsPublished(group, result) => {
+                if self
+                    .take_call(Operation::PublishLoads, Some(&group))
+                    .is_some()
+                {
+                    self.write_answered(result.is_ok());
+                    if let Some(i) = self.index(&group) {
+                        self.on_loads_published(now, i, result);
+                    }
+                }
+            }
             Input::Claimed(group, result) => {
-                if self.take_call(Operation::Claim, Some(&group)).is_some() {
+                if self
+                    .take_call(Operation::Claim, Some(&group))
+                    .or_else(|| self.take_call(Operation::ClaimBuckets, Some(&group)))
+                    .is_some()
+                {
                     self.write_answered(result.is_ok());
                     if let Some(i) = self.index(&group) {
                         self.on_claimed(now, i, result);

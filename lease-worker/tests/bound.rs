@@ -29,6 +29,7 @@ fn rules(node: NodeId) -> Rules {
         call_timeout: Duration::from_millis(1500),
         ack_limit: Some(Duration::from_secs(2)),
         keep_on_stop: None,
+        loads: Default::default(),
     }
 }
 

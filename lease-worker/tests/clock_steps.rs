@@ -41,6 +41,7 @@ fn rules(node: NodeId) -> Rules {
         call_timeout: Duration::from_secs(5),
         ack_limit: None,
         keep_on_stop: None,
+        loads: Default::default(),
     }
 }
 

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use lease_core::Takeover;
 use lease_core::{
     BackendFailure, Bucket, Clock, FencingToken, GroupBeat, GroupName, GroupStamp, GroupView,
-    Heartbeat, Incarnation, Lease, ManualClock, MemberLoad, NodeId, Operation, RevokeReason,
+    Heartbeat, Incarnation, Lease, Load, ManualClock, MemberLoad, NodeId, Operation, RevokeReason,
     SessionId, ShardCount, StoreError, Ttl, ViewStamp,
 };
 use lease_worker::machine::{Delivery, Input, Machine, Output, Report, Rules, StoreCall};
@@ -91,6 +91,7 @@ fn rules() -> Rules {
         call_timeout: CALL_TIMEOUT,
         ack_limit: Some(ACK_LIMIT),
         keep_on_stop: None,
+        loads: Default::default(),
     }
 }
 
@@ -129,6 +130,10 @@ enum Action {
     Add(usize),
     /// Stop the node (rare).
     Stop,
+    /// The application reports a load on the `i`th bucket the store says are ours in the
+    /// group (in tenths of a unit): the node then plans by load, and sheds to the idle
+    /// others.
+    ReportLoad(usize, usize, u16),
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -148,8 +153,10 @@ fn action() -> impl Strategy<Value = Action> {
         1 => Just(Action::SessionDies),
         1 => group.clone().prop_map(Action::Evicted),
         1 => group.clone().prop_map(Action::Remove),
-        2 => group.prop_map(Action::Add),
+        2 => group.clone().prop_map(Action::Add),
         1 => Just(Action::Stop),
+        3 => (group, 0usize..6, 0u16..500)
+            .prop_map(|(g, i, tenths)| Action::ReportLoad(g, i, tenths)),
     ]
 }
 
@@ -297,6 +304,37 @@ impl World {
         }
     }
 
+    /// A claim of the first `want` free buckets that `named` allows.
+    fn claim(
+        &mut self,
+        group: &GroupName,
+        session: SessionId,
+        named: impl Fn(&Bucket) -> bool,
+        want: usize,
+    ) -> Input {
+        let g = index(group);
+        if self.session != Some(session) || !self.store[g].member {
+            return Input::Claimed(group.clone(), Err(Self::expired(g)));
+        }
+        let taken = self.taken(g);
+        let free: Vec<Bucket> = (0..shards(g))
+            .map(Bucket)
+            .filter(|b| !taken.contains(b) && named(b))
+            .take(want)
+            .collect();
+        let mut won = Vec::new();
+        for b in free {
+            let s = &mut self.store[g];
+            let t = s.tokens.entry(b).or_insert(0);
+            *t += 1;
+            let token = FencingToken(*t);
+            s.held.insert(b, token);
+            s.version += 1;
+            won.push(self.lease(g, b, token));
+        }
+        Input::Claimed(group.clone(), Ok(won))
+    }
+
     /// Apply the call in flight to the store; the answer the machine would get.
     fn apply(&mut self, call: &StoreCall) -> Input {
         match call {
@@ -373,28 +411,26 @@ impl World {
                 session,
                 want,
                 ..
+            } => self.claim(group, *session, |_| true, *want as usize),
+            StoreCall::ClaimBuckets {
+                group,
+                session,
+                buckets,
+                ..
+            } => self.claim(group, *session, |b| buckets.contains(b), buckets.len()),
+            StoreCall::PublishLoads {
+                group,
+                session,
+                loads,
+                ..
             } => {
                 let g = index(group);
                 if self.session != Some(*session) || !self.store[g].member {
-                    return Input::Claimed(group.clone(), Err(Self::expired(g)));
+                    return Input::LoadsPublished(group.clone(), Err(Self::expired(g)));
                 }
-                let taken = self.taken(g);
-                let free: Vec<Bucket> = (0..shards(g))
-                    .map(Bucket)
-                    .filter(|b| !taken.contains(b))
-                    .take(*want as usize)
-                    .collect();
-                let mut won = Vec::new();
-                for b in free {
-                    let s = &mut self.store[g];
-                    let t = s.tokens.entry(b).or_insert(0);
-                    *t += 1;
-                    let token = FencingToken(*t);
-                    s.held.insert(b, token);
-                    s.version += 1;
-                    won.push(self.lease(g, b, token));
-                }
-                Input::Claimed(group.clone(), Ok(won))
+                let s = &self.store[g];
+                let recorded = loads.iter().filter(|(b, _)| s.held.contains_key(b)).count();
+                Input::LoadsPublished(group.clone(), Ok(recorded as u32))
             }
             StoreCall::Release {
                 group,
@@ -586,6 +622,12 @@ impl World {
                 }
             }
             Action::Stop => self.handle(Input::Stop),
+            Action::ReportLoad(g, i, tenths) => {
+                if let Some(&b) = self.store[*g].held.keys().nth(*i) {
+                    let load = Load::new(f64::from(*tenths) / 10.0).expect("a load");
+                    self.handle(Input::ReportLoad(name(*g), b, load));
+                }
+            }
         }
         self.drain();
         // What is due by now happens now, as a driver would do it.
@@ -668,6 +710,9 @@ impl World {
             }
             StoreCall::Claim {
                 group, takeover, ..
+            }
+            | StoreCall::ClaimBuckets {
+                group, takeover, ..
             } => {
                 // 5. Dead sessions' buckets only a ttl after the store's clock was first seen
                 // (it never steps here), and then always.
@@ -709,7 +754,10 @@ impl World {
                     "{group} left while its application works on {held:?}"
                 );
             }
-            StoreCall::EnsureGroup { .. } | StoreCall::Subscribe { .. } => {}
+            // Loads steer plans only: a plan's moves are checked at their calls.
+            StoreCall::EnsureGroup { .. }
+            | StoreCall::Subscribe { .. }
+            | StoreCall::PublishLoads { .. } => {}
             StoreCall::SetWeight { .. } => unreachable!("no weight is set here"),
             StoreCall::HandOver { .. } => unreachable!("no node here hands over"),
         }

@@ -65,6 +65,7 @@ impl World {
             call_timeout: Duration::from_secs(5),
             ack_limit: None,
             keep_on_stop: None,
+            loads: Default::default(),
         };
         let mut m = Machine::new(rules, now);
         admit(&mut m, now, group(), count());

@@ -43,6 +43,7 @@ fn rules(node: NodeId) -> Rules {
         call_timeout: Duration::from_millis(1_500),
         ack_limit: None,
         keep_on_stop: None,
+        loads: Default::default(),
     }
 }
 

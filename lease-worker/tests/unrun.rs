@@ -41,6 +41,7 @@ fn rules() -> Rules {
         call_timeout: CALL_TIMEOUT,
         ack_limit: Some(Duration::from_secs(2)),
         keep_on_stop: None,
+        loads: Default::default(),
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod bucket;
 mod children;
+mod cpu;
 mod crashes;
 mod deadline;
 mod events;
@@ -77,6 +78,12 @@ pub struct RunArgs {
     /// started again. Crashes back off but quarantine nothing (no bucket is to blame).
     #[arg(long)]
     events: bool,
+    /// Balance the work, not the bucket count: `cpu` reports each child's CPU use (cores,
+    /// from /proc, sampled every second, its reaped children included) as its bucket's load,
+    /// and every member then shares the group's load (see the README's load-aware balance).
+    /// Per-bucket children only (not with --events).
+    #[arg(long, value_enum)]
+    balance: Option<BalanceBy>,
     /// The command each child runs, after `--`: `{bucket}`, `{token}`, `{shards}` and
     /// `{group}` in it are replaced with the assignment's; the environment has LEASE_GROUP,
     /// LEASE_BUCKET, LEASE_SHARDS, LEASE_TOKEN, LEASE_NODE, and LEASE_PARENTS after a resize.
@@ -84,8 +91,17 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
+/// What `--balance` measures as a bucket's load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BalanceBy {
+    /// The child's CPU use, in cores.
+    Cpu,
+}
+
 /// `leasectl run`'s application: a [`Group`] of children per group.
 struct Supervisor {
+    /// `--balance`.
+    balance: Option<BalanceBy>,
     template: Template,
     timing: Timing,
     stop_signal: StopSignal,
@@ -146,6 +162,7 @@ impl Attach for Supervisor {
             group: g.group.clone(),
             printer,
             shared,
+            loads: self.balance.map(|_| handle.load_reporter()),
         });
         tokio::spawn(async move {
             while let Some(lease) = leases.recv().await {
@@ -183,7 +200,13 @@ fn supervisor(args: &RunArgs) -> Result<Supervisor, Failure> {
         )),
         other => Failure::Usage(format!("--quarantine-for: {other}")),
     })?;
+    if args.balance.is_some() && args.events {
+        return Err(Failure::Usage(
+            "--balance measures each bucket's own child: it does not go with --events".to_owned(),
+        ));
+    }
     Ok(Supervisor {
+        balance: args.balance,
         template: Template {
             argv: args.command.clone(),
             prefix: !args.no_prefix,

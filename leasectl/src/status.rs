@@ -4,13 +4,14 @@
 //! and the groups it is in.
 
 use clap::Args;
+use lease::balance::{self, Balance, BalanceConfig};
 use lease::policy;
 use lease::store::resize as keys;
 use lease::store::{
     AdminStore, BucketInfo, BucketState, GroupSnapshot, LeaseStore, MemberMode, NodeInfo,
     NodesSnapshot, Timestamp,
 };
-use lease::{Bucket, GroupName, NodeId, ShardCount, StoreError};
+use lease::{Bucket, GroupName, Load, NodeId, ShardCount, StoreError};
 use serde_json::{Value, json};
 
 use crate::common::{DbArgs, group_arg, rfc3339, store_failure};
@@ -150,9 +151,27 @@ pub fn balance_line(snap: &GroupSnapshot) -> String {
     let owned: u32 = live.iter().map(|m| m.owned).sum();
     let min = live.iter().map(|m| m.owned).min().unwrap_or(0);
     let max = live.iter().map(|m| m.owned).max().unwrap_or(0);
-    let on_target = policy::targets(policy::shareable(&view), live)
-        .iter()
-        .all(|t| t.owned == t.target);
+    // Once a bucket has a load, the members share the work (the load-aware policy): on
+    // target when no member's plan would move anything.
+    let by_load = snap.buckets.iter().any(|b| b.load > Load::ZERO);
+    let on_target = if by_load {
+        live.iter().all(|m| load_quiet(snap, &view, m.worker))
+    } else {
+        policy::targets(policy::shareable(&view), live)
+            .iter()
+            .all(|t| t.owned == t.target)
+    };
+    let work = if by_load {
+        let min = live.iter().map(|m| m.load).min().unwrap_or(0);
+        let max = live.iter().map(|m| m.load).max().unwrap_or(0);
+        format!(
+            "; work (by load) min {}, max {}",
+            shown(units(min)),
+            shown(units(max))
+        )
+    } else {
+        String::new()
+    };
     let quarantined = if view.quarantined > 0 {
         format!(", {} quarantined", view.quarantined)
     } else {
@@ -190,11 +209,26 @@ pub fn balance_line(snap: &GroupSnapshot) -> String {
         "unbalanced".to_owned()
     };
     format!(
-        "balance: {} live member(s), {owned}/{} buckets owned{quarantined}, min {min}, max {max}: \
-         {verdict}",
+        "balance: {} live member(s), {owned}/{} buckets owned{quarantined}, min {min}, max \
+         {max}{work}: {verdict}",
         live.len(),
         snap.shard_count
     )
+}
+
+/// Whether `worker`'s load-aware plan on the snapshot's view moves nothing (with the
+/// default band and budget, and the loads recorded on its buckets).
+fn load_quiet(snap: &GroupSnapshot, view: &lease::store::GroupView, worker: NodeId) -> bool {
+    let mine: Vec<(Bucket, Load)> = snap
+        .buckets
+        .iter()
+        .filter(|b| b.owner == Some(worker) && b.state == BucketState::Live)
+        .map(|b| (b.bucket, b.load))
+        .collect();
+    match balance::plan_loads(view, worker, &mine, BalanceConfig::default()) {
+        Balance::Count(p) => p.shed.is_empty() && p.claim == 0,
+        Balance::Load(p) => p.shed.is_empty() && p.claim.is_empty() && p.claim_any == 0,
+    }
 }
 
 fn bucket_json(b: &BucketInfo) -> Value {
@@ -207,6 +241,7 @@ fn bucket_json(b: &BucketInfo) -> Value {
         "state": b.state.as_str(),
         "quarantined_until": b.quarantined_until.map(rfc3339),
         "quarantine_reason": b.quarantine_reason.as_ref().map(|r| r.as_str()),
+        "load": b.load.as_f64(),
     })
 }
 
@@ -242,6 +277,8 @@ fn status_json(snap: &GroupSnapshot) -> Value {
             "owned": m.owned,
             "weight": m.weight,
             "mode": m.mode.as_str(),
+            "load": units(m.load),
+            "hottest": m.hottest.as_f64(),
         })).collect::<Vec<_>>(),
         "buckets": snap.buckets.iter().map(bucket_json).collect::<Vec<_>>(),
         "generation": snap.generation.get(),
@@ -349,14 +386,32 @@ fn bucket_row(snap: &GroupSnapshot, b: &BucketInfo) -> String {
             left(snap.observed_at, Some(until))
         )
     });
+    // P4: a recorded load, shown once there is one (a group nobody reports loads in shows
+    // none).
+    let load = if b.load > Load::ZERO {
+        format!(", load {}", shown(b.load.as_f64()))
+    } else {
+        String::new()
+    };
     format!(
-        "{:>6}  {:<36}  {:>6}  {:>10}  {}{quarantine}",
+        "{:>6}  {:<36}  {:>6}  {:>10}  {}{load}{quarantine}",
         b.bucket,
         b.owner.map_or_else(|| "-".to_owned(), |w| w.to_string()),
         b.token,
         expires_in(snap, b.expires_at),
         b.state.as_str()
     )
+}
+
+/// A member's work (a sum of loads in millionths) in the application's unit.
+fn units(micros: u64) -> f64 {
+    micros as f64 / 1e6
+}
+
+/// A load as a table shows it: at most three decimals, no trailing zeros.
+fn shown(units: f64) -> String {
+    let text = format!("{units:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 /// A quarantine's reason as a table row shows it: its first line, at most
@@ -396,18 +451,19 @@ fn status_table(snap: &GroupSnapshot) -> String {
     lines.extend(draining_lines(snap));
     lines.push("members:".into());
     lines.push(format!(
-        "{:<36}  {:>5}  {:>10}  {:<7}  {:>6}  {:<8}  metadata",
-        "worker", "owned", "expires in", "state", "weight", "mode"
+        "{:<36}  {:>5}  {:>10}  {:<7}  {:>6}  {:<8}  {:>8}  metadata",
+        "worker", "owned", "expires in", "state", "weight", "mode", "load"
     ));
     for m in &snap.members {
         lines.push(format!(
-            "{:<36}  {:>5}  {:>10}  {:<7}  {:>6}  {:<8}  {}",
+            "{:<36}  {:>5}  {:>10}  {:<7}  {:>6}  {:<8}  {:>8}  {}",
             m.worker,
             m.owned,
             expires_in(snap, Some(m.expires_at)),
             if m.live { "live" } else { "expired" },
             m.weight,
             m.mode.as_str(),
+            shown(units(m.load)),
             m.metadata
         ));
     }

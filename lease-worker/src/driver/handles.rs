@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use lease_core::{GroupName, NodeId, ShardCount, StoreError, Weight, WorkerStore};
+use lease_core::{Bucket, GroupName, Load, NodeId, ShardCount, StoreError, Weight, WorkerStore};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -157,6 +157,50 @@ impl GroupHandle {
             })
             .map_err(|_| GroupError::NodeEnded)?;
         answer.await.unwrap_or(Err(GroupError::NodeEnded))
+    }
+
+    /// Report how busy `bucket` is now (events per second, CPU seconds per second, lag: any
+    /// non-negative measure, the same for every bucket of the group). Call it as often as the
+    /// application measures; the node smooths the samples in time (see
+    /// [`LeaseNodeBuilder::load_half_life`](crate::LeaseNodeBuilder::load_half_life)), and
+    /// publishes a bucket's smoothed load only when it moved by more than 10 %, so a steady
+    /// heartbeat stays one statement. Once any bucket of the group has a load, every member
+    /// balances the group's load rather than its bucket count (see
+    /// [`balance`](lease_core::balance)); with no load reported, nothing changes. A sample
+    /// for a bucket the node does not hold is dropped. Never waits.
+    pub fn report_load(&self, bucket: Bucket, load: Load) -> Result<(), GroupError> {
+        report_load(&self.commands, &self.group, bucket, load)
+    }
+
+    /// A cheap, cloneable handle that reports loads in this group, for the tasks that
+    /// measure them (one per bucket, say).
+    pub fn load_reporter(&self) -> LoadReporter {
+        LoadReporter {
+            group: self.group.clone(),
+            commands: self.commands.clone(),
+        }
+    }
+}
+
+/// Reports loads in one group of a running node (see [`GroupHandle::report_load`]).
+#[derive(Clone)]
+pub struct LoadReporter {
+    group: GroupName,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl LoadReporter {
+    /// Report how busy `bucket` is now, as [`GroupHandle::report_load`] does.
+    pub fn report(&self, bucket: Bucket, load: Load) -> Result<(), GroupError> {
+        report_load(&self.commands, &self.group, bucket, load)
+    }
+}
+
+impl std::fmt::Debug for LoadReporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadReporter")
+            .field("group", &self.group)
+            .finish_non_exhaustive()
     }
 }
 
@@ -370,9 +414,33 @@ pub struct WorkerHandle {
     cancel: CancellationToken,
     task: Option<JoinHandle<Result<(), WorkerFailed>>>,
     owned: watch::Receiver<Owned>,
+    group: GroupName,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+/// Hand a load sample to the node task; an error only if the task is gone.
+fn report_load(
+    commands: &mpsc::UnboundedSender<Command>,
+    group: &GroupName,
+    bucket: Bucket,
+    load: Load,
+) -> Result<(), GroupError> {
+    commands
+        .send(Command::ReportLoad {
+            group: group.clone(),
+            bucket,
+            load,
+        })
+        .map_err(|_| GroupError::NodeEnded)
 }
 
 impl WorkerHandle {
+    /// Report how busy `bucket` is now, as [`GroupHandle::report_load`] does for a node's
+    /// group.
+    pub fn report_load(&self, bucket: Bucket, load: Load) -> Result<(), GroupError> {
+        report_load(&self.commands, &self.group, bucket, load)
+    }
+
     /// The worker's id.
     pub fn node_id(&self) -> NodeId {
         self.worker
@@ -493,6 +561,8 @@ impl LeaseWorker {
                 cancel,
                 task: Some(task),
                 owned,
+                group: self.group.clone(),
+                commands: parts.commands.clone(),
             },
             extra,
         ))

@@ -1,6 +1,7 @@
 //! What the store's answers do: a heartbeat's views reconciled into each group's plan, and
 //! the joins', claims', releases' and leaves' results.
 
+use super::loads;
 use super::*;
 
 impl Machine {
@@ -245,7 +246,13 @@ impl Machine {
                     && !out.revokes(*b)
             })
             .collect();
-        let plan = policy::plan(&beat.view, node, &keeping);
+        let plan = loads::moves(
+            &g.loads,
+            &beat.view,
+            node,
+            &keeping,
+            self.rules.loads.balance,
+        );
         // An operator's drain (or weight 0) is why this node sheds, not the fair share.
         let shed_reason = match beat.view.members.iter().find(|m| m.worker == node) {
             Some(me) if me.mode == MemberMode::Draining || me.weight == 0 => RevokeReason::Drained,
@@ -278,6 +285,9 @@ impl Machine {
             steps.extend(shed_now);
             steps.push(Step::Release);
         }
+        if !plan.claim_named.is_empty() {
+            steps.push(Step::ClaimNamed(plan.claim_named));
+        }
         if plan.claim > 0 {
             steps.push(Step::Claim(plan.claim));
         }
@@ -296,6 +306,7 @@ impl Machine {
                 g.member = true;
                 g.last = None;
                 g.stamp = None;
+                g.loads.rejoined();
                 // A weight the application set is written under every new membership (over
                 // an operator's `leasectl weight` meanwhile).
                 if self.weights.contains_key(&g.name) {

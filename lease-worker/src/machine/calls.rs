@@ -18,13 +18,19 @@ pub enum Input {
     SetWeight(GroupName, Weight),
     /// The answer to [`StoreCall::SetWeight`] of the group.
     WeightSet(GroupName, Result<(), StoreError>),
+    /// The application measured a bucket's load in the group (see
+    /// [`GroupHandle::report_load`](crate::GroupHandle::report_load)): a sample, smoothed
+    /// with the others in time.
+    ReportLoad(GroupName, Bucket, Load),
+    /// The answer to [`StoreCall::PublishLoads`] of the group.
+    LoadsPublished(GroupName, Result<u32, StoreError>),
     /// The answer to [`StoreCall::Heartbeat`].
     Heartbeat(Result<Heartbeat, StoreError>),
     /// The answer to [`StoreCall::Join`] of the group.
     Joined(GroupName, Result<(), StoreError>),
     /// The answer to [`StoreCall::HandOver`].
     HandedOver(Result<Option<Timestamp>, StoreError>),
-    /// The answer to [`StoreCall::Claim`] of the group.
+    /// The answer to [`StoreCall::Claim`] or [`StoreCall::ClaimBuckets`] of the group.
     Claimed(GroupName, Result<Vec<Lease>, StoreError>),
     /// The answer to [`StoreCall::Release`] of the group.
     Released(GroupName, Result<Vec<Bucket>, StoreError>),
@@ -142,6 +148,32 @@ pub enum StoreCall {
         /// store's clock advance steadily for a ttl (see [`Machine`]).
         takeover: Takeover,
     },
+    /// [`WorkerStore::claim_buckets`](lease_core::WorkerStore::claim_buckets): the buckets
+    /// the load-aware policy chose.
+    ClaimBuckets {
+        /// The group.
+        group: GroupName,
+        /// The node.
+        node: NodeId,
+        /// The session to claim under.
+        session: SessionId,
+        /// Which.
+        buckets: Vec<Bucket>,
+        /// As for [`StoreCall::Claim`].
+        takeover: Takeover,
+    },
+    /// [`WorkerStore::publish_loads`](lease_core::WorkerStore::publish_loads): the smoothed
+    /// loads that moved since the last publication, and the node's work in the group.
+    PublishLoads {
+        /// The group.
+        group: GroupName,
+        /// The node.
+        node: NodeId,
+        /// The node's session.
+        session: SessionId,
+        /// The loads to record.
+        loads: Vec<(Bucket, Load)>,
+    },
     /// [`WorkerStore::release`](lease_core::WorkerStore::release).
     Release {
         /// The group.
@@ -175,6 +207,8 @@ impl StoreCall {
             Self::Join { .. } => Operation::Join,
             Self::SetWeight { .. } => Operation::SetWeight,
             Self::Claim { .. } => Operation::Claim,
+            Self::ClaimBuckets { .. } => Operation::ClaimBuckets,
+            Self::PublishLoads { .. } => Operation::PublishLoads,
             Self::Release { .. } => Operation::Release,
             Self::Leave { .. } => Operation::Leave,
         }
@@ -187,6 +221,8 @@ impl StoreCall {
             Self::Join { .. }
                 | Self::SetWeight { .. }
                 | Self::Claim { .. }
+                | Self::ClaimBuckets { .. }
+                | Self::PublishLoads { .. }
                 | Self::Release { .. }
                 | Self::Leave { .. }
                 | Self::HandOver { .. }
@@ -203,6 +239,8 @@ impl StoreCall {
             | Self::Join { group, .. }
             | Self::SetWeight { group, .. }
             | Self::Claim { group, .. }
+            | Self::ClaimBuckets { group, .. }
+            | Self::PublishLoads { group, .. }
             | Self::Release { group, .. }
             | Self::Leave { group, .. } => Some(group),
         }
@@ -218,7 +256,10 @@ impl StoreCall {
             Self::HandOver { .. } => Input::HandedOver(Err(error)),
             Self::Join { group, .. } => Input::Joined(group, Err(error)),
             Self::SetWeight { group, .. } => Input::WeightSet(group, Err(error)),
-            Self::Claim { group, .. } => Input::Claimed(group, Err(error)),
+            Self::Claim { group, .. } | Self::ClaimBuckets { group, .. } => {
+                Input::Claimed(group, Err(error))
+            }
+            Self::PublishLoads { group, .. } => Input::LoadsPublished(group, Err(error)),
             Self::Release { group, .. } => Input::Released(group, Err(error)),
             Self::Leave { group, .. } => Input::Left(group, Err(error)),
         }
@@ -300,6 +341,27 @@ impl StoreCall {
             } => {
                 let result = store.claim(&group, node, session, want, takeover).await;
                 Input::Claimed(group, result)
+            }
+            Self::ClaimBuckets {
+                group,
+                node,
+                session,
+                buckets,
+                takeover,
+            } => {
+                let result = store
+                    .claim_buckets(&group, node, session, &buckets, takeover)
+                    .await;
+                Input::Claimed(group, result)
+            }
+            Self::PublishLoads {
+                group,
+                node,
+                session,
+                loads,
+            } => {
+                let result = store.publish_loads(&group, node, session, &loads).await;
+                Input::LoadsPublished(group, result)
             }
             Self::Release {
                 group,

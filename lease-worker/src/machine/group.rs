@@ -1,6 +1,7 @@
 //! One group of the node: what its application holds, what the store says, and the steps
 //! left of its part of the tick.
 
+use super::loads::GroupLoads;
 use super::*;
 
 #[derive(Debug)]
@@ -65,6 +66,8 @@ pub(super) struct Group {
     pub(super) removing: Option<Result<(), WorkerFailed>>,
     /// Why the application is told to stop, once the group is being removed.
     pub(super) removal_reason: RevokeReason,
+    /// The loads the application reported, smoothed, and what of them was published.
+    pub(super) loads: GroupLoads,
 }
 
 impl Group {
@@ -92,6 +95,7 @@ impl Group {
             deferred_short: None,
             removing: None,
             removal_reason: RevokeReason::Shutdown,
+            loads: GroupLoads::default(),
         }
     }
 
@@ -128,8 +132,12 @@ impl Group {
     }
 
     pub(super) fn drop_assignments_and_claims(&mut self) {
-        self.steps
-            .retain(|s| !matches!(s, Step::Deliver(Delivery::Assign { .. }) | Step::Claim(_)));
+        self.steps.retain(|s| {
+            !matches!(
+                s,
+                Step::Deliver(Delivery::Assign { .. }) | Step::Claim(_) | Step::ClaimNamed(_)
+            )
+        });
     }
 
     /// Drop the rest of the group's tick, keeping the revocations still to deliver (a fence's,

@@ -18,6 +18,8 @@ pub(super) enum Step {
     /// Release what is shed and acknowledged (and what earlier releases skipped).
     Release,
     Claim(u32),
+    /// Claim these buckets, chosen by load.
+    ClaimNamed(Vec<Bucket>),
     /// Wait until every revocation was acknowledged or given up on (removing).
     AwaitAcks,
     /// Leave the group (removing).
@@ -33,7 +35,7 @@ impl Step {
     pub(super) fn is_call(&self) -> bool {
         matches!(
             self,
-            Step::Join | Step::Release | Step::Claim(_) | Step::Leave
+            Step::Join | Step::Release | Step::Claim(_) | Step::ClaimNamed(_) | Step::Leave
         )
     }
 

@@ -42,6 +42,9 @@ impl Machine {
             if let Some(out) = self.weight_call(now) {
                 return Some(out);
             }
+            if let Some(out) = self.load_call(now) {
+                return Some(out);
+            }
             // A group of the session the node does not run: leave it first (checked again
             // now, as it may have been added since the heartbeat), also on a stop, unless the
             // session is handed over (the successor decides).
@@ -228,18 +231,7 @@ impl Machine {
                     return None;
                 }
                 let batch = want.min(CLAIM_BATCH);
-                let takeover = match self.last_sent {
-                    // The store's clock was watched up to the heartbeat sent at `sent`: from
-                    // there to the claim, the store checks that its clock moved no more than
-                    // ours did (give or take the tolerance), so a step in between defers the
-                    // takeover.
-                    Some(sent) if self.takeover_opens().is_some_and(|t| now >= t) => {
-                        Takeover::AllowedWithin(
-                            now.saturating_duration_since(sent) + self.rules.safety_margin / 2,
-                        )
-                    }
-                    _ => Takeover::Deferred,
-                };
+                let takeover = self.takeover(now);
                 let g = &mut self.groups[i];
                 g.batch_of_more = (batch < want).then_some(batch);
                 g.deferred_short = (takeover == Takeover::Deferred).then_some(batch);
@@ -248,6 +240,24 @@ impl Machine {
                     node,
                     session,
                     want: batch,
+                    takeover,
+                }
+            }
+            Step::ClaimNamed(buckets) => {
+                if !self.trusted(now) || self.renewal_due(now) {
+                    self.again = true;
+                    return None;
+                }
+                let takeover = self.takeover(now);
+                let g = &mut self.groups[i];
+                g.batch_of_more = None;
+                g.deferred_short = (takeover == Takeover::Deferred)
+                    .then_some(u32::try_from(buckets.len()).unwrap_or(u32::MAX));
+                StoreCall::ClaimBuckets {
+                    group,
+                    node,
+                    session,
+                    buckets,
                     takeover,
                 }
             }
@@ -505,6 +515,21 @@ impl Machine {
 
     /// The send time of the call in flight, if it is `op`'s for `group`; an answer nobody
     /// waits for any more is dropped.
+    /// Whether a claim made now may take dead sessions' buckets (C7).
+    fn takeover(&self, now: Instant) -> Takeover {
+        match self.last_sent {
+            // The store's clock was watched up to the heartbeat sent at `sent`: from there to
+            // the claim, the store checks that its clock moved no more than ours did (give or
+            // take the tolerance), so a step in between defers the takeover.
+            Some(sent) if self.takeover_opens().is_some_and(|t| now >= t) => {
+                Takeover::AllowedWithin(
+                    now.saturating_duration_since(sent) + self.rules.safety_margin / 2,
+                )
+            }
+            _ => Takeover::Deferred,
+        }
+    }
+
     pub(super) fn take_call(
         &mut self,
         op: Operation,

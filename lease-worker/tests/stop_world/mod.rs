@@ -51,6 +51,7 @@ pub fn rules(ack_limit: Option<Duration>, keep_on_stop: Option<Duration>) -> Rul
         call_timeout: Duration::from_millis(1_500),
         ack_limit,
         keep_on_stop: keep_on_stop.map(|k| Ttl::new(k).expect("keep")),
+        loads: Default::default(),
     }
 }
 
@@ -301,6 +302,9 @@ impl World {
             StoreCall::EnsureGroup { group, .. } => Input::Ensured(group, Ok(())),
             StoreCall::Subscribe { group } => Input::Subscribed(group, Ok(())),
             StoreCall::SetWeight { .. } => unreachable!("no weight is set here"),
+            StoreCall::ClaimBuckets { .. } | StoreCall::PublishLoads { .. } => {
+                unreachable!("no load is reported here")
+            }
             StoreCall::HandOver { .. } => Input::HandedOver(Ok(Some(self.timestamp()))),
         };
         self.m.handle(self.now, input);

@@ -7,11 +7,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use lease::store::{Chain, QuarantineFor, QuarantineReason};
-use lease::{Assignment, BucketLease, GroupName, NodeId, OwnershipHandler, RevokeReason};
+use lease::{
+    Assignment, BucketLease, GroupName, LoadReporter, NodeId, OwnershipHandler, RevokeReason,
+};
 use serde_json::json;
 use tokio::sync::watch;
 
 use super::children::{Running, StopSignal, Stopped, Template, crashed, describe, signal_name};
+use super::cpu::CpuMeter;
 use super::crashes::{CrashRules, Crashes, Next};
 use super::deadline::Timing;
 use super::watchdog::Watchdog;
@@ -51,6 +54,8 @@ pub struct Group {
     pub printer: Printer,
     /// What its buckets share.
     pub shared: Arc<Shared>,
+    /// With `--balance cpu`: where each child's CPU use is reported as its bucket's load.
+    pub loads: Option<LoadReporter>,
 }
 
 /// How a running child's wait ended.
@@ -112,11 +117,21 @@ pub async fn work(g: Arc<Group>, lease: BucketLease) {
                 assignment.bucket, running.pid, assignment.token
             ),
         );
-        let outcome = tokio::select! {
-            biased;
-            reason = lease.revoked() => Outcome::Revoked(reason),
-            status = running.wait() => Outcome::Exited(status),
-            () = trust_runs_out(&mut trust, timing) => Outcome::Untrusted,
+        let mut meter = CpuMeter::new(running.pid.unsigned_abs());
+        let mut sampling = tokio::time::interval(SAMPLE_EVERY);
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                reason = lease.revoked() => break Outcome::Revoked(reason),
+                status = running.wait() => break Outcome::Exited(status),
+                () = trust_runs_out(&mut trust, timing) => break Outcome::Untrusted,
+                _ = sampling.tick(), if g.loads.is_some() => {
+                    if let (Some(loads), Some(load)) = (&g.loads, meter.sample()) {
+                        // A node that ended takes no report; the child is stopped anyway.
+                        loads.report(assignment.bucket, load).ok();
+                    }
+                }
+            }
         };
         match outcome {
             Outcome::Revoked(reason) => {
@@ -167,6 +182,9 @@ pub async fn work(g: Arc<Group>, lease: BucketLease) {
         }
     }
 }
+
+/// How often `--balance cpu` samples a child's CPU use.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis() as u64)

@@ -21,7 +21,8 @@ use super::leasectl;
 /// The child: `python3 child.py LOG MODE`. Modes: `work` (stops on SIGTERM, writing its
 /// end), `stubborn` (ignores SIGTERM), `crash:B` (exits 3 at once, after a line on stderr,
 /// when its bucket is B; works otherwise), `fork` (works, and forks a grandchild that works
-/// too, its lines counted as the child's, after a `grand` line with its own pid).
+/// too, its lines counted as the child's, after a `grand` line with its own pid), `burn:B`
+/// (works, and when its bucket is B spins between its lines: a core's worth of CPU).
 pub const CHILD: &str = r#"
 import os, signal, sys, time
 log, mode = sys.argv[1], sys.argv[2]
@@ -45,9 +46,15 @@ def stop(*_):
     line("end")
     sys.exit(0)
 signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else stop)
+burn = mode.startswith("burn:") and mode[5:] == bucket
 while True:
     line("alive")
-    time.sleep(0.02)
+    if burn:
+        until = time.time() + 0.02
+        while time.time() < until:
+            pass
+    else:
+        time.sleep(0.02)
 "#;
 
 /// The `--events` child: `python3 events.py LOG MODE`. It writes a `start` line for each
