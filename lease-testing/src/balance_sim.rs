@@ -9,7 +9,7 @@
 //! what its plan says, and then, as the releases wake them (the change feed), every member plans
 //! again on the view as it is now and does that. A move is a bucket given up by a live owner.
 //!
-//! Three rules can run: ours ([`balance::plan_loads`]), the count-fair one ([`policy::plan`]), and
+//! Three rules can run: ours ([`balance::plan_loads`]), the count-fair one ([`policy::plan`](lease_core::policy::plan)), and
 //! one written after KCL 3.x's description: every third tick, one leader looks at every
 //! worker's load; if any is outside a band of +-10 % of the mean, every worker above the mean
 //! gives up 60 % of its excess, hottest lease first among those that still fit, each lease to

@@ -3,12 +3,14 @@
 //! last moves with how each ended, and what the policy makes the members do next, computed
 //! the way every worker computes it (`lease::policy::plan` on the group's view).
 
+use lease::balance::{self, Balance, BalanceConfig};
 use lease::policy;
 use lease::store::resize as keys;
 use lease::store::{
-    BucketInfo, BucketState, EndReason, GroupSnapshot, MemberMode, TENURES_KEPT, Tenure, Timestamp,
+    BucketInfo, BucketState, EndReason, GroupSnapshot, GroupView, MemberMode, TENURES_KEPT, Tenure,
+    Timestamp,
 };
-use lease::{Bucket, NodeId};
+use lease::{Bucket, Load, NodeId};
 use serde_json::{Value, json};
 
 use crate::common::rfc3339;
@@ -206,6 +208,12 @@ fn next(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> String {
             return format!("Next: {w} is not a live member any more; the bucket waits for it.");
         };
         let held = planned_with(snap, w);
+        if member.mode == MemberMode::Active
+            && member.weight > 0
+            && let Some(said) = load_next(snap, &view, info, w, &held, history)
+        {
+            return said;
+        }
         let plan = policy::plan(&view, w, &held);
         // The worker's own rule: an operator's drain, or weight 0, is why it sheds.
         let reason = if member.weight == 0 {
@@ -280,8 +288,91 @@ fn next(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> String {
     }
 }
 
+/// What the load-aware policy makes the owner `w` of a live bucket do about it, once the
+/// group has loads (`None` before: the count-fair policy says it).
+fn load_next(
+    snap: &GroupSnapshot,
+    view: &GroupView,
+    info: &BucketInfo,
+    w: NodeId,
+    held: &[Bucket],
+    history: &[Tenure],
+) -> Option<String> {
+    if !snap.buckets.iter().any(|b| b.load > Load::ZERO) {
+        return None;
+    }
+    let mine: Vec<(Bucket, Load)> = held.iter().map(|&b| (b, load_of(snap, b))).collect();
+    let Balance::Load(plan) = balance::plan_loads(view, w, &mine, BalanceConfig::default()) else {
+        return None;
+    };
+    let work: u64 = mine.iter().map(|(_, l)| l.micros()).sum();
+    let (work, target, load) = (units(work), units(plan.target), units(info.load.micros()));
+    Some(if plan.shed.contains(&info.bucket) {
+        format!(
+            "Next: {w} works {work} (the loads recorded on its buckets), above its load target \
+             of {target} by more than the band, and sheds the hottest buckets that fit in its \
+             excess, this one included (load {load}; reason shed); then {}.",
+            claimers(snap, info, history)
+        )
+    } else if plan.isolated && mine.iter().all(|&(_, l)| l <= info.load) {
+        format!(
+            "Next: it stays with {w}: its load {load} alone is above a fair share, so {w} \
+             keeps it (isolated) and gives up its other buckets."
+        )
+    } else if !plan.shed.is_empty() {
+        format!(
+            "Next: {w} works {work}, above its load target of {target} by more than the band, \
+             and sheds bucket(s) {}, not this one: it stays with {w}.",
+            bucket_list(&sorted(&plan.shed))
+        )
+    } else {
+        format!(
+            "Next: it stays with {w} (load {load}), whose work {work} is within the band of its \
+             load target of {target}."
+        )
+    })
+}
+
+/// The load recorded on `bucket` of the current generation.
+fn load_of(snap: &GroupSnapshot, bucket: Bucket) -> Load {
+    snap.buckets
+        .get(bucket.0 as usize)
+        .map_or(Load::ZERO, |b| b.load)
+}
+
+/// Millionths as a number to show, at most three decimals.
+fn units(micros: u64) -> String {
+    let text = format!("{:.3}", micros as f64 / 1e6);
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
 /// Who claims the bucket next once it is claimable, by the policy's room: a clause.
 fn claimers(snap: &GroupSnapshot, info: &BucketInfo, history: &[Tenure]) -> String {
+    if info.load > Load::ZERO && info.quarantined_until.is_none() {
+        // By load: the member whose plan names it (claimable buckets go hottest first to the
+        // member furthest below its load target).
+        let mut view = snap.view();
+        if info.state == BucketState::Live {
+            // Told for once its owner released it.
+            view.loaded.push((info.bucket, info.load));
+            view.loaded = lease::store::list_loaded(view.loaded.iter().copied());
+        }
+        let named = view.members.iter().find_map(|m| {
+            let held = planned_with(snap, m.worker);
+            let mine: Vec<(Bucket, Load)> = held.iter().map(|&b| (b, load_of(snap, b))).collect();
+            match balance::plan_loads(&view, m.worker, &mine, BalanceConfig::default()) {
+                Balance::Load(p) if p.claim.contains(&info.bucket) => Some(m.worker),
+                _ => None,
+            }
+        });
+        if let Some(w) = named {
+            return format!(
+                "{w} claims it by name at its next tick (load {}): the claimable buckets go \
+                 hottest first to the members furthest below their load targets",
+                units(info.load.micros())
+            );
+        }
+    }
     let mut view = snap.view();
     if info.quarantined_until.is_some() {
         // Told for when the quarantine is over: the bucket is shared again then.

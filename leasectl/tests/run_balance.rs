@@ -60,6 +60,17 @@ async fn a_child_that_burns_a_core_leaves_its_worker_fewer_buckets() {
         .find(|l| l.trim_start().starts_with("0 "))
         .unwrap_or_default();
     assert!(bucket0.contains(", load "), "{status}");
+    eprintln!("{status}");
+    // status --why explains the plan by load: bucket 0 isolated on its worker, or (when the
+    // machine is busy and the idle children's CPU adds up) within the band of a load target.
+    let (code, why, _) = support::run(&["status", "--group", "g", "--why", "0"], Some(&db.url));
+    assert_eq!(code, 0, "{why}");
+    let said = why.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        said.contains("(isolated)") || said.contains("of its load target"),
+        "{why}"
+    );
+    eprintln!("{why}");
     let (code, json, _) = support::run(&["status", "--group", "g", "--json"], Some(&db.url));
     assert_eq!(code, 0, "{json}");
     let v: serde_json::Value = serde_json::from_str(&json).expect("json");
