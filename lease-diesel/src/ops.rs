@@ -551,6 +551,10 @@ fn group_beat(
     })
 }
 
+/// [`WorkerStore::publish_loads`](lease_core::WorkerStore::publish_loads) on a connection:
+/// one statement (in its own module, beside its SQL).
+pub use crate::loads::publish_loads;
+
 /// [`WorkerStore::join`](lease_core::WorkerStore::join) on `conn`: one statement.
 pub async fn join(
     conn: &mut AsyncPgConnection,

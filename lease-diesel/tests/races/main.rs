@@ -15,6 +15,7 @@ mod controls;
 mod fencing;
 mod hand_over;
 mod history;
+mod loads;
 mod renewals;
 mod resize;
 mod sessions;
