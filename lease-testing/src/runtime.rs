@@ -34,7 +34,7 @@
 //! and [`CASES`] ever differ, so no backend can miss a case.
 //!
 //! The cases live in one file per rule family (`balance`, `stops`, `crashes`, `fencing`,
-//! `errors`, `resizes`, `groups`, and `controls` for the operators' controls and hand-overs
+//! `errors`, `resizes`, `groups`, `loads`, and `controls` for the operators' controls and hand-overs
 //! between processes); the harnesses several families start their workers with live apart
 //! (`pool` for workers of one group, `nodes` for nodes in several groups). This file holds the
 //! list, the macros, the bounds and the application handler they share.
@@ -110,6 +110,7 @@ pub const CASES: &[&str] = &[
     "a_failed_hand_over_ends_the_node_with_its_error",
     "a_successor_leaves_the_groups_it_does_not_run",
     "a_hand_over_after_the_session_ended_fails",
+    "reported_loads_share_the_work_not_the_bucket_count",
 ];
 
 /// Run every case against a store built by `$make`, an expression callable as

@@ -1,12 +1,12 @@
 //! `leasectl demo`: a scripted story with real workers on the in-memory store.
 //!
 //! A cold start, a worker joining, one crashing (its task aborted: no revoke, no leave), one
-//! stopping gracefully. The ownership table is redrawn live on a terminal (plain lines
+//! stopping gracefully, and a bucket running hot (the load-aware policy). The ownership table is redrawn live on a terminal (plain lines
 //! otherwise); the summary gives the time to balance after each event, the handoffs, and the
 //! overlaps the ownership log found, which must be 0.
 //!
 //! [`story`] holds the cast (the store, the workers, the ownership log), [`screen`] draws it,
-//! [`phases`] plays the story one phase per quarter of its length, and [`summary`] judges it.
+//! [`phases`] plays the story one phase per fifth of its length, and [`summary`] judges it.
 
 mod phases;
 mod screen;
@@ -37,7 +37,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 16)]
     shards: u32,
     /// How long the story runs, in seconds (10 to 3600).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 25)]
     seconds: u64,
 }
 
@@ -76,11 +76,12 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
     let renderer = terminal.then(|| story::spawn_renderer(&story));
     // Stdout failing stops the story wherever it is (`?`): the workers stop as their handles
     // drop.
-    let quarter = Duration::from_secs(args.seconds) / 4;
-    let cold = phases::cold_start(&mut story, args.workers, quarter).await?;
-    let join = phases::join(&mut story, quarter * 2).await?;
-    let crash = phases::crash(&mut story, quarter * 3).await?;
-    let stop = phases::graceful_stop(&mut story, quarter * 4).await?;
+    let fifth = Duration::from_secs(args.seconds) / 5;
+    let cold = phases::cold_start(&mut story, args.workers, fifth).await?;
+    let join = phases::join(&mut story, fifth * 2).await?;
+    let crash = phases::crash(&mut story, fifth * 3).await?;
+    let stop = phases::graceful_stop(&mut story, fifth * 4).await?;
+    let hot = phases::hot_bucket(&mut story, fifth * 5).await?;
     phases::the_end(&mut story, renderer).await?;
     summary::print(
         &story,
@@ -90,6 +91,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
             join,
             crash,
             stop,
+            hot,
         },
     )
 }

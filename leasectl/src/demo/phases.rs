@@ -1,4 +1,4 @@
-//! The story, one phase per quarter of its length. Each phase changes the pool once, waits
+//! The story, one phase per fifth of its length. Each phase changes the pool once, waits
 //! until the workers are balanced again (or the phase is over) and returns what it measured.
 
 use std::time::{Duration, Instant};
@@ -15,18 +15,14 @@ use crate::output::Failure;
 /// How long the pool took to balance after a change; `None` if not within the phase.
 pub type Took = Option<Duration>;
 
-/// `workers` start at once; the first quarter ends at `quarter`.
-pub async fn cold_start(
-    story: &mut Story,
-    workers: u32,
-    quarter: Duration,
-) -> Result<Took, Failure> {
+/// `workers` start at once; the first fifth ends at `fifth`.
+pub async fn cold_start(story: &mut Story, workers: u32, fifth: Duration) -> Result<Took, Failure> {
     story.phase(format!("cold start: {workers} workers"))?;
     let since = Instant::now();
     for _ in 0..workers {
         story.start_worker().await?;
     }
-    let end = story.started + quarter;
+    let end = story.started + fifth;
     let took = story.until_balanced(since, end).await?;
     story.until(end).await?;
     Ok(took)
@@ -109,6 +105,32 @@ pub async fn graceful_stop(story: &mut Story, end: Duration) -> Result<(char, To
     let took = story.until_balanced(since, end).await?;
     story.until(end).await?;
     Ok((letter, took))
+}
+
+/// Bucket 0 runs hot: every worker's application reports it at ten times each other
+/// bucket's load (a sample every 100 ms). Alone above a fair share, it ends up alone on its
+/// worker (with at most one cold bucket, within the band), and the others share the cold
+/// buckets: the load-aware policy, with no leader.
+pub async fn hot_bucket(story: &mut Story, end: Duration) -> Result<Took, Failure> {
+    story.phase(
+        "bucket 0 runs hot (10x each other bucket): its worker keeps it alone, the others \
+         share the rest"
+            .into(),
+    )?;
+    let since = Instant::now();
+    let end = story.started + end;
+    let mut took = None;
+    while Instant::now() < end {
+        story.report_loads();
+        story.refresh();
+        if took.is_none() && story.hot_bucket_alone() {
+            took = Some(since.elapsed());
+        }
+        story
+            .pause(Duration::from_millis(100).min(end.saturating_duration_since(Instant::now())))
+            .await?;
+    }
+    Ok(took)
 }
 
 /// Every worker stops; the last frame is drawn below the live screen, if there was one.

@@ -10,7 +10,7 @@ use lease::audit::OwnershipLog;
 use lease::memory::MemoryLeaseStore;
 use lease::store::{AdminStore, Chain, Clock, SystemClock, Timestamp};
 use lease::{
-    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, NodeId, OwnershipEvent,
+    Assignment, Bucket, FencingToken, GroupName, LeaseWorker, Load, NodeId, OwnershipEvent,
     OwnershipHandler, RevokeReason, ShardCount, WorkerHandle,
 };
 use tokio::task::JoinHandle;
@@ -188,6 +188,34 @@ impl Story {
         total == self.shards.get() as usize && spread.is_some_and(|s| s <= 1)
     }
 
+    /// Each running worker's application reports the loads of the buckets it owns: bucket 0
+    /// weighs ten units, every other bucket one.
+    pub fn report_loads(&self) {
+        for handle in self.workers.values() {
+            let owned: Vec<Bucket> = handle.owned().borrow().keys().copied().collect();
+            for bucket in owned {
+                let units = if bucket == Bucket(0) { 10.0 } else { 1.0 };
+                if let Ok(load) = Load::new(units) {
+                    // A worker that ended takes no report; the phase's check says so.
+                    handle.report_load(bucket, load).ok();
+                }
+            }
+        }
+    }
+
+    /// Every bucket owned, and bucket 0's worker holding it with at most one cold bucket (10
+    /// units and 1 more are within the 10 % band of its target of 10: the policy moves
+    /// nothing for that one).
+    pub fn hot_bucket_alone(&self) -> bool {
+        let owned: Vec<Vec<Bucket>> = self
+            .workers
+            .values()
+            .map(|h| h.owned().borrow().keys().copied().collect())
+            .collect();
+        owned.iter().map(Vec::len).sum::<usize>() == self.shards.get() as usize
+            && owned.iter().any(|o| o.contains(&Bucket(0)) && o.len() <= 2)
+    }
+
     /// Show the story's next phase; fails once stdout did, so the story stops early.
     pub fn phase(&self, text: String) -> Result<(), Failure> {
         if self.plain {
@@ -201,7 +229,7 @@ impl Story {
     }
 
     /// Sleep `d`, waking early if stdout fails.
-    async fn pause(&self, d: Duration) -> Result<(), Failure> {
+    pub async fn pause(&self, d: Duration) -> Result<(), Failure> {
         tokio::select! {
             () = tokio::time::sleep(d) => {}
             () = self.out.stopped().cancelled() => {}

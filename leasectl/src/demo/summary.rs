@@ -26,6 +26,8 @@ pub struct Outcome {
     pub crash: Crash,
     /// The graceful stop: who, and the time to balance.
     pub stop: (char, Took),
+    /// The hot bucket: the time until it was alone on its worker.
+    pub hot: Took,
 }
 
 /// How many holdings of the crashed worker's `buckets` began after the crash but before its
@@ -89,6 +91,11 @@ pub fn print(story: &Story, outcome: &Outcome) -> Result<(), Failure> {
             "  {} stopped gracefully: its buckets re-owned and balanced after {}",
             outcome.stop.0,
             fmt_took(outcome.stop.1)
+        ),
+        format!(
+            "  bucket 0 ran hot (10x each other bucket): the others share the rest, and its \
+             worker is down to it (and at most one cold bucket, within the 10 % band) after {}",
+            fmt_took(outcome.hot)
         ),
     ];
     let verdict = match log.check() {
