@@ -47,7 +47,13 @@ pub(super) struct GroupLoads {
     published_held: Option<BTreeSet<Bucket>>,
     /// The publication in flight.
     sending: Option<Sending>,
+    /// When the loads are next looked at: at most once per [`CHECK_EVERY`], so that a node
+    /// holding many buckets does not go over them at every step of a tick.
+    next_check: Option<Instant>,
 }
+
+/// How often a group's loads are looked at for a publication.
+const CHECK_EVERY: Duration = Duration::from_millis(250);
 
 /// A publication in flight: its loads, and the buckets held when it was made.
 #[derive(Debug)]
@@ -72,6 +78,15 @@ impl GroupLoads {
     /// Whether the application ever reported a load in the group (under this membership).
     pub(super) fn reported(&self) -> bool {
         self.published_held.is_some() || !self.samples.is_empty()
+    }
+
+    /// Whether the loads are to be looked at now (then not again for [`CHECK_EVERY`]).
+    fn check_now(&mut self, now: Instant) -> bool {
+        if self.sending.is_some() || !self.reported() || self.next_check.is_some_and(|t| now < t) {
+            return false;
+        }
+        self.next_check = Some(now + CHECK_EVERY);
+        true
     }
 
     /// `bucket`'s smoothed load ([`Load::ZERO`] if none was reported).
@@ -179,7 +194,7 @@ impl Machine {
         }
         let threshold = self.rules.loads.publish_threshold_percent;
         let (i, loads) = self.groups.iter_mut().enumerate().find_map(|(i, g)| {
-            if !g.member || g.removing.is_some() || !g.is_idle() {
+            if !g.member || g.removing.is_some() || !g.is_idle() || !g.loads.check_now(now) {
                 return None;
             }
             let held: BTreeSet<Bucket> = g
