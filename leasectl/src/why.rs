@@ -86,6 +86,7 @@ pub fn json(snap: &GroupSnapshot, bucket: Bucket, history: &[Tenure], why: &Why)
         "quarantine_reason": info
             .and_then(|b| b.quarantine_reason.as_ref())
             .map(|r| r.as_str()),
+        "load": info.map(|b| b.load.as_f64()),
         "history": history.iter().map(|t| json!({
             "owner": t.owner.to_string(),
             "token": t.token.get(),

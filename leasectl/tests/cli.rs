@@ -209,8 +209,19 @@ async fn a_worker_prints_json_serves_metrics_and_stops_on_sigterm() {
     let keys: Vec<&str> = member.keys().map(String::as_str).collect();
     assert_eq!(
         keys,
-        ["worker", "session", "expires_at", "owned", "weight", "mode"]
+        [
+            "worker",
+            "session",
+            "expires_at",
+            "owned",
+            "weight",
+            "mode",
+            "load",
+            "hottest"
+        ]
     );
+    // No load reported: every member's work is 0.
+    assert_eq!(status["members"][0]["load"], 0.0);
     assert_eq!(status["members"][0]["owned"], 4);
     assert_eq!(status["members"][0]["weight"], 1);
     assert_eq!(status["members"][0]["mode"], "active");
@@ -234,10 +245,12 @@ async fn a_worker_prints_json_serves_metrics_and_stops_on_sigterm() {
                 "expires_at",
                 "state",
                 "quarantined_until",
-                "quarantine_reason"
+                "quarantine_reason",
+                "load"
             ]
         );
         assert_eq!(b["state"], "live");
+        assert_eq!(b["load"], 0.0);
         assert!(b["quarantined_until"].is_null());
         assert!(b["quarantine_reason"].is_null());
         assert!(b["owner"].is_string() && b["expires_at"].is_string() && b["token"] == 1);
