@@ -583,6 +583,7 @@ async fn json_shapes() {
         "state",
         "quarantined_until",
         "quarantine_reason",
+        "load",
     ];
     let draining = s["draining"].as_array().expect("draining");
     assert_eq!(draining.len(), 4);
