@@ -925,6 +925,15 @@ impl World {
         }
     }
 
+    /// `rounds` times: answer the call in flight, and both applications acknowledge.
+    fn answer_and_ack(&mut self, rounds: usize) {
+        for _ in 0..rounds {
+            self.step(&Action::Answer);
+            self.step(&Action::Ack(0));
+            self.step(&Action::Ack(1));
+        }
+    }
+
     fn owned(&self, g: usize) -> usize {
         self.m.owned(&name(g)).map_or(0, |o| o.len())
     }
@@ -963,11 +972,7 @@ fn a_plain_run_assigns_and_reconciles() {
         let mut w = World::new(unchanged);
         w.drain();
         w.step(&Action::Advance(1));
-        for _ in 0..40 {
-            w.step(&Action::Answer);
-            w.step(&Action::Ack(0));
-            w.step(&Action::Ack(1));
-        }
+        w.answer_and_ack(40);
         assert_eq!(
             (w.owned(0), w.owned(1)),
             (shards(0) as usize, shards(1) as usize)
@@ -1003,11 +1008,7 @@ fn a_hot_bucket_is_kept_and_the_cold_ones_shed_by_load() {
     let mut w = World::new(false);
     w.drain();
     w.step(&Action::Advance(1));
-    for _ in 0..40 {
-        w.step(&Action::Answer);
-        w.step(&Action::Ack(0));
-        w.step(&Action::Ack(1));
-    }
+    w.answer_and_ack(40);
     assert_eq!(w.owned(0), shards(0) as usize);
     w.step(&Action::OtherJoins(0));
     let hot = Bucket(0);
@@ -1052,11 +1053,7 @@ fn a_group_removed_and_added_again() {
     let mut w = World::new(true);
     w.drain();
     w.step(&Action::Advance(1));
-    for _ in 0..40 {
-        w.step(&Action::Answer);
-        w.step(&Action::Ack(0));
-        w.step(&Action::Ack(1));
-    }
+    w.answer_and_ack(40);
     assert_eq!((w.owned(0), w.owned(1)), (6, 4));
     w.step(&Action::Remove(1));
     for _ in 0..20 {
@@ -1087,11 +1084,7 @@ fn an_evicted_group_is_revoked_and_joined_again() {
     let mut w = World::new(true);
     w.drain();
     w.step(&Action::Advance(1));
-    for _ in 0..40 {
-        w.step(&Action::Answer);
-        w.step(&Action::Ack(0));
-        w.step(&Action::Ack(1));
-    }
+    w.answer_and_ack(40);
     let before: Vec<FencingToken> = w.store[0].held.values().copied().collect();
     w.step(&Action::Evicted(1));
     let mut lost = 0;

@@ -404,12 +404,12 @@ fn bucket_row(snap: &GroupSnapshot, b: &BucketInfo) -> String {
 }
 
 /// A member's work (a sum of loads in millionths) in the application's unit.
-fn units(micros: u64) -> f64 {
+pub(crate) fn units(micros: u64) -> f64 {
     micros as f64 / 1e6
 }
 
 /// A load as a table shows it: at most three decimals, no trailing zeros.
-fn shown(units: f64) -> String {
+pub(crate) fn shown(units: f64) -> String {
     let text = format!("{units:.3}");
     text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }

@@ -341,10 +341,9 @@ fn load_of(snap: &GroupSnapshot, bucket: Bucket) -> Load {
         .map_or(Load::ZERO, |b| b.load)
 }
 
-/// Millionths as a number to show, at most three decimals.
+/// Millionths as `status` shows them.
 fn units(micros: u64) -> String {
-    let text = format!("{:.3}", micros as f64 / 1e6);
-    text.trim_end_matches('0').trim_end_matches('.').to_owned()
+    crate::status::shown(crate::status::units(micros))
 }
 
 /// Who claims the bucket next once it is claimable, by the policy's room: a clause.
